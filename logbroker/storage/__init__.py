@@ -1,0 +1,63 @@
+"""logbroker's storage engine: durable, checksummed, crash-safe per-range logs.
+
+See ``docs/storage-format.md`` for the bytes on disk and ``RangeLog`` for the API.
+"""
+
+from logbroker.storage._executor import Executor, ThreadPoolExecutor
+from logbroker.storage._format import (
+    FORMAT_VERSION,
+    Damage,
+    DamageReason,
+    Record,
+    Seal,
+    StoredRecord,
+)
+from logbroker.storage._fs import FileSystem, OsFileSystem
+from logbroker.storage._segment import IntegrityEvent, SegmentState, Verification
+from logbroker.storage.errors import (
+    FormatTooNewError,
+    InvalidBatchError,
+    LogClosedError,
+    LogFailedError,
+    NotADataDirectoryError,
+    NotContiguousError,
+    OffsetOutOfRangeError,
+    OverloadedError,
+    SegmentNotFoundError,
+    SegmentStateError,
+    StorageError,
+)
+from logbroker.storage.log import Appended, LogConfig, RangeLog, SegmentInfo
+from logbroker.storage.store import DataDirectory
+
+__all__ = [
+    "FORMAT_VERSION",
+    "Appended",
+    "Damage",
+    "DamageReason",
+    "DataDirectory",
+    "Executor",
+    "FileSystem",
+    "FormatTooNewError",
+    "IntegrityEvent",
+    "InvalidBatchError",
+    "LogClosedError",
+    "LogConfig",
+    "LogFailedError",
+    "NotADataDirectoryError",
+    "NotContiguousError",
+    "OffsetOutOfRangeError",
+    "OsFileSystem",
+    "OverloadedError",
+    "RangeLog",
+    "Record",
+    "Seal",
+    "SegmentInfo",
+    "SegmentNotFoundError",
+    "SegmentState",
+    "SegmentStateError",
+    "StorageError",
+    "StoredRecord",
+    "ThreadPoolExecutor",
+    "Verification",
+]

@@ -1,0 +1,520 @@
+"""The bytes logbroker stores: record and batch frames, the sparse index and the seal marker.
+
+CHANGING ANYTHING IN THIS MODULE BREAKS STORED DATA. Every layout here is pinned by golden-file
+tests (``tests/unit/storage/test_format_golden.py``) and described in ``docs/storage-format.md``.
+A new layout takes a new version number and code that still reads the old one.
+
+This module is pure: it turns records into bytes and bytes back into records or findings. It never
+touches a file, a clock or a reactor.
+
+All integers are big-endian.
+
+Batch frame (records appended together)::
+
+    0   2  magic b"LB"
+    2   1  version (1)
+    3   1  flags (0; reserved)
+    4   4  length of the whole batch frame, header included
+    8   4  CRC32C of bytes [0, 8) followed by [12, length)
+    12  8  base offset (offset of the first record)
+    20  4  record count (at least 1)
+    24  .  record frames, exactly ``record count`` of them, filling the batch to ``length``
+
+Record frame::
+
+    0   2  magic b"LR"
+    2   1  version (1)
+    3   1  flags (0; reserved)
+    4   4  length of the whole record frame, header included
+    8   4  CRC32C of bytes [0, 8) followed by [12, length)
+    12  8  offset
+    20  8  timestamp in milliseconds
+    28  .  key (nbytes), value (nbytes, never null), header count (u32), then per header
+           its key and its value (nbytes each)
+
+``nbytes`` is a u32 length followed by that many bytes; the length 0xFFFFFFFF stands for null, so a
+null key and an empty key are distinct.
+
+Both checksums cover every byte of their frame except the checksum field itself, so a change to
+any single byte of a frame is detected. A frame of zero bytes, or of all-zero bytes, never verifies:
+its magic is wrong.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Sequence
+from enum import StrEnum
+
+import attrs
+from crc32c import crc32c
+
+FORMAT_VERSION = 1
+
+BATCH_MAGIC = b"LB"
+RECORD_MAGIC = b"LR"
+
+_BATCH_HEADER = struct.Struct(">2sBBIIQI")
+_RECORD_HEADER = struct.Struct(">2sBBIIQQ")
+_U32 = struct.Struct(">I")
+_NULL_LENGTH = 0xFFFFFFFF
+_NULL_NBYTES = _U32.pack(_NULL_LENGTH)
+_ZERO_HEADERS = _U32.pack(0)
+
+BATCH_HEADER_SIZE = _BATCH_HEADER.size
+RECORD_HEADER_SIZE = _RECORD_HEADER.size
+# key (null) + value (empty) + header count
+MIN_RECORD_SIZE = RECORD_HEADER_SIZE + 4 + 4 + 4
+MIN_BATCH_SIZE = BATCH_HEADER_SIZE + MIN_RECORD_SIZE
+MAX_FRAME_SIZE = 0xFFFFFFFF
+_MAX_U64 = 0xFFFFFFFFFFFFFFFF
+
+# The checksum field sits at bytes [8, 12) of both frames.
+_CRC_START = 8
+_CRC_END = 12
+
+
+def _frame_crc(frame: memoryview) -> int:
+    return int(crc32c(frame[_CRC_END:], crc32c(frame[:_CRC_START])))
+
+
+def _check_nbytes(what: str, value: bytes | None) -> None:
+    if value is not None and len(value) >= _NULL_LENGTH:
+        raise ValueError(f"{what} of {len(value)} bytes is too long for a record")
+
+
+@attrs.frozen
+class Record:
+    """One record as a producer gives it and a consumer gets it back, byte for byte."""
+
+    value: bytes
+    key: bytes | None = None
+    timestamp_ms: int = 0
+    headers: tuple[tuple[bytes | None, bytes | None], ...] = ()
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.timestamp_ms <= _MAX_U64:
+            raise ValueError(f"timestamp_ms {self.timestamp_ms} is outside 0..2**64-1")
+        _check_nbytes("key", self.key)
+        _check_nbytes("value", self.value)
+        for name, value in self.headers:
+            _check_nbytes("header name", name)
+            _check_nbytes("header value", value)
+
+
+@attrs.frozen
+class StoredRecord:
+    """A record read back from a log, with the offset the log gave it."""
+
+    offset: int
+    record: Record
+
+
+def encode_batch(base_offset: int, records: Sequence[Record]) -> bytes:
+    """Frame ``records`` as one batch whose first record takes ``base_offset``."""
+    if not records:
+        raise ValueError("a batch holds at least one record")
+    if not 0 <= base_offset <= _MAX_U64 - len(records):
+        raise ValueError(f"base offset {base_offset} is out of range")
+    buf = bytearray(BATCH_HEADER_SIZE)
+    for index, record in enumerate(records):
+        start = len(buf)
+        buf += bytes(RECORD_HEADER_SIZE)
+        if record.key is None:
+            buf += _NULL_NBYTES
+        else:
+            buf += _U32.pack(len(record.key))
+            buf += record.key
+        buf += _U32.pack(len(record.value))
+        buf += record.value
+        if record.headers:
+            buf += _U32.pack(len(record.headers))
+            for part in (part for header in record.headers for part in header):
+                if part is None:
+                    buf += _NULL_NBYTES
+                else:
+                    buf += _U32.pack(len(part))
+                    buf += part
+        else:
+            buf += _ZERO_HEADERS
+        length = len(buf) - start
+        if length > MAX_FRAME_SIZE:
+            raise ValueError(f"record of {length} bytes is too large to store")
+        _RECORD_HEADER.pack_into(
+            buf,
+            start,
+            RECORD_MAGIC,
+            FORMAT_VERSION,
+            0,
+            length,
+            0,
+            base_offset + index,
+            record.timestamp_ms,
+        )
+        with memoryview(buf) as view:
+            _U32.pack_into(buf, start + _CRC_START, _frame_crc(view[start:]))
+    if len(buf) > MAX_FRAME_SIZE:
+        raise ValueError(f"batch of {len(buf)} bytes is too large to store")
+    _BATCH_HEADER.pack_into(
+        buf, 0, BATCH_MAGIC, FORMAT_VERSION, 0, len(buf), 0, base_offset, len(records)
+    )
+    with memoryview(buf) as view:
+        _U32.pack_into(buf, _CRC_START, _frame_crc(view))
+    return bytes(buf)
+
+
+class DamageReason(StrEnum):
+    """Why stored bytes failed verification; the ``reason`` label of the integrity counter."""
+
+    #: The data ends inside a frame. At the tail of an active segment this is an ordinary torn
+    #: write from a crash; anywhere else it is damage.
+    INCOMPLETE = "incomplete"
+    #: A whole frame is present and its checksum does not match.
+    CHECKSUM = "checksum"
+    #: A frame header is mangled (magic, version, flags or length impossible) with bytes after it.
+    HEADER = "header"
+    #: A frame checks out but carries the wrong offset: bytes are misplaced.
+    SEQUENCE = "sequence"
+    #: A sealed copy's size on disk differs from the size its seal recorded.
+    SIZE = "size"
+    #: A seal marker or index sidecar is unreadable.
+    METADATA = "metadata"
+
+
+@attrs.frozen
+class Damage:
+    """The first byte position at which stored data stops verifying, and why."""
+
+    position: int
+    reason: DamageReason
+
+    @property
+    def torn(self) -> bool:
+        """True if this is only a partial write at the end of the data (crash, not rot)."""
+        return self.reason is DamageReason.INCOMPLETE
+
+
+@attrs.frozen
+class BatchInfo:
+    """Where a verified batch sits in a segment and which offsets it holds."""
+
+    position: int
+    length: int
+    base_offset: int
+    record_count: int
+
+    @property
+    def end(self) -> int:
+        return self.position + self.length
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+@attrs.frozen
+class Scan:
+    """The verified batches found from a start position, and the damage that ended the scan."""
+
+    batches: list[BatchInfo]
+    end: int
+    damage: Damage | None
+
+
+def _header_is_sane(
+    magic: bytes, version: int, flags: int, length: int, count: int, expected: bytes
+) -> bool:
+    if magic != expected or version != FORMAT_VERSION or flags != 0:
+        return False
+    if expected == BATCH_MAGIC:
+        return count >= 1 and length >= BATCH_HEADER_SIZE + count * MIN_RECORD_SIZE
+    return length >= MIN_RECORD_SIZE
+
+
+def _all_zero(view: memoryview) -> bool:
+    return not any(view)
+
+
+def _walk_records(
+    view: memoryview, position: int, end: int, base_offset: int, count: int
+) -> tuple[int, Damage | None]:
+    """Check each record frame of a batch; return where the walk stopped and the damage found."""
+    for index in range(count):
+        if end - position < RECORD_HEADER_SIZE:
+            return position, Damage(position, DamageReason.HEADER)
+        magic, version, flags, length, crc, offset, _ = _RECORD_HEADER.unpack_from(view, position)
+        if not _header_is_sane(magic, version, flags, length, 0, RECORD_MAGIC):
+            return position, Damage(position, DamageReason.HEADER)
+        if position + length > end:
+            return position, Damage(position, DamageReason.HEADER)
+        if _frame_crc(view[position : position + length]) != crc:
+            return position, Damage(position, DamageReason.CHECKSUM)
+        if offset != base_offset + index:
+            return position, Damage(position, DamageReason.SEQUENCE)
+        position += length
+    return position, None
+
+
+def _locate_damage(view: memoryview, batch: BatchInfo) -> Damage:
+    """A batch failed its checksum: find the first record that is wrong, or blame its header."""
+    stopped, damage = _walk_records(
+        view, batch.position + BATCH_HEADER_SIZE, batch.end, batch.base_offset, batch.record_count
+    )
+    if damage is not None:
+        return damage
+    if stopped != batch.end:
+        return Damage(batch.position, DamageReason.HEADER)
+    return Damage(batch.position, DamageReason.CHECKSUM)
+
+
+def _is_whole_batch_with_bad_length(view: memoryview, position: int) -> bool:
+    """A batch claims to run past the data: is it really complete, with a mangled length?
+
+    A torn write leaves a prefix of what was written, so its header is intact and its records
+    stop short. If the records that are there are all whole and valid and fill the data exactly,
+    nothing was torn: the length field itself rotted.
+    """
+    _, _, _, _, _, base_offset, count = _BATCH_HEADER.unpack_from(view, position)
+    stopped, damage = _walk_records(
+        view, position + BATCH_HEADER_SIZE, len(view), base_offset, count
+    )
+    return damage is None and stopped == len(view)
+
+
+def scan_batches(
+    data: bytes | memoryview, position: int = 0, expected_offset: int | None = None
+) -> Scan:
+    """Verify the batches in ``data`` from ``position`` on, stopping at the first damage.
+
+    A whole batch is checked with one CRC32C call over all its bytes; only a batch that fails
+    is walked record by record to locate the damage. ``expected_offset``, when given, is the
+    offset the first batch must start at; each later batch must follow its predecessor.
+
+    An unwritten tail (the rest of the data is zero bytes) and a frame cut short are reported
+    as ``INCOMPLETE``; the caller decides whether that is a torn write or damage.
+    """
+    view = memoryview(data)
+    size = len(view)
+    batches: list[BatchInfo] = []
+    while position < size:
+        remaining = view[position:]
+        if len(remaining) < BATCH_HEADER_SIZE:
+            return Scan(batches, position, Damage(position, DamageReason.INCOMPLETE))
+        magic, version, flags, length, crc, base_offset, count = _BATCH_HEADER.unpack_from(
+            view, position
+        )
+        if not _header_is_sane(magic, version, flags, length, count, BATCH_MAGIC):
+            reason = DamageReason.INCOMPLETE if _all_zero(remaining) else DamageReason.HEADER
+            return Scan(batches, position, Damage(position, reason))
+        if position + length > size:
+            reason = (
+                DamageReason.HEADER
+                if _is_whole_batch_with_bad_length(view, position)
+                else DamageReason.INCOMPLETE
+            )
+            return Scan(batches, position, Damage(position, reason))
+        batch = BatchInfo(position, length, base_offset, count)
+        if _frame_crc(view[position : position + length]) != crc:
+            return Scan(batches, position, _locate_damage(view, batch))
+        if expected_offset is not None and base_offset != expected_offset:
+            return Scan(batches, position, Damage(position, DamageReason.SEQUENCE))
+        batches.append(batch)
+        expected_offset = batch.next_offset
+        position += length
+    return Scan(batches, position, None)
+
+
+def verify_records_only(data: bytes | memoryview, position: int = 0) -> Damage | None:
+    """Verify every record checksum without using the batch checksums (for comparison and tools)."""
+    view = memoryview(data)
+    size = len(view)
+    while position < size:
+        if size - position < BATCH_HEADER_SIZE:
+            return Damage(position, DamageReason.INCOMPLETE)
+        magic, version, flags, length, _, base_offset, count = _BATCH_HEADER.unpack_from(
+            view, position
+        )
+        if not _header_is_sane(magic, version, flags, length, count, BATCH_MAGIC):
+            return Damage(position, DamageReason.HEADER)
+        if position + length > size:
+            return Damage(position, DamageReason.INCOMPLETE)
+        stopped, damage = _walk_records(
+            view, position + BATCH_HEADER_SIZE, position + length, base_offset, count
+        )
+        if damage is not None:
+            return damage
+        if stopped != position + length:
+            return Damage(position, DamageReason.HEADER)
+        position += length
+    return None
+
+
+def _read_nbytes(view: memoryview, position: int) -> tuple[bytes | None, int]:
+    (length,) = _U32.unpack_from(view, position)
+    position += 4
+    if length == _NULL_LENGTH:
+        return None, position
+    end = position + length
+    if end > len(view):
+        raise ValueError("field runs past its frame")
+    return bytes(view[position:end]), end
+
+
+def decode_record(frame: memoryview) -> StoredRecord:
+    """Decode one record frame whose checksum has already been verified."""
+    _, _, _, _, _, offset, timestamp_ms = _RECORD_HEADER.unpack_from(frame, 0)
+    key, position = _read_nbytes(frame, RECORD_HEADER_SIZE)
+    value, position = _read_nbytes(frame, position)
+    if value is None:
+        raise ValueError("record value is null")
+    (header_count,) = _U32.unpack_from(frame, position)
+    position += 4
+    headers = []
+    for _ in range(header_count):
+        name, position = _read_nbytes(frame, position)
+        header_value, position = _read_nbytes(frame, position)
+        headers.append((name, header_value))
+    if position != len(frame):
+        raise ValueError("record fields do not fill the frame")
+    return StoredRecord(offset, Record(value, key, timestamp_ms, tuple(headers)))
+
+
+def iter_batch_records(view: memoryview, batch: BatchInfo) -> Iterator[StoredRecord]:
+    """Yield the records of a batch that passed its checksum in ``scan_batches``."""
+    position = batch.position + BATCH_HEADER_SIZE
+    for _ in range(batch.record_count):
+        (length,) = _U32.unpack_from(view, position + 4)
+        yield decode_record(view[position : position + length])
+        position += length
+
+
+def iter_valid_records(view: memoryview, position: int, end: int) -> Iterator[StoredRecord]:
+    """Yield the records of a damaged batch that still verify on their own, up to the damage."""
+    _, _, _, _, _, base_offset, count = _BATCH_HEADER.unpack_from(view, position)
+    record_position = position + BATCH_HEADER_SIZE
+    for index in range(count):
+        stopped, damage = _walk_records(view, record_position, end, base_offset + index, 1)
+        if damage is not None:
+            return
+        yield decode_record(view[record_position:stopped])
+        record_position = stopped
+
+
+# -- sparse index ------------------------------------------------------------------------------
+#
+#   0  2  magic b"LI"
+#   2  1  version (1)
+#   3  1  flags (0)
+#   4  4  entry count
+#   8  4  CRC32C of bytes [0, 8) followed by [12, end)
+#   12 8  base offset of the segment
+#   20 .  entries: (offset - base offset: u32, byte position of the batch: u32)
+
+INDEX_MAGIC = b"LI"
+INDEX_INTERVAL_BYTES = 4096
+_INDEX_HEADER = struct.Struct(">2sBBIIQ")
+_INDEX_ENTRY = struct.Struct(">II")
+
+
+@attrs.frozen
+class IndexEntry:
+    offset: int
+    position: int
+
+
+def encode_index(base_offset: int, entries: Sequence[IndexEntry]) -> bytes:
+    buf = bytearray(_INDEX_HEADER.size + _INDEX_ENTRY.size * len(entries))
+    for slot, entry in enumerate(entries):
+        _INDEX_ENTRY.pack_into(
+            buf,
+            _INDEX_HEADER.size + slot * _INDEX_ENTRY.size,
+            entry.offset - base_offset,
+            entry.position,
+        )
+    _INDEX_HEADER.pack_into(buf, 0, INDEX_MAGIC, FORMAT_VERSION, 0, len(entries), 0, base_offset)
+    with memoryview(buf) as view:
+        _U32.pack_into(buf, _CRC_START, _frame_crc(view))
+    return bytes(buf)
+
+
+def decode_index(data: bytes, base_offset: int) -> list[IndexEntry]:
+    """Decode an index sidecar; raise ``ValueError`` if it is not the one for this segment."""
+    if len(data) < _INDEX_HEADER.size:
+        raise ValueError("index is shorter than its header")
+    magic, version, flags, count, crc, stored_base = _INDEX_HEADER.unpack_from(data, 0)
+    if magic != INDEX_MAGIC or version != FORMAT_VERSION or flags != 0:
+        raise ValueError("index header is not an index header of this format")
+    if len(data) != _INDEX_HEADER.size + count * _INDEX_ENTRY.size:
+        raise ValueError("index size does not match its entry count")
+    if _frame_crc(memoryview(data)) != crc:
+        raise ValueError("index checksum does not match")
+    if stored_base != base_offset:
+        raise ValueError(f"index is for base offset {stored_base}, not {base_offset}")
+    return [
+        IndexEntry(base_offset + relative, position)
+        for relative, position in _INDEX_ENTRY.iter_unpack(data[_INDEX_HEADER.size :])
+    ]
+
+
+# -- seal marker -------------------------------------------------------------------------------
+#
+#   0  2  magic b"LS"
+#   2  1  version (1)
+#   3  1  flags (0)
+#   4  4  reserved (0)
+#   8  4  CRC32C of bytes [0, 8) followed by [12, 48)
+#   12 8  base offset
+#   20 8  record count
+#   28 8  byte size of the segment file
+#   36 8  sealed at, milliseconds since the epoch
+#   44 4  reserved (0)
+
+SEAL_MAGIC = b"LS"
+_SEAL = struct.Struct(">2sBBIIQQQQI")
+
+
+@attrs.frozen
+class Seal:
+    """What a local seal marker records about a segment that will never change again."""
+
+    base_offset: int
+    record_count: int
+    byte_size: int
+    sealed_at_ms: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+def encode_seal(seal: Seal) -> bytes:
+    buf = bytearray(_SEAL.size)
+    _SEAL.pack_into(
+        buf,
+        0,
+        SEAL_MAGIC,
+        FORMAT_VERSION,
+        0,
+        0,
+        0,
+        seal.base_offset,
+        seal.record_count,
+        seal.byte_size,
+        seal.sealed_at_ms,
+        0,
+    )
+    with memoryview(buf) as view:
+        _U32.pack_into(buf, _CRC_START, _frame_crc(view))
+    return bytes(buf)
+
+
+def decode_seal(data: bytes) -> Seal:
+    """Decode a seal marker; raise ``ValueError`` if it is damaged."""
+    if len(data) != _SEAL.size:
+        raise ValueError(f"seal marker is {len(data)} bytes, not {_SEAL.size}")
+    magic, version, flags, _, crc, base, count, size, sealed_at, _ = _SEAL.unpack(data)
+    if magic != SEAL_MAGIC or version != FORMAT_VERSION or flags != 0:
+        raise ValueError("seal marker header is not a seal header of this format")
+    if _frame_crc(memoryview(data)) != crc:
+        raise ValueError("seal marker checksum does not match")
+    return Seal(base, count, size, sealed_at)

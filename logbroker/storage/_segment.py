@@ -1,0 +1,299 @@
+"""Segment files on disk: names, recovery on open and verification.
+
+Everything here runs in a writer thread (it reads and may truncate files) and returns plain
+values; the range log applies them in the reactor thread.
+
+Recovery follows the spec's integrity rules 7 and 8:
+
+* a torn tail (the file ends inside a frame, or in zero bytes never written) on a file without
+  its own seal marker is dropped: the file is cut back to its last CRC-valid frame. This is
+  ordinary crash recovery: logged, not counted;
+* rot (a whole frame with a bad checksum, or a mangled header with bytes after it) is never
+  truncated. The frames after it stay on disk for salvage, the copy is marked damaged and closed
+  to appends, and new writes go to a new segment;
+* a file with its own seal marker is never truncated, whatever is wrong with it.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+
+import attrs
+
+from logbroker.storage._format import (
+    BATCH_HEADER_SIZE,
+    BATCH_MAGIC,
+    FORMAT_VERSION,
+    INDEX_INTERVAL_BYTES,
+    BatchInfo,
+    Damage,
+    DamageReason,
+    IndexEntry,
+    Seal,
+    decode_index,
+    decode_seal,
+    scan_batches,
+)
+from logbroker.storage._fs import FileSystem
+
+LOG_SUFFIX = ".log"
+INDEX_SUFFIX = ".index"
+SEAL_SUFFIX = ".sealed"
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|sealed)$")
+
+
+def segment_stem(base_offset: int) -> str:
+    """Segment files are named by their base offset, zero-padded to 20 digits."""
+    return f"{base_offset:020d}"
+
+
+class SegmentState(StrEnum):
+    #: Being appended to; the last segment of a range.
+    ACTIVE = "active"
+    #: Carries its own seal marker: complete and immutable.
+    SEALED = "sealed"
+    #: No longer appended to and not sealed here: damaged, or a replica copy without a marker.
+    CLOSED = "closed"
+
+
+@attrs.frozen
+class IntegrityEvent:
+    """A finding about stored data, for the log and ``svc_storage_integrity_failures_total``."""
+
+    reason: DamageReason
+    segment: str
+    base_offset: int
+    position: int
+    sealed: bool
+
+    @property
+    def counted(self) -> bool:
+        """Everything counts except a torn tail of an unsealed segment (ordinary recovery)."""
+        return self.sealed or self.reason is not DamageReason.INCOMPLETE
+
+
+@attrs.frozen
+class Verification:
+    """The outcome of checking every checksum of one segment."""
+
+    base_offset: int
+    damage: Damage | None
+    record_count: int
+    byte_size: int
+
+    @property
+    def verified(self) -> bool:
+        return self.damage is None
+
+
+def build_index(
+    batches: list[BatchInfo], entries: list[IndexEntry] | None = None
+) -> list[IndexEntry]:
+    """Sparse index entries: the first batch, then one batch start about every 4 KiB."""
+    entries = [] if entries is None else entries
+    for batch in batches:
+        if not entries or batch.position - entries[-1].position >= INDEX_INTERVAL_BYTES:
+            entries.append(IndexEntry(batch.base_offset, batch.position))
+    return entries
+
+
+def verify_segment_bytes(data: bytes, base_offset: int, seal: Seal | None) -> Verification:
+    """Check every checksum of a segment's bytes and, when sealed, its recorded size and count."""
+    scan = scan_batches(data, 0, base_offset)
+    count = scan.batches[-1].next_offset - base_offset if scan.batches else 0
+    damage = scan.damage
+    if (
+        damage is None
+        and seal is not None
+        and (len(data) != seal.byte_size or count != seal.record_count)
+    ):
+        damage = Damage(min(len(data), seal.byte_size), DamageReason.SIZE)
+    return Verification(base_offset, damage, count, scan.end)
+
+
+def salvage_next_offset(data: bytes, position: int) -> int | None:
+    """After rot at ``position``, the offset after the last whole batch that still verifies.
+
+    New writes must not reuse offsets that frames beyond the damage still hold, so the range
+    continues after the highest offset that can still be salvaged from the damaged copy.
+    """
+    best: int | None = None
+    signature = BATCH_MAGIC + bytes([FORMAT_VERSION])
+    candidate = data.find(signature, position + 1)
+    while candidate != -1:
+        scan = scan_batches(data[candidate:])
+        if scan.batches:
+            best = scan.batches[-1].next_offset
+            candidate = data.find(signature, candidate + scan.end)
+        else:
+            candidate = data.find(signature, candidate + 1)
+    return best
+
+
+@attrs.define
+class RecoveredSegment:
+    """What recovery learnt about one segment file."""
+
+    base_offset: int
+    path: str
+    state: SegmentState
+    #: Bytes of the file that verify (or that the seal vouches for); reads stop here.
+    readable_end: int
+    #: The offset after the last readable record.
+    next_offset: int
+    #: The offset after the last record the file may hold, readable or not.
+    end_offset: int
+    index: list[IndexEntry] | None
+    seal: Seal | None
+    damage: Damage | None = None
+    #: Whether the file has its own seal marker (even an unreadable one): then never truncate.
+    has_marker: bool = False
+
+
+@attrs.frozen
+class RecoveredLog:
+    segments: list[RecoveredSegment]
+    events: list[IntegrityEvent]
+    removed: list[str]
+    truncated: list[tuple[str, int, int]]
+
+
+def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[str]], list[str]]:
+    groups: dict[int, set[str]] = {}
+    strays: list[str] = []
+    for name in fs.list_dir(directory):
+        match = _SEGMENT_FILE.match(name)
+        if match is None:
+            if name.endswith(".tmp"):
+                strays.append(name)
+            continue
+        groups.setdefault(int(match.group(1)), set()).add(match.group(2))
+    return groups, strays
+
+
+def _recover_sealed(
+    fs: FileSystem, path: str, base: int, seal: Seal, stem_path: str, has_index: bool
+) -> tuple[RecoveredSegment, list[IntegrityEvent]]:
+    size = fs.size(path)
+    events = []
+    damage = None
+    readable_end = seal.byte_size
+    if size != seal.byte_size:
+        readable_end = min(size, seal.byte_size)
+        damage = Damage(readable_end, DamageReason.SIZE)
+        events.append(IntegrityEvent(DamageReason.SIZE, path, base, readable_end, True))
+    index = None
+    if has_index:
+        try:
+            index = decode_index(fs.read_file(stem_path + INDEX_SUFFIX), base)
+        except ValueError:
+            index = None
+    # A short sealed copy's readable next offset is only known once it is scanned; reads find out.
+    next_offset = seal.next_offset if damage is None else base
+    segment = RecoveredSegment(
+        base,
+        path,
+        SegmentState.SEALED,
+        readable_end,
+        next_offset,
+        seal.next_offset,
+        index,
+        seal,
+        damage,
+        has_marker=True,
+    )
+    return segment, events
+
+
+def _recover_unsealed(
+    fs: FileSystem, path: str, base: int, has_marker: bool
+) -> tuple[RecoveredSegment, list[IntegrityEvent], tuple[str, int, int] | None]:
+    data = fs.read_file(path)
+    scan = scan_batches(data, 0, base)
+    next_offset = scan.batches[-1].next_offset if scan.batches else base
+    index = build_index(scan.batches)
+    events: list[IntegrityEvent] = []
+    truncated = None
+    damage = scan.damage
+    end_offset = next_offset
+    state = SegmentState.ACTIVE
+    if damage is not None:
+        events.append(IntegrityEvent(damage.reason, path, base, damage.position, has_marker))
+        if damage.torn and not has_marker:
+            fs.truncate(path, damage.position)
+            truncated = (path, len(data), damage.position)
+            damage = None
+        else:
+            state = SegmentState.CLOSED
+            salvaged = salvage_next_offset(data, damage.position)
+            if salvaged is not None:
+                end_offset = max(end_offset, salvaged)
+    segment = RecoveredSegment(
+        base,
+        path,
+        state,
+        scan.end,
+        next_offset,
+        end_offset,
+        index,
+        None,
+        damage,
+        has_marker=has_marker,
+    )
+    return segment, events, truncated
+
+
+def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
+    """Open every segment of a range directory, applying the recovery rules. Blocking."""
+    fs.make_dirs(directory)
+    groups, strays = group_segment_files(fs, directory)
+    removed = []
+    for name in strays:
+        fs.remove(f"{directory}/{name}")
+        removed.append(name)
+    segments: list[RecoveredSegment] = []
+    events: list[IntegrityEvent] = []
+    truncated = []
+    for base in sorted(groups):
+        kinds = groups[base]
+        stem_path = f"{directory}/{segment_stem(base)}"
+        path = stem_path + LOG_SUFFIX
+        if "log" not in kinds:
+            # A delete removes the log first; its sidecars are leftovers of an interrupted delete.
+            for kind in sorted(kinds):
+                fs.remove(f"{stem_path}.{kind}")
+                removed.append(f"{segment_stem(base)}.{kind}")
+            continue
+        seal = None
+        if "sealed" in kinds:
+            try:
+                seal = decode_seal(fs.read_file(stem_path + SEAL_SUFFIX))
+                if seal.base_offset != base:
+                    raise ValueError(f"seal marker names base offset {seal.base_offset}")
+            except ValueError:
+                events.append(IntegrityEvent(DamageReason.METADATA, path, base, 0, True))
+        if seal is not None:
+            segment, found = _recover_sealed(fs, path, base, seal, stem_path, "index" in kinds)
+        else:
+            segment, found, cut = _recover_unsealed(fs, path, base, "sealed" in kinds)
+            if cut is not None:
+                truncated.append(cut)
+        events.extend(found)
+        segments.append(segment)
+    if removed:
+        fs.sync_dir(directory)
+    # Only the last segment may take appends; an earlier unsealed one is a closed copy.
+    for segment in segments[:-1]:
+        if segment.state is SegmentState.ACTIVE:
+            segment.state = SegmentState.CLOSED
+    if segments and segments[-1].has_marker and segments[-1].state is SegmentState.ACTIVE:
+        segments[-1].state = SegmentState.CLOSED
+    return RecoveredLog(segments, events, removed, truncated)
+
+
+def header_length(data: bytes) -> int | None:
+    """The length a batch header at the start of ``data`` claims, if the header is whole."""
+    if len(data) < BATCH_HEADER_SIZE:
+        return None
+    return int.from_bytes(data[4:8], "big")

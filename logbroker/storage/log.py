@@ -1,0 +1,963 @@
+"""The per-range log: durable appends, reads, rolling, sealing and verification.
+
+A ``RangeLog`` owns one range directory. It lives in the reactor thread and never blocks: every
+write, fsync, seal and scan is a job on the injected ``Executor``, and at most one job per log is
+in flight, so the file sees appends in offset order. Appends queue up while a job runs and go
+out together in the next one: one write and one fsync cover all of them (group commit). An
+append's Deferred fires only after the fsync that covers it has returned.
+
+With ``group_commit`` on, an append that finds the writer idle is parked for up to
+``group_commit_interval_ms`` so that more can join it; ``flush_max_records`` parked records
+flush at once. Whether on or off, an append that would take the parked and in-flight records past
+``max_inflight_records`` fails at once with ``OverloadedError``.
+
+A failed write or fsync fails every append it covered and every append queued behind it, and
+takes the log out of service (``LogFailedError``): after a failed fsync the kernel may already
+have dropped the dirty pages, so nothing more is trusted until recovery reopens the log.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+
+import attrs
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.storage._executor import Executor
+from logbroker.storage._format import (
+    BATCH_HEADER_SIZE,
+    MIN_BATCH_SIZE,
+    BatchInfo,
+    Damage,
+    DamageReason,
+    IndexEntry,
+    Record,
+    Seal,
+    StoredRecord,
+    encode_batch,
+    encode_index,
+    encode_seal,
+    iter_batch_records,
+    iter_valid_records,
+    scan_batches,
+)
+from logbroker.storage._fs import AppendFile, FileSystem, ReadFile
+from logbroker.storage._segment import (
+    INDEX_SUFFIX,
+    LOG_SUFFIX,
+    SEAL_SUFFIX,
+    IntegrityEvent,
+    RecoveredLog,
+    SegmentState,
+    Verification,
+    build_index,
+    header_length,
+    recover_log,
+    segment_stem,
+    verify_segment_bytes,
+)
+from logbroker.storage.errors import (
+    InvalidBatchError,
+    LogClosedError,
+    LogFailedError,
+    NotContiguousError,
+    OffsetOutOfRangeError,
+    OverloadedError,
+    SegmentNotFoundError,
+    SegmentStateError,
+    StorageError,
+)
+
+DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
+MAX_SEGMENT_BYTES = 0xFFFFFFFF
+_READ_WINDOW = 64 * 1024
+
+log = Logger()
+
+
+def _positive(_: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, not {value}")
+
+
+@attrs.frozen
+class LogConfig:
+    """How a range log rolls and commits; built from ``SVC_*`` settings by ``logbroker.config``."""
+
+    roll_bytes: int = attrs.field(default=DEFAULT_SEGMENT_MAX_BYTES)
+    group_commit: bool = False
+    group_commit_interval_ms: int = attrs.field(default=5, validator=_positive)
+    flush_max_records: int = attrs.field(default=8000, validator=_positive)
+    max_inflight_records: int = attrs.field(default=200_000, validator=_positive)
+
+    @roll_bytes.validator
+    def _check_roll_bytes(self, attribute: attrs.Attribute[int], value: int) -> None:
+        if not MIN_BATCH_SIZE <= value <= MAX_SEGMENT_BYTES:
+            raise ValueError(
+                f"roll_bytes must be between {MIN_BATCH_SIZE} and {MAX_SEGMENT_BYTES}, not {value}"
+            )
+
+
+@attrs.frozen
+class Appended:
+    """Where an acknowledged (durable) append landed."""
+
+    base_offset: int
+    record_count: int
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+@attrs.frozen
+class SegmentInfo:
+    """A segment as ``RangeLog.segments`` lists it; sealing reports it to the control plane."""
+
+    base_offset: int
+    state: SegmentState
+    #: Readable records (for a sealed segment: the count its seal recorded).
+    record_count: int
+    #: Readable bytes (for a sealed segment: the size its seal recorded).
+    byte_size: int
+    damage: Damage | None = None
+    sealed_at_ms: int | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+class _Segment:
+    """Mutable state of one segment, touched only in the reactor thread."""
+
+    def __init__(
+        self,
+        directory: str,
+        base_offset: int,
+        state: SegmentState,
+        readable_end: int,
+        next_offset: int,
+        end_offset: int,
+        index: list[IndexEntry] | None,
+        seal: Seal | None,
+        damage: Damage | None,
+        has_marker: bool,
+    ) -> None:
+        self.stem = f"{directory}/{segment_stem(base_offset)}"
+        self.path = self.stem + LOG_SUFFIX
+        self.base_offset = base_offset
+        self.state = state
+        self.readable_end = readable_end
+        self.next_offset = next_offset
+        self.end_offset = end_offset
+        self.index = index
+        self.seal = seal
+        self.damage = damage
+        self.has_marker = has_marker
+        self.writer: AppendFile | None = None
+        self.reader: ReadFile | None = None
+
+    def info(self) -> SegmentInfo:
+        if self.seal is not None and self.damage is None:
+            return SegmentInfo(
+                self.base_offset,
+                self.state,
+                self.seal.record_count,
+                self.seal.byte_size,
+                None,
+                self.seal.sealed_at_ms,
+            )
+        return SegmentInfo(
+            self.base_offset,
+            self.state,
+            self.next_offset - self.base_offset,
+            self.readable_end,
+            self.damage,
+            self.seal.sealed_at_ms if self.seal is not None else None,
+        )
+
+
+class _Append:
+    __slots__ = ("base_offset", "data", "deferred", "record_count")
+
+    def __init__(self, base_offset: int, record_count: int, data: bytes) -> None:
+        self.base_offset = base_offset
+        self.record_count = record_count
+        self.data = data
+        self.deferred: Deferred[Appended] = Deferred()
+
+
+class _Control:
+    """A roll, trim or delete, run in queue order between appends."""
+
+    __slots__ = ("deferred", "start")
+
+    def __init__(self, start: Callable[[], Deferred[object]]) -> None:
+        self.start = start
+        self.deferred: Deferred[object] = Deferred()
+
+
+@attrs.frozen
+class _SealPlan:
+    """Files to write when the active segment seals."""
+
+    stem: str
+    writer: AppendFile | None
+    index: bytes
+    seal: bytes
+
+
+def _write_seal(fs: FileSystem, plan: _SealPlan) -> None:
+    # Index first, then the marker: a marker on disk always has its index beside it.
+    if plan.writer is not None:
+        plan.writer.close()
+    fs.write_atomic(plan.stem + INDEX_SUFFIX, plan.index)
+    fs.write_atomic(plan.stem + SEAL_SUFFIX, plan.seal)
+
+
+def _write_job(
+    fs: FileSystem,
+    directory: str,
+    seal_plan: _SealPlan | None,
+    create_path: str | None,
+    writer: AppendFile | None,
+    data: bytes,
+) -> AppendFile:
+    if seal_plan is not None:
+        _write_seal(fs, seal_plan)
+    if create_path is not None:
+        writer = fs.open_append(create_path)
+        fs.sync_dir(directory)
+    assert writer is not None
+    writer.write(data)
+    writer.sync()
+    return writer
+
+
+def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
+    # The log goes first: recovery removes sidecars whose log is gone.
+    for suffix in (LOG_SUFFIX, INDEX_SUFFIX, SEAL_SUFFIX):
+        if fs.exists(stem + suffix):
+            fs.remove(stem + suffix)
+    fs.sync_dir(directory)
+
+
+def _trim_job(fs: FileSystem, path: str, base_offset: int, byte_size: int) -> list[BatchInfo]:
+    reader = fs.open_read(path)
+    try:
+        data = reader.read(0, byte_size)
+    finally:
+        reader.close()
+    scan = scan_batches(data, 0, base_offset)
+    if len(data) != byte_size or scan.damage is not None:
+        raise SegmentStateError(
+            f"{path}: the first {byte_size} bytes are not whole, verified batches; refusing to trim"
+        )
+    fs.truncate(path, byte_size)
+    return scan.batches
+
+
+def _verify_job(
+    fs: FileSystem, path: str, limit: int | None, base: int, seal: Seal | None
+) -> Verification:
+    data = fs.read_file(path)
+    if limit is not None:
+        data = data[:limit]
+    return verify_segment_bytes(data, base, seal)
+
+
+class RangeLog:
+    """The durable log of one range. Open it with ``RangeLog.open``."""
+
+    def __init__(
+        self,
+        directory: str,
+        recovered: RecoveredLog,
+        *,
+        fs: FileSystem,
+        clock: IReactorTime,
+        executor: Executor,
+        config: LogConfig,
+        on_integrity_event: Callable[[IntegrityEvent], None],
+        start_offset: int,
+    ) -> None:
+        self.directory = directory
+        self._fs = fs
+        self._clock = clock
+        self._executor = executor
+        self._config = config
+        self._on_integrity_event = on_integrity_event
+        self._segments = [
+            _Segment(
+                directory,
+                s.base_offset,
+                s.state,
+                s.readable_end,
+                s.next_offset,
+                s.end_offset,
+                s.index,
+                s.seal,
+                s.damage,
+                s.has_marker,
+            )
+            for s in recovered.segments
+        ]
+        self._bases = [segment.base_offset for segment in self._segments]
+        last = self._segments[-1] if self._segments else None
+        self._active = last if last is not None and last.state is SegmentState.ACTIVE else None
+        #: The offset the next append takes (appends in flight included).
+        self._next_offset = last.end_offset if last is not None else start_offset
+        #: The offset after the last durable record: the log end readers see.
+        self._durable_offset = self._next_offset
+        self._queue: deque[_Append | _Control] = deque()
+        self._parked_records = 0
+        self._inflight_records = 0
+        self._job_running = False
+        self._timer: IDelayedCall | None = None
+        self._timer_fired = False
+        self._closing = False
+        self._closed = False
+        self._close_waiters: list[Deferred[None]] = []
+        self._failure: Failure | None = None
+        for event in recovered.events:
+            self._report(event)
+        for name in recovered.removed:
+            log.info("Removed leftover file {name} in {directory}", name=name, directory=directory)
+        for path, old_size, new_size in recovered.truncated:
+            log.info(
+                "Recovery dropped a torn tail of {path}: {dropped} bytes after the last "
+                "CRC-valid frame at byte {position}",
+                path=path,
+                dropped=old_size - new_size,
+                position=new_size,
+            )
+
+    @classmethod
+    def open(
+        cls,
+        directory: str,
+        *,
+        fs: FileSystem,
+        clock: IReactorTime,
+        executor: Executor,
+        config: LogConfig | None = None,
+        on_integrity_event: Callable[[IntegrityEvent], None] = lambda event: None,
+        start_offset: int = 0,
+    ) -> Deferred[RangeLog]:
+        """Recover ``directory`` (created if missing) and return its log.
+
+        ``start_offset`` is where an empty range starts; a range with segments continues
+        where its last segment ends.
+        """
+
+        def opened(recovered: RecoveredLog) -> RangeLog:
+            return cls(
+                directory,
+                recovered,
+                fs=fs,
+                clock=clock,
+                executor=executor,
+                config=config or LogConfig(),
+                on_integrity_event=on_integrity_event,
+                start_offset=start_offset,
+            )
+
+        return executor.run(recover_log, fs, directory).addCallback(opened)
+
+    # -- positions ---------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        """The first offset still stored (later than 0 once retention deleted segments)."""
+        return self._segments[0].base_offset if self._segments else self._next_offset
+
+    @property
+    def end_offset(self) -> int:
+        """The offset after the last durable record: what a reader can reach."""
+        return self._durable_offset
+
+    @property
+    def next_offset(self) -> int:
+        """The offset the next append will take (appends not yet durable included)."""
+        return self._next_offset
+
+    @property
+    def failed(self) -> bool:
+        return self._failure is not None
+
+    def segments(self) -> list[SegmentInfo]:
+        return [segment.info() for segment in self._segments]
+
+    # -- appends -----------------------------------------------------------------------------
+
+    def _refuse_append(self, count: int) -> StorageError | None:
+        if self._failure is not None:
+            return LogFailedError(
+                f"{self.directory} is out of service after a write error "
+                f"({self._failure.getErrorMessage()}); restart to recover it"
+            )
+        if self._closing:
+            return LogClosedError(f"{self.directory} is closed")
+        waiting = self._parked_records + self._inflight_records
+        if waiting + count > self._config.max_inflight_records:
+            return OverloadedError(
+                f"{waiting} records already wait for their fsync in {self.directory} "
+                f"(limit {self._config.max_inflight_records}); retry later"
+            )
+        return None
+
+    def append(self, records: Sequence[Record]) -> Deferred[Appended]:
+        """Append ``records`` as one batch; fires once they are durable, with their offsets."""
+        if not records:
+            return fail(ValueError("append needs at least one record"))
+        refusal = self._refuse_append(len(records))
+        if refusal is not None:
+            return fail(refusal)
+        data = encode_batch(self._next_offset, records)
+        return self._enqueue(_Append(self._next_offset, len(records), data))
+
+    def append_raw(self, base_offset: int, data: bytes) -> Deferred[Appended]:
+        """Append whole batches as a primary sent them (replication), after verifying them."""
+        if base_offset != self._next_offset:
+            return fail(
+                NotContiguousError(
+                    f"{self.directory} ends at offset {self._next_offset}; "
+                    f"batches for offset {base_offset} do not follow it"
+                )
+            )
+        scan = scan_batches(data, 0, base_offset)
+        if scan.damage is not None or not scan.batches:
+            where = scan.damage.position if scan.damage is not None else 0
+            return fail(InvalidBatchError(f"replicated bytes fail verification at byte {where}"))
+        count = scan.batches[-1].next_offset - base_offset
+        refusal = self._refuse_append(count)
+        if refusal is not None:
+            return fail(refusal)
+        return self._enqueue(_Append(base_offset, count, bytes(data)))
+
+    def _enqueue(self, append: _Append) -> Deferred[Appended]:
+        self._next_offset += append.record_count
+        self._parked_records += append.record_count
+        self._queue.append(append)
+        self._kick()
+        return append.deferred
+
+    # -- the writer --------------------------------------------------------------------------
+
+    def _flush_due(self) -> bool:
+        if not self._config.group_commit or self._closing or self._timer_fired:
+            return True
+        if self._parked_records >= self._config.flush_max_records:
+            return True
+        return any(isinstance(item, _Control) for item in self._queue)
+
+    def _kick(self) -> None:
+        if self._job_running or not self._queue:
+            return
+        head = self._queue[0]
+        if isinstance(head, _Control):
+            self._queue.popleft()
+            self._job_running = True
+            head.start().addBoth(self._control_done, head)
+            return
+        if not self._flush_due():
+            if self._timer is None:
+                self._timer = self._clock.callLater(
+                    self._config.group_commit_interval_ms / 1000.0, self._timer_expired
+                )
+            return
+        self._start_write()
+
+    def _timer_expired(self) -> None:
+        self._timer = None
+        self._timer_fired = True
+        self._kick()
+
+    def _seal_plan(self, segment: _Segment) -> tuple[_SealPlan, Seal]:
+        seal = Seal(
+            segment.base_offset,
+            segment.next_offset - segment.base_offset,
+            segment.readable_end,
+            int(self._clock.seconds() * 1000),
+        )
+        index = segment.index if segment.index is not None else []
+        plan = _SealPlan(
+            segment.stem,
+            segment.writer,
+            encode_index(segment.base_offset, index),
+            encode_seal(seal),
+        )
+        return plan, seal
+
+    def _start_write(self) -> None:
+        active = self._active
+        first = self._queue[0]
+        assert isinstance(first, _Append)
+        seal_plan: tuple[_SealPlan, Seal] | None = None
+        retired = None
+        if active is not None and active.damage is not None:
+            retired, active = active, None
+        elif (
+            active is not None
+            and active.readable_end > 0
+            and active.readable_end + len(first.data) > self._config.roll_bytes
+        ):
+            seal_plan = self._seal_plan(active)
+            active = None
+        position = active.readable_end if active is not None else 0
+        taken: list[_Append] = []
+        size = 0
+        while self._queue and isinstance(self._queue[0], _Append):
+            candidate = self._queue[0]
+            if taken and position + size + len(candidate.data) > self._config.roll_bytes:
+                break
+            taken.append(candidate)
+            self._queue.popleft()
+            size += len(candidate.data)
+        records = sum(item.record_count for item in taken)
+        self._parked_records -= records
+        self._inflight_records += records
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        # Appends left behind by a roll are due at once; appends arriving later start a new wait.
+        self._timer_fired = bool(self._queue) and isinstance(self._queue[0], _Append)
+        create_path = None
+        if active is None:
+            create_path = f"{self.directory}/{segment_stem(taken[0].base_offset)}{LOG_SUFFIX}"
+        writer = active.writer if active is not None else None
+        if retired is not None and retired.writer is not None:
+            retired.writer.close()
+            retired.writer = None
+        data = taken[0].data if len(taken) == 1 else b"".join(item.data for item in taken)
+        self._job_running = True
+        job = self._executor.run(
+            _write_job,
+            self._fs,
+            self.directory,
+            seal_plan[0] if seal_plan is not None else None,
+            create_path,
+            writer,
+            data,
+        )
+        job.addCallbacks(
+            self._write_done,
+            self._write_failed,
+            callbackArgs=(taken, seal_plan, records),
+            errbackArgs=(taken, records),
+        )
+
+    def _apply_seal(self, segment: _Segment, seal: Seal) -> SegmentInfo:
+        segment.state = SegmentState.SEALED
+        segment.seal = seal
+        segment.has_marker = True
+        segment.writer = None
+        if segment is self._active:
+            self._active = None
+        log.info(
+            "Sealed segment {path}: {records} records, {size} bytes",
+            path=segment.path,
+            records=seal.record_count,
+            size=seal.byte_size,
+        )
+        return segment.info()
+
+    def _write_done(
+        self,
+        writer: AppendFile,
+        taken: list[_Append],
+        seal_plan: tuple[_SealPlan, Seal] | None,
+        records: int,
+    ) -> None:
+        if seal_plan is not None and self._active is not None:
+            self._apply_seal(self._active, seal_plan[1])
+        active = self._active
+        if active is None or active.damage is not None:
+            if active is not None:
+                active.state = SegmentState.CLOSED
+            active = _Segment(
+                self.directory,
+                taken[0].base_offset,
+                SegmentState.ACTIVE,
+                0,
+                taken[0].base_offset,
+                taken[0].base_offset,
+                [],
+                None,
+                None,
+                False,
+            )
+            self._segments.append(active)
+            self._bases.append(active.base_offset)
+            self._active = active
+        active.writer = writer
+        assert active.index is not None
+        for item in taken:
+            build_index(
+                [
+                    BatchInfo(
+                        active.readable_end, len(item.data), item.base_offset, item.record_count
+                    )
+                ],
+                active.index,
+            )
+            active.readable_end += len(item.data)
+            active.next_offset = active.end_offset = item.base_offset + item.record_count
+        self._durable_offset = active.next_offset
+        self._inflight_records -= records
+        self._job_running = False
+        for item in taken:
+            item.deferred.callback(Appended(item.base_offset, item.record_count))
+        self._after_job()
+
+    def _write_failed(self, failure: Failure, taken: list[_Append], records: int) -> None:
+        self._inflight_records -= records
+        self._job_running = False
+        self._failure = failure
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._active is not None:
+            self._active.state = SegmentState.CLOSED
+        log.failure(
+            "Write or fsync failed in {directory}; {count} appends fail and the range is out "
+            "of service until restart",
+            failure,
+            directory=self.directory,
+            count=len(taken) + len(self._queue),
+        )
+        error = LogFailedError(
+            f"write or fsync failed in {self.directory}: {failure.getErrorMessage()}"
+        )
+        queued, self._queue = list(self._queue), deque()
+        self._parked_records = 0
+        for item in [*taken, *queued]:
+            item.deferred.errback(error)
+        self._after_job()
+
+    def _control_done(self, result: object, control: _Control) -> None:
+        self._job_running = False
+        if isinstance(result, Failure):
+            control.deferred.errback(result)
+        else:
+            control.deferred.callback(result)
+        self._after_job()
+
+    def _after_job(self) -> None:
+        if self._closing and not self._queue and not self._job_running:
+            if not self._closed:
+                self._finish_close()
+        else:
+            self._kick()
+
+    def _run_control(self, start: Callable[[], Deferred[object]]) -> Deferred[object]:
+        if self._failure is not None:
+            return fail(LogFailedError(f"{self.directory} is out of service after a write error"))
+        if self._closing:
+            return fail(LogClosedError(f"{self.directory} is closed"))
+        control = _Control(start)
+        self._queue.append(control)
+        self._kick()
+        return control.deferred
+
+    # -- sealing, trimming, deleting -----------------------------------------------------------
+
+    def roll(self) -> Deferred[SegmentInfo | None]:
+        """Seal the active segment after the appends queued before this call.
+
+        Fires with the sealed segment (its record count and byte size go to the control
+        plane), or ``None`` when there was nothing to seal. The next append starts a new segment.
+        """
+
+        def start() -> Deferred[object]:
+            active = self._active
+            if active is None or active.readable_end == 0 or active.damage is not None:
+                return succeed(None)
+            plan, seal = self._seal_plan(active)
+            return self._executor.run(_write_seal, self._fs, plan).addCallback(
+                lambda _: self._apply_seal(active, seal)
+            )
+
+        return self._run_control(start)  # type: ignore[return-value]
+
+    def _find(self, base_offset: int) -> _Segment:
+        slot = bisect.bisect_left(self._bases, base_offset)
+        if slot == len(self._bases) or self._bases[slot] != base_offset:
+            raise SegmentNotFoundError(f"{self.directory} has no segment at offset {base_offset}")
+        return self._segments[slot]
+
+    def delete_segment(self, base_offset: int) -> Deferred[None]:
+        """Delete a segment that is no longer appended to (retention, or repair of a copy)."""
+
+        def start() -> Deferred[object]:
+            segment = self._find(base_offset)
+            if segment is self._active:
+                raise SegmentStateError(
+                    f"{segment.path} is the active segment; it cannot be deleted"
+                )
+            if segment.reader is not None:
+                segment.reader.close()
+                segment.reader = None
+            slot = self._segments.index(segment)
+            del self._segments[slot]
+            del self._bases[slot]
+            return self._executor.run(_delete_files, self._fs, self.directory, segment.stem)
+
+        return self._run_control(_guarded(start))  # type: ignore[return-value]
+
+    def trim(self, base_offset: int, byte_size: int) -> Deferred[SegmentInfo]:
+        """Cut an unsealed copy back to ``byte_size``: bytes past a sealed length were never
+        acknowledged. Refused on a copy with its own seal marker and on rot before that length.
+        """
+
+        def start() -> Deferred[object]:
+            segment = self._find(base_offset)
+            if segment.has_marker:
+                raise SegmentStateError(
+                    f"{segment.path} carries its own seal marker; never trimmed"
+                )
+            if segment.damage is not None and segment.damage.position < byte_size:
+                raise SegmentStateError(
+                    f"{segment.path} is damaged at byte {segment.damage.position} "
+                    f"({segment.damage.reason.value}); rot is never trimmed"
+                )
+            if byte_size > segment.readable_end:
+                raise SegmentStateError(
+                    f"{segment.path} holds {segment.readable_end} verified bytes, "
+                    f"fewer than {byte_size}"
+                )
+            if segment.writer is not None:
+                segment.writer.close()
+                segment.writer = None
+            if segment is self._active:
+                self._active = None
+            segment.state = SegmentState.CLOSED
+
+            def trimmed(batches: list[BatchInfo]) -> SegmentInfo:
+                segment.readable_end = byte_size
+                segment.next_offset = segment.end_offset = (
+                    batches[-1].next_offset if batches else segment.base_offset
+                )
+                segment.index = build_index(batches)
+                segment.damage = None
+                if segment is self._segments[-1]:
+                    self._next_offset = self._durable_offset = segment.next_offset
+                return segment.info()
+
+            return self._executor.run(
+                _trim_job, self._fs, segment.path, base_offset, byte_size
+            ).addCallback(trimmed)
+
+        return self._run_control(_guarded(start))  # type: ignore[return-value]
+
+    # -- verification ------------------------------------------------------------------------
+
+    def verify_segment(self, base_offset: int) -> Deferred[Verification]:
+        """Check every checksum of a segment (and a sealed one's recorded size and count).
+
+        Never changes the file. Damage found is reported as an integrity event, and reads of
+        the segment stop before it from then on.
+        """
+        try:
+            segment = self._find(base_offset)
+        except SegmentNotFoundError:
+            return fail()
+        limit = None if segment.state is not SegmentState.ACTIVE else segment.readable_end
+
+        def checked(result: Verification) -> Verification:
+            if result.damage is not None:
+                self._found_damage(segment, result.damage)
+            return result
+
+        return self._executor.run(
+            _verify_job, self._fs, segment.path, limit, base_offset, segment.seal
+        ).addCallback(checked)
+
+    def _found_damage(self, segment: _Segment, damage: Damage) -> None:
+        if segment.damage is not None and segment.damage.position <= damage.position:
+            return
+        segment.damage = damage
+        segment.readable_end = min(segment.readable_end, damage.position)
+        self._report(
+            IntegrityEvent(
+                damage.reason,
+                segment.path,
+                segment.base_offset,
+                damage.position,
+                segment.has_marker,
+            )
+        )
+
+    def _report(self, event: IntegrityEvent) -> None:
+        if event.counted:
+            log.error(
+                "Integrity failure in {segment} at byte {position}: {reason}; the copy is "
+                "damaged and reads stop before that byte. Frames after it are kept for salvage.",
+                segment=event.segment,
+                position=event.position,
+                reason=event.reason.value,
+                base_offset=event.base_offset,
+                sealed=event.sealed,
+            )
+        else:
+            log.info(
+                "Torn tail in {segment} at byte {position} (crash recovery; never acknowledged)",
+                segment=event.segment,
+                position=event.position,
+            )
+        self._on_integrity_event(event)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def _reader(self, segment: _Segment) -> ReadFile:
+        if segment.reader is None:
+            segment.reader = self._fs.open_read(segment.path)
+        return segment.reader
+
+    def _index_entry(self, segment: _Segment, offset: int) -> IndexEntry:
+        if segment.index is None:
+            if segment.seal is not None and segment.damage is None:
+                log.warn("Index of {path} is missing or damaged; rebuilding it", path=segment.path)
+            data = self._reader(segment).read(0, segment.readable_end)
+            segment.index = build_index(scan_batches(data, 0, segment.base_offset).batches)
+        entries = segment.index
+        slot = bisect.bisect_right(entries, offset, key=lambda entry: entry.offset) - 1
+        return entries[slot] if slot >= 0 else IndexEntry(segment.base_offset, 0)
+
+    def _batches(
+        self, segment: _Segment, offset: int, want_bytes: int
+    ) -> Iterator[tuple[memoryview, BatchInfo, bool]]:
+        """Yield verified batches that hold ``offset`` or later, as (view, batch, whole).
+
+        A batch found damaged is yielded once with ``whole`` false (its records before the
+        damage still verify on their own), then iteration stops.
+        """
+        entry = self._index_entry(segment, offset)
+        position, expected = entry.position, entry.offset
+        window = max(_READ_WINDOW, want_bytes)
+        while position < segment.readable_end:
+            data = self._reader(segment).read(
+                position, min(window, segment.readable_end - position)
+            )
+            view = memoryview(data)
+            scan = scan_batches(view, 0, expected)
+            for batch in scan.batches:
+                if batch.next_offset > offset:
+                    yield view, batch, True
+            if scan.batches:
+                expected = scan.batches[-1].next_offset
+            damage = scan.damage
+            window_start, position = position, position + scan.end
+            if damage is None:
+                continue
+            if damage.torn and window_start + len(data) < segment.readable_end:
+                # The read window ended inside a batch; read that batch whole next time.
+                needed = header_length(data[scan.end :]) or BATCH_HEADER_SIZE
+                window = max(window, needed)
+                continue
+            self._found_damage(segment, Damage(window_start + damage.position, damage.reason))
+            if damage.reason in (DamageReason.CHECKSUM, DamageReason.SEQUENCE):
+                length = header_length(data[scan.end :])
+                if length is not None:
+                    end = min(len(data), scan.end + length)
+                    yield view[scan.end : end], BatchInfo(0, end - scan.end, expected, 0), False
+            return
+
+    def read(
+        self, offset: int, max_records: int = 1000, max_bytes: int = 1024 * 1024
+    ) -> list[StoredRecord]:
+        """Records from ``offset`` on, at most ``max_records`` and about ``max_bytes`` of keys
+        and values (always at least one record if any is there).
+
+        Only durable records are returned. A damaged copy returns the records before the damage
+        and nothing after, with no error.
+        """
+        if offset < self.start_offset:
+            raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
+        records: list[StoredRecord] = []
+        budget = max_bytes
+        slot = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        for segment in self._segments[slot:]:
+            if segment.next_offset <= offset and segment.damage is None:
+                continue
+            for view, batch, whole in self._batches(segment, offset, max_bytes):
+                source = (
+                    iter_batch_records(view, batch)
+                    if whole
+                    else iter_valid_records(view, 0, len(view))
+                )
+                for stored in source:
+                    if stored.offset < offset:
+                        continue
+                    records.append(stored)
+                    budget -= len(stored.record.value) + len(stored.record.key or b"")
+                    if len(records) >= max_records or budget <= 0:
+                        return records
+            if segment.damage is not None or segment.next_offset < segment.end_offset:
+                return records
+            offset = segment.next_offset
+        return records
+
+    def read_raw(self, offset: int, max_bytes: int = 1024 * 1024) -> bytes:
+        """Whole verified batches from the one holding ``offset`` on, for a following replica.
+
+        Returns at least one batch when there is one, and stops at the end of a segment.
+        """
+        if offset < self.start_offset:
+            raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
+        slot = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        if slot >= len(self._segments):
+            return b""
+        parts: list[bytes] = []
+        size = 0
+        for view, batch, whole in self._batches(self._segments[slot], offset, max_bytes):
+            if not whole or (parts and size + batch.length > max_bytes):
+                break
+            parts.append(bytes(view[batch.position : batch.end]))
+            size += batch.length
+        return b"".join(parts)
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def close(self) -> Deferred[None]:
+        """Flush queued appends, wait for the writer, then close every file."""
+        if self._closed:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._close_waiters.append(waiter)
+        if not self._closing:
+            self._closing = True
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            self._after_job()
+        return waiter
+
+    def _finish_close(self) -> None:
+        for segment in self._segments:
+            for handle in (segment.writer, segment.reader):
+                if handle is not None:
+                    handle.close()
+            segment.writer = segment.reader = None
+        self._closed = True
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+
+def _guarded(start: Callable[[], Deferred[object]]) -> Callable[[], Deferred[object]]:
+    """Turn an exception raised while starting a control job into a failed Deferred."""
+
+    def run() -> Deferred[object]:
+        try:
+            return start()
+        except StorageError:
+            return fail()
+
+    return run

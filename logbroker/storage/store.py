@@ -1,0 +1,100 @@
+"""The data directory: its format marker and where each range's log lives.
+
+Layout::
+
+    <data dir>/FORMAT                       "logbroker storage format 1\\n"
+    <data dir>/ranges/<range name>/         one directory per range (names may nest: topic/range)
+        00000000000000000000.log            segment files, named by zero-padded base offset
+        00000000000000000000.index          sparse index, written at seal
+        00000000000000000000.sealed         local seal marker
+
+A directory written by a newer format than this build reads is refused (``FormatTooNewError``);
+the command line turns that into exit status 3 (see ``logbroker.exitcodes``).
+"""
+
+from __future__ import annotations
+
+import re
+
+from logbroker.storage._format import FORMAT_VERSION
+from logbroker.storage._fs import FileSystem
+from logbroker.storage.errors import FormatTooNewError, NotADataDirectoryError, StorageError
+
+FORMAT_FILE = "FORMAT"
+RANGES_DIR = "ranges"
+_MARKER = re.compile(rb"^logbroker storage format (\d+)\n$")
+_NAME_PART = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def _marker(version: int) -> bytes:
+    return f"logbroker storage format {version}\n".encode()
+
+
+def check_range_name(name: str) -> str:
+    """A range name: one or more ``/``-separated parts of ``[A-Za-z0-9._-]``, never . or .."""
+    parts = name.split("/")
+    for part in parts:
+        if not _NAME_PART.match(part) or part in (".", ".."):
+            raise ValueError(f"invalid range name {name!r}: bad part {part!r}")
+    return name
+
+
+class DataDirectory:
+    """A data directory whose format this build reads; open with ``DataDirectory.open``."""
+
+    def __init__(self, path: str, fs: FileSystem) -> None:
+        self.path = path
+        self._fs = fs
+
+    @classmethod
+    def open(cls, path: str, fs: FileSystem, *, create: bool = True) -> DataDirectory:
+        """Check the format marker; write it into a new or empty directory if ``create``.
+
+        Blocking: call it at startup, before anything serves.
+        """
+        marker_path = f"{path}/{FORMAT_FILE}"
+        if fs.exists(marker_path):
+            content = fs.read_file(marker_path)
+            match = _MARKER.match(content)
+            if match is None:
+                raise StorageError(
+                    f"{marker_path} is not a logbroker format marker ({content[:40]!r}); "
+                    "refusing to use this data directory"
+                )
+            found = int(match.group(1))
+            if found > FORMAT_VERSION:
+                raise FormatTooNewError(path, found, FORMAT_VERSION)
+            return cls(path, fs)
+        if not create or (fs.exists(path) and fs.list_dir(path)):
+            raise NotADataDirectoryError(
+                f"{path} holds files but no {FORMAT_FILE} marker: it is not a logbroker data "
+                "directory; refusing to write into it"
+            )
+        fs.make_dirs(path)
+        fs.write_atomic(marker_path, _marker(FORMAT_VERSION))
+        return cls(path, fs)
+
+    def range_path(self, name: str) -> str:
+        return f"{self.path}/{RANGES_DIR}/{check_range_name(name)}"
+
+    def range_names(self) -> list[str]:
+        """Every range directory present (a directory under ``ranges/`` with no subdirectory)."""
+        root = f"{self.path}/{RANGES_DIR}"
+        if not self._fs.exists(root):
+            return []
+        found: list[str] = []
+
+        def walk(relative: str) -> None:
+            directory = f"{root}/{relative}" if relative else root
+            children = [
+                name
+                for name in self._fs.list_dir(directory)
+                if self._fs.is_dir(f"{directory}/{name}")
+            ]
+            if relative and not children:
+                found.append(relative)
+            for child in sorted(children):
+                walk(f"{relative}/{child}" if relative else child)
+
+        walk("")
+        return found

@@ -1,0 +1,47 @@
+"""``twistd logbroker``: options and ``makeService``. Flags override ``SVC_*`` variables."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from twisted.application.service import IService
+from twisted.python import usage
+
+from logbroker import exitcodes
+from logbroker.config import ConfigError, StorageSettings
+from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
+from logbroker.storage.store import DataDirectory
+
+
+class Options(usage.Options):
+    optParameters = [
+        ["data-dir", "d", None, "data directory (overrides SVC_DATA_DIR; default ./data)"],
+    ]
+
+
+def _exit(status: int, message: str) -> SystemExit:
+    print(f"logbroker: {message}", file=sys.stderr)
+    return SystemExit(status)
+
+
+def makeService(options: Options) -> IService:
+    env = dict(os.environ)
+    if options["data-dir"] is not None:
+        env["SVC_DATA_DIR"] = options["data-dir"]
+    try:
+        settings = StorageSettings.from_env(env)
+    except ConfigError as error:
+        raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
+    try:
+        data_dir = DataDirectory.open(settings.data_dir, OsFileSystem())
+    except FormatTooNewError as error:
+        raise _exit(exitcodes.FORMAT_TOO_NEW, str(error)) from None
+    except (StorageError, OSError) as error:
+        raise _exit(exitcodes.FAILURE, str(error)) from None
+
+    from twisted.internet import reactor
+
+    from logbroker.service import build_service
+
+    return build_service(reactor, settings, data_dir)

@@ -1,0 +1,230 @@
+"""Test doubles for code built on logbroker storage: no threads, no disk, no waiting.
+
+* ``MemoryFileSystem`` keeps what was written (the page cache) apart from what was fsynced (the
+  disk), can simulate a power cut that keeps any prefix of the unsynced bytes, fails fsyncs on
+  demand, and journals every write and sync so a test can check that nothing was acknowledged
+  before the fsync that covers it.
+* ``ImmediateExecutor`` runs storage jobs inline; ``ManualExecutor`` holds them until the test
+  runs them, so a test decides exactly what is in flight.
+"""
+
+from __future__ import annotations
+
+import errno
+import posixpath
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import attrs
+from twisted.internet.defer import Deferred, fail, succeed
+
+_T = TypeVar("_T")
+
+
+@attrs.define
+class _File:
+    data: bytearray = attrs.Factory(bytearray)
+    durable: bytes = b""
+    #: Whether the file's directory entry survives a crash.
+    linked: bool = False
+
+
+@attrs.frozen
+class JournalEntry:
+    """One operation on a ``MemoryFileSystem``: ``write``, ``sync``, ``truncate``, ``remove``."""
+
+    operation: str
+    path: str
+    size: int
+
+
+class _MemoryAppendFile:
+    def __init__(self, fs: MemoryFileSystem, path: str) -> None:
+        self._fs = fs
+        self._path = path
+        self.closed = False
+
+    def write(self, data: bytes) -> None:
+        self._fs._file(self._path).data += data
+        self._fs.journal.append(JournalEntry("write", self._path, len(data)))
+
+    def sync(self) -> None:
+        self._fs._sync(self._path)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _MemoryReadFile:
+    def __init__(self, fs: MemoryFileSystem, path: str) -> None:
+        self._fs = fs
+        self._path = path
+
+    def read(self, position: int, length: int) -> bytes:
+        return bytes(self._fs._file(self._path).data[position : position + length])
+
+    def close(self) -> None:
+        pass
+
+
+class MemoryFileSystem:
+    """An in-memory file system with crash semantics (see the module docstring)."""
+
+    def __init__(self) -> None:
+        self._files: dict[str, _File] = {}
+        self._dirs: set[str] = {"/"}
+        self.journal: list[JournalEntry] = []
+        #: While positive, each fsync fails with EIO and counts this down.
+        self.failing_syncs = 0
+
+    @staticmethod
+    def _norm(path: str) -> str:
+        return posixpath.normpath(posixpath.join("/", path))
+
+    def _file(self, path: str) -> _File:
+        try:
+            return self._files[self._norm(path)]
+        except KeyError:
+            raise FileNotFoundError(errno.ENOENT, "No such file", path) from None
+
+    def _sync(self, path: str) -> None:
+        if self.failing_syncs > 0:
+            self.failing_syncs -= 1
+            self.journal.append(JournalEntry("sync-failed", self._norm(path), 0))
+            raise OSError(errno.EIO, "Input/output error (injected)", path)
+        entry = self._file(path)
+        entry.durable = bytes(entry.data)
+        self.journal.append(JournalEntry("sync", self._norm(path), len(entry.data)))
+
+    # -- FileSystem ----------------------------------------------------------------------------
+
+    def list_dir(self, path: str) -> list[str]:
+        path = self._norm(path)
+        if path not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "No such directory", path)
+        names = [
+            p for p in (*self._files, *self._dirs) if posixpath.dirname(p) == path and p != path
+        ]
+        return sorted(posixpath.basename(name) for name in names)
+
+    def is_dir(self, path: str) -> bool:
+        return self._norm(path) in self._dirs
+
+    def make_dirs(self, path: str) -> None:
+        path = self._norm(path)
+        while path not in self._dirs:
+            self._dirs.add(path)
+            path = posixpath.dirname(path)
+
+    def exists(self, path: str) -> bool:
+        path = self._norm(path)
+        return path in self._files or path in self._dirs
+
+    def size(self, path: str) -> int:
+        return len(self._file(path).data)
+
+    def read_file(self, path: str) -> bytes:
+        return bytes(self._file(path).data)
+
+    def open_read(self, path: str) -> _MemoryReadFile:
+        self._file(path)
+        return _MemoryReadFile(self, path)
+
+    def open_append(self, path: str) -> _MemoryAppendFile:
+        path = self._norm(path)
+        if posixpath.dirname(path) not in self._dirs:
+            raise FileNotFoundError(errno.ENOENT, "No such directory", path)
+        self._files.setdefault(path, _File())
+        return _MemoryAppendFile(self, path)
+
+    def write_atomic(self, path: str, data: bytes) -> None:
+        path = self._norm(path)
+        self._files[path] = _File(bytearray(data), bytes(data), linked=True)
+        self.journal.append(JournalEntry("write-atomic", path, len(data)))
+
+    def truncate(self, path: str, size: int) -> None:
+        entry = self._file(path)
+        del entry.data[size:]
+        entry.durable = bytes(entry.data)
+        self.journal.append(JournalEntry("truncate", self._norm(path), size))
+
+    def remove(self, path: str) -> None:
+        self._file(path)
+        del self._files[self._norm(path)]
+        self.journal.append(JournalEntry("remove", self._norm(path), 0))
+
+    def sync_dir(self, path: str) -> None:
+        path = self._norm(path)
+        for name, entry in self._files.items():
+            if posixpath.dirname(name) == path:
+                entry.linked = True
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def durable_size(self, path: str) -> int:
+        return len(self._file(path).durable)
+
+    def files(self) -> list[str]:
+        return sorted(self._files)
+
+    def corrupt(self, path: str, position: int, xor: int = 0xFF) -> None:
+        """Flip bits of one byte, on disk and in the page cache alike (rot)."""
+        entry = self._file(path)
+        entry.data[position] ^= xor
+        durable = bytearray(entry.durable)
+        if position < len(durable):
+            durable[position] ^= xor
+            entry.durable = bytes(durable)
+
+    def crash(self, keep: Callable[[str, int], int] = lambda path, unsynced: 0) -> MemoryFileSystem:
+        """A power cut: the file system as the disk holds it afterwards.
+
+        Each file keeps its fsynced bytes plus ``keep(path, unsynced)`` of the bytes written
+        after them (the kernel may have written back any prefix). A file whose directory entry
+        was never synced is gone.
+        """
+        after = MemoryFileSystem()
+        after._dirs = set(self._dirs)
+        for path, entry in self._files.items():
+            if not entry.linked:
+                continue
+            unsynced = len(entry.data) - len(entry.durable)
+            kept = max(0, min(unsynced, keep(path, unsynced)))
+            data = bytes(entry.data[: len(entry.durable) + kept])
+            after._files[path] = _File(bytearray(data), data, linked=True)
+        return after
+
+
+class ImmediateExecutor:
+    """Runs each storage job at once, in the calling thread."""
+
+    def run(self, job: Callable[..., _T], *args: Any) -> Deferred[_T]:
+        try:
+            return succeed(job(*args))
+        except Exception:
+            return fail()
+
+
+class ManualExecutor:
+    """Holds storage jobs until the test runs them, in order."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Callable[..., Any], tuple[Any, ...], Deferred[Any]]] = []
+
+    def run(self, job: Callable[..., _T], *args: Any) -> Deferred[_T]:
+        done: Deferred[_T] = Deferred()
+        self.pending.append((job, args, done))
+        return done
+
+    def run_next(self) -> None:
+        job, args, done = self.pending.pop(0)
+        try:
+            result = job(*args)
+        except Exception:
+            done.errback()
+        else:
+            done.callback(result)
+
+    def run_all(self) -> None:
+        while self.pending:
+            self.run_next()
