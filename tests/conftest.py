@@ -7,8 +7,18 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, settings
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
+
+# Reproducible in CI: the same examples every run, no wall-clock deadline on a shared machine.
+settings.register_profile(
+    "logbroker",
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile("logbroker")
 
 
 @pytest.fixture(autouse=True)
