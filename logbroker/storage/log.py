@@ -225,16 +225,18 @@ def _write_job(
     fs: FileSystem,
     directory: str,
     seal_plan: _SealPlan | None,
-    create_path: str | None,
+    path: str,
     writer: AppendFile | None,
+    new_file: bool,
     data: bytes,
 ) -> AppendFile:
     if seal_plan is not None:
         _write_seal(fs, seal_plan)
-    if create_path is not None:
-        writer = fs.open_append(create_path)
-        fs.sync_dir(directory)
-    assert writer is not None
+    if writer is None:
+        writer = fs.open_append(path)
+        if new_file:
+            # A new file is not durable until its directory entry is.
+            fs.sync_dir(directory)
     writer.write(data)
     writer.sync()
     return writer
@@ -528,10 +530,11 @@ class RangeLog:
             self._timer = None
         # Appends left behind by a roll are due at once; appends arriving later start a new wait.
         self._timer_fired = bool(self._queue) and isinstance(self._queue[0], _Append)
-        create_path = None
         if active is None:
-            create_path = f"{self.directory}/{segment_stem(taken[0].base_offset)}{LOG_SUFFIX}"
-        writer = active.writer if active is not None else None
+            path = f"{self.directory}/{segment_stem(taken[0].base_offset)}{LOG_SUFFIX}"
+            writer = None
+        else:
+            path, writer = active.path, active.writer
         if retired is not None and retired.writer is not None:
             retired.writer.close()
             retired.writer = None
@@ -542,8 +545,9 @@ class RangeLog:
             self._fs,
             self.directory,
             seal_plan[0] if seal_plan is not None else None,
-            create_path,
+            path,
             writer,
+            active is None,
             data,
         )
         job.addCallbacks(
@@ -780,10 +784,11 @@ class RangeLog:
         ).addCallback(checked)
 
     def _found_damage(self, segment: _Segment, damage: Damage) -> None:
-        if segment.damage is not None and segment.damage.position <= damage.position:
+        segment.readable_end = min(segment.readable_end, damage.position)
+        if segment.damage is not None:
+            # Already reported and counted for this copy; only narrow what reads may reach.
             return
         segment.damage = damage
-        segment.readable_end = min(segment.readable_end, damage.position)
         self._report(
             IntegrityEvent(
                 damage.reason,

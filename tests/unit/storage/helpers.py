@@ -1,0 +1,79 @@
+"""Shared set-up for storage unit tests: logs on a MemoryFileSystem, opened synchronously."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+
+from logbroker.storage import IntegrityEvent, LogConfig, RangeLog, Record
+from logbroker.storage._format import scan_batches
+from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+
+RANGE_DIR = "/data/ranges/topic/0"
+
+
+def segment_path(base_offset: int, suffix: str = ".log") -> str:
+    return f"{RANGE_DIR}/{base_offset:020d}{suffix}"
+
+
+def result_of(deferred: Deferred[Any]) -> Any:
+    """The result of a Deferred that has already fired; raise its failure if it failed."""
+    results: list[Any] = []
+    deferred.addBoth(results.append)
+    assert results, "the Deferred has not fired"
+    if isinstance(results[0], Failure):
+        results[0].raiseException()
+    return results[0]
+
+
+def failure_of(deferred: Deferred[Any]) -> Failure:
+    results: list[Any] = []
+    deferred.addBoth(results.append)
+    assert results, "the Deferred has not fired"
+    assert isinstance(results[0], Failure), f"expected a failure, got {results[0]!r}"
+    return results[0]
+
+
+def open_log(
+    fs: MemoryFileSystem,
+    config: LogConfig | None = None,
+    events: list[IntegrityEvent] | None = None,
+    clock: Clock | None = None,
+) -> RangeLog:
+    sink = events if events is not None else []
+    log: RangeLog = result_of(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=fs,
+            clock=clock or Clock(),
+            executor=ImmediateExecutor(),
+            config=config,
+            on_integrity_event=sink.append,
+        )
+    )
+    return log
+
+
+def record(number: int) -> Record:
+    return Record(
+        b"value-%d" % number, key=b"key-%d" % number, timestamp_ms=1_700_000_000_000 + number
+    )
+
+
+def append_each(log: RangeLog, first: int, count: int) -> None:
+    """Append records ``first .. first+count-1`` one batch each, and wait for each to be durable."""
+    for number in range(first, first + count):
+        appended = result_of(log.append([record(number)]))
+        assert appended.base_offset == number
+
+
+def batch_positions(fs: MemoryFileSystem, path: str) -> list[tuple[int, int]]:
+    """(start, end) byte positions of each batch in a segment file."""
+    return [(b.position, b.end) for b in scan_batches(fs.read_file(path)).batches]
+
+
+def offsets(log: RangeLog, start: int = 0) -> list[int]:
+    return [stored.offset for stored in log.read(start, max_records=10_000)]
