@@ -1,0 +1,245 @@
+r"""Golden files: the exact bytes logbroker stores, pinned.
+
+Each test encodes a fixed input with the real encoder and compares the result byte for byte with
+a file under ``golden/``, then decodes that stored file with the real decoder and checks every
+value. A failure here means the storage format changed, so data written by earlier builds may no
+longer read back: that takes a new format version and code that still reads the old one (see
+``docs/storage-format.md``, "Versioning"), not just new golden files.
+
+To regenerate the files deliberately (a new format version, or a new golden case)::
+
+    LOGBROKER_REGENERATE_GOLDEN=1 .venv/bin/python -m pytest \
+        tests/unit/storage/test_format_golden.py
+
+In that mode each test rewrites its file and then fails, so a regeneration never passes by
+accident. Review the change (``git diff --stat tests/unit/storage/golden``), then run again
+without the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from pathlib import Path
+
+import pytest
+from crc32c import crc32c
+
+from logbroker.storage._format import (
+    FORMAT_VERSION,
+    BatchInfo,
+    IndexEntry,
+    Record,
+    Scan,
+    Seal,
+    StoredRecord,
+    decode_index,
+    decode_seal,
+    encode_batch,
+    encode_index,
+    encode_seal,
+    iter_batch_records,
+    scan_batches,
+    verify_records_only,
+)
+from logbroker.storage.errors import FormatTooNewError
+from logbroker.storage.store import DataDirectory
+from logbroker.testing import MemoryFileSystem
+
+GOLDEN = Path(__file__).parent / "golden"
+REGENERATE = os.environ.get("LOGBROKER_REGENERATE_GOLDEN") == "1"
+
+# An offset above 2**32, so that all eight bytes of the offset fields matter.
+BASE = 2**32 + 5
+NULL = b"\xff\xff\xff\xff"
+
+ONE_RECORD = [Record(b"hello, logbroker", key=None, timestamp_ms=1_700_000_000_000)]
+
+THREE_RECORDS = [
+    # An empty key (length 0, not null), a binary value holding the null marker's bytes, and
+    # headers with a null value.
+    Record(
+        b"\x00\xff\xff\xff\xff\x80\x7f\n\r\x00",
+        key=b"",
+        timestamp_ms=1_700_000_000_001,
+        headers=((b"content-type", b"application/octet-stream"), (b"trace-id", None)),
+    ),
+    # An empty value, no headers, the smallest timestamp.
+    Record(b"", key=b"user-42", timestamp_ms=0),
+    # A null key, a null header name, an empty header name and value, the largest timestamp.
+    Record(
+        b"third",
+        key=None,
+        timestamp_ms=2**64 - 1,
+        headers=((None, b"anonymous"), (b"", b"")),
+    ),
+]
+
+INDEX_ENTRIES = [
+    IndexEntry(BASE, 0),
+    IndexEntry(BASE + 97, 4105),
+    IndexEntry(BASE + 201, 8230),
+]
+
+SEAL = Seal(base_offset=BASE, record_count=317, byte_size=12_345, sealed_at_ms=1_700_000_123_456)
+
+
+def golden(name: str, encoded: bytes) -> bytes:
+    """The stored golden file ``name`` (or, when regenerating, write ``encoded`` and fail)."""
+    path = GOLDEN / name
+    if REGENERATE:
+        GOLDEN.mkdir(exist_ok=True)
+        path.write_bytes(encoded)
+        pytest.fail(
+            f"rewrote {path} ({len(encoded)} bytes); review the change, then run again "
+            "without LOGBROKER_REGENERATE_GOLDEN"
+        )
+    if not path.exists():
+        pytest.fail(f"{path} is missing; see the module docstring to generate it")
+    return path.read_bytes()
+
+
+def assert_same_bytes(encoded: bytes, stored: bytes) -> None:
+    if encoded == stored:
+        return
+    first = next(
+        (i for i, (a, b) in enumerate(zip(encoded, stored, strict=False)) if a != b),
+        min(len(encoded), len(stored)),
+    )
+    pytest.fail(
+        f"the encoding differs from the golden file at byte {first} "
+        f"(encoded {len(encoded)} bytes, golden {len(stored)}):\n"
+        f"  encoded {encoded[first : first + 16].hex(' ')}\n"
+        f"  golden  {stored[first : first + 16].hex(' ')}\n"
+        "The storage format changed; see the module docstring before regenerating."
+    )
+
+
+def stored_crc(frame: bytes) -> int:
+    (crc,) = struct.unpack_from(">I", frame, 8)
+    return crc
+
+
+def computed_crc(frame: bytes) -> int:
+    """CRC32C of every byte of the frame but its own checksum field, bytes [8, 12)."""
+    return int(crc32c(frame[:8] + frame[12:]))
+
+
+def test_the_checksum_is_standard_crc32c() -> None:
+    # The Castagnoli check value: any other polynomial, init or final XOR gives another.
+    assert crc32c(b"123456789") == 0xE3069283
+    assert FORMAT_VERSION == 1
+
+
+def test_batch_of_one_record_with_a_null_key() -> None:
+    encoded = encode_batch(BASE, ONE_RECORD)
+    stored = golden("batch-one-record-null-key.bin", encoded)
+
+    scan = scan_batches(stored, 0, BASE)
+    assert scan == Scan([BatchInfo(0, len(stored), BASE, 1)], len(stored), None)
+    assert list(iter_batch_records(memoryview(stored), scan.batches[0])) == [
+        StoredRecord(BASE, ONE_RECORD[0])
+    ]
+    assert verify_records_only(stored) is None
+    # The documented layout, field by field.
+    assert len(stored) == 24 + 28 + 4 + 4 + 16 + 4
+    assert struct.unpack_from(">2sBBIIQI", stored, 0) == (
+        b"LB",
+        1,
+        0,
+        len(stored),
+        computed_crc(stored),
+        BASE,
+        1,
+    )
+    record = stored[24:]
+    assert struct.unpack_from(">2sBBIIQQ", record, 0) == (
+        b"LR",
+        1,
+        0,
+        len(record),
+        computed_crc(record),
+        BASE,
+        1_700_000_000_000,
+    )
+    assert record[28:] == NULL + b"\x00\x00\x00\x10" + b"hello, logbroker" + b"\x00\x00\x00\x00"
+    assert_same_bytes(encoded, stored)
+
+
+def test_batch_of_three_records_with_empty_and_null_fields() -> None:
+    encoded = encode_batch(BASE, THREE_RECORDS)
+    stored = golden("batch-three-records.bin", encoded)
+
+    scan = scan_batches(stored, 0, BASE)
+    assert scan == Scan([BatchInfo(0, len(stored), BASE, 3)], len(stored), None)
+    read = list(iter_batch_records(memoryview(stored), scan.batches[0]))
+    assert read == [StoredRecord(BASE + i, record) for i, record in enumerate(THREE_RECORDS)]
+    assert [stored_record.record.key for stored_record in read] == [b"", b"user-42", None]
+    assert read[0].record.headers[1] == (b"trace-id", None)
+    assert read[2].record.headers == ((None, b"anonymous"), (b"", b""))
+    assert verify_records_only(stored) is None
+    # The batch checksum covers the header (but its own field) and every record frame.
+    assert stored_crc(stored) == computed_crc(stored)
+    first = stored[24 : 24 + struct.unpack_from(">I", stored, 28)[0]]
+    assert stored_crc(first) == computed_crc(first)
+    # The empty key is a zero length, where a null key would be 0xFFFFFFFF.
+    assert first[28:32] == b"\x00\x00\x00\x00"
+    assert_same_bytes(encoded, stored)
+
+
+def test_index_sidecar() -> None:
+    encoded = encode_index(BASE, INDEX_ENTRIES)
+    stored = golden("index.bin", encoded)
+
+    assert decode_index(stored, BASE) == INDEX_ENTRIES
+    assert len(stored) == 20 + 8 * len(INDEX_ENTRIES)
+    assert struct.unpack_from(">2sBBIIQ", stored, 0) == (
+        b"LI",
+        1,
+        0,
+        3,
+        computed_crc(stored),
+        BASE,
+    )
+    # Entries hold the offset relative to the segment's base offset.
+    assert list(struct.iter_unpack(">II", stored[20:])) == [(0, 0), (97, 4105), (201, 8230)]
+    assert_same_bytes(encoded, stored)
+
+
+def test_seal_marker() -> None:
+    encoded = encode_seal(SEAL)
+    stored = golden("seal.bin", encoded)
+
+    assert decode_seal(stored) == SEAL
+    assert struct.unpack(">2sBBIIQQQQI", stored) == (
+        b"LS",
+        1,
+        0,
+        0,
+        computed_crc(stored),
+        BASE,
+        317,
+        12_345,
+        1_700_000_123_456,
+        0,
+    )
+    assert_same_bytes(encoded, stored)
+
+
+def test_format_marker() -> None:
+    fs = MemoryFileSystem()
+    DataDirectory.open("/data", fs)
+    encoded = fs.read_file("/data/FORMAT")
+    stored = golden("FORMAT", encoded)
+
+    assert stored == b"logbroker storage format 1\n"
+    # A directory holding the stored marker opens; one naming a newer format is refused.
+    existing = MemoryFileSystem()
+    existing.write_atomic("/data/FORMAT", stored)
+    DataDirectory.open("/data", existing, create=False)
+    newer = MemoryFileSystem()
+    newer.write_atomic("/data/FORMAT", stored.replace(b"1", b"2"))
+    with pytest.raises(FormatTooNewError) as raised:
+        DataDirectory.open("/data", newer, create=False)
+    assert (raised.value.found, raised.value.supported) == (2, 1)
+    assert_same_bytes(encoded, stored)
