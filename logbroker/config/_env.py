@@ -83,8 +83,6 @@ class StorageSettings:
                 env, "SVC_GROUP_COMMIT_INTERVAL_MS", 5, 1, 60_000
             ),
             flush_max_records=_required_int(env, "SVC_GROUP_COMMIT_FLUSH_MAX_RECORDS", 8000, 1),
-            max_inflight_records=_required_int(
-                env, "SVC_GROUP_COMMIT_MAX_INFLIGHT", 200_000, 1
-            ),
+            max_inflight_records=_required_int(env, "SVC_GROUP_COMMIT_MAX_INFLIGHT", 200_000, 1),
         )
         return cls(data_dir, log_config)

@@ -40,6 +40,7 @@ from logbroker.storage._fs import FileSystem
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 SEAL_SUFFIX = ".sealed"
+_MAGIC_AT = 4
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|sealed)$")
 
 
@@ -120,14 +121,17 @@ def salvage_next_offset(data: bytes, position: int) -> int | None:
     """
     best: int | None = None
     signature = BATCH_MAGIC + bytes([FORMAT_VERSION])
-    candidate = data.find(signature, position + 1)
-    while candidate != -1:
-        scan = scan_batches(data[candidate:])
+    # The magic sits after the frame's 4-byte checksum.
+    found = data.find(signature, position + 1 + _MAGIC_AT)
+    while found != -1:
+        start = found - _MAGIC_AT
+        scan = scan_batches(data[start:])
         if scan.batches:
-            best = scan.batches[-1].next_offset
-            candidate = data.find(signature, candidate + scan.end)
+            next_offset = scan.batches[-1].next_offset
+            best = next_offset if best is None else max(best, next_offset)
+            found = data.find(signature, start + scan.end + _MAGIC_AT)
         else:
-            candidate = data.find(signature, candidate + 1)
+            found = data.find(signature, found + 1)
     return best
 
 
@@ -296,4 +300,4 @@ def header_length(data: bytes) -> int | None:
     """The length a batch header at the start of ``data`` claims, if the header is whole."""
     if len(data) < BATCH_HEADER_SIZE:
         return None
-    return int.from_bytes(data[4:8], "big")
+    return int.from_bytes(data[8:12], "big")

@@ -26,8 +26,8 @@ class SegmentReport:
     path: str
     sealed: bool
     verification: Verification
-    #: The damage is only a torn tail of the last, unsealed segment: never acknowledged, and
-    #: recovery drops it when the broker opens the range.
+    #: The damage is only a torn tail of a segment without its own seal marker: never
+    #: acknowledged, and recovery drops it when the broker opens the range.
     torn_tail: bool
 
     @property
@@ -36,7 +36,7 @@ class SegmentReport:
 
 
 def _report(
-    fs: FileSystem, range_name: str, stem: str, base: int, last: bool, has_marker: bool
+    fs: FileSystem, range_name: str, stem: str, base: int, has_marker: bool
 ) -> SegmentReport:
     path = stem + LOG_SUFFIX
     data = fs.read_file(path)
@@ -44,12 +44,14 @@ def _report(
     if has_marker:
         try:
             seal = decode_seal(fs.read_file(stem + SEAL_SUFFIX))
+            if seal.base_offset != base:
+                raise ValueError(f"seal marker names base offset {seal.base_offset}")
         except ValueError:
             bad_marker = Verification(base, Damage(0, DamageReason.METADATA), 0, 0)
             return SegmentReport(range_name, path, True, bad_marker, False)
     verification = verify_segment_bytes(data, base, seal)
     damage = verification.damage
-    torn = damage is not None and damage.torn and last and not has_marker
+    torn = damage is not None and damage.torn and not has_marker
     return SegmentReport(range_name, path, has_marker, verification, torn)
 
 
@@ -64,5 +66,5 @@ def verify_data_directory(path: str, fs: FileSystem) -> list[SegmentReport]:
         for base in bases:
             stem = f"{directory}/{segment_stem(base)}"
             has_marker = "sealed" in groups[base]
-            reports.append(_report(fs, range_name, stem, base, base == bases[-1], has_marker))
+            reports.append(_report(fs, range_name, stem, base, has_marker))
     return reports

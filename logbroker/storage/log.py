@@ -34,7 +34,6 @@ from logbroker.storage._format import (
     MIN_BATCH_SIZE,
     BatchInfo,
     Damage,
-    DamageReason,
     IndexEntry,
     Record,
     Seal,
@@ -460,7 +459,11 @@ class RangeLog:
         return any(isinstance(item, _Control) for item in self._queue)
 
     def _kick(self) -> None:
-        if self._job_running or not self._queue:
+        if not self._queue:
+            return
+        if self._job_running:
+            # The parking time of appends queued behind a running job starts now, not after it.
+            self._start_timer()
             return
         head = self._queue[0]
         if isinstance(head, _Control):
@@ -469,12 +472,15 @@ class RangeLog:
             head.start().addBoth(self._control_done, head)
             return
         if not self._flush_due():
-            if self._timer is None:
-                self._timer = self._clock.callLater(
-                    self._config.group_commit_interval_ms / 1000.0, self._timer_expired
-                )
+            self._start_timer()
             return
         self._start_write()
+
+    def _start_timer(self) -> None:
+        if self._config.group_commit and self._timer is None and not self._timer_fired:
+            self._timer = self._clock.callLater(
+                self._config.group_commit_interval_ms / 1000.0, self._timer_expired
+            )
 
     def _timer_expired(self) -> None:
         self._timer = None
@@ -615,14 +621,15 @@ class RangeLog:
             active.next_offset = active.end_offset = item.base_offset + item.record_count
         self._durable_offset = active.next_offset
         self._inflight_records -= records
-        self._job_running = False
+        # Acknowledge while the writer still counts as busy: appends that callbacks issue all
+        # queue up and go out together in the next job, instead of the first one going alone.
         for item in taken:
             item.deferred.callback(Appended(item.base_offset, item.record_count))
+        self._job_running = False
         self._after_job()
 
     def _write_failed(self, failure: Failure, taken: list[_Append], records: int) -> None:
         self._inflight_records -= records
-        self._job_running = False
         self._failure = failure
         if self._timer is not None:
             self._timer.cancel()
@@ -643,14 +650,15 @@ class RangeLog:
         self._parked_records = 0
         for item in [*taken, *queued]:
             item.deferred.errback(error)
+        self._job_running = False
         self._after_job()
 
     def _control_done(self, result: object, control: _Control) -> None:
-        self._job_running = False
         if isinstance(result, Failure):
             control.deferred.errback(result)
         else:
             control.deferred.callback(result)
+        self._job_running = False
         self._after_job()
 
     def _after_job(self) -> None:
@@ -866,12 +874,14 @@ class RangeLog:
                 needed = header_length(data[scan.end :]) or BATCH_HEADER_SIZE
                 window = max(window, needed)
                 continue
-            self._found_damage(segment, Damage(window_start + damage.position, damage.reason))
-            if damage.reason in (DamageReason.CHECKSUM, DamageReason.SEQUENCE):
-                length = header_length(data[scan.end :])
-                if length is not None:
-                    end = min(len(data), scan.end + length)
-                    yield view[scan.end : end], BatchInfo(0, end - scan.end, expected, 0), False
+            if not (damage.torn and segment.damage is not None):
+                # (A batch cut short at the readable end of a known-damaged copy is that same
+                # damage seen again, not a new finding.)
+                self._found_damage(segment, Damage(window_start + damage.position, damage.reason))
+            # Records of the damaged batch that end before the damage still verify on their own.
+            stop = min(len(data), segment.readable_end - window_start)
+            if stop - scan.end > BATCH_HEADER_SIZE:
+                yield view[scan.end : stop], BatchInfo(0, stop - scan.end, expected, 0), False
             return
 
     def read(
@@ -895,7 +905,7 @@ class RangeLog:
                 source = (
                     iter_batch_records(view, batch)
                     if whole
-                    else iter_valid_records(view, 0, len(view))
+                    else iter_valid_records(view, 0, len(view), batch.base_offset)
                 )
                 for stored in source:
                     if stored.offset < offset:

@@ -62,6 +62,10 @@ class DataDirectory:
                     "refusing to use this data directory"
                 )
             found = int(match.group(1))
+            if found < 1:
+                raise StorageError(
+                    f"{marker_path} names storage format {found}, which never existed"
+                )
             if found > FORMAT_VERSION:
                 raise FormatTooNewError(path, found, FORMAT_VERSION)
             return cls(path, fs)

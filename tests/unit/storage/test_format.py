@@ -118,7 +118,7 @@ def flip(data: bytes, position: int, mask: int) -> bytes:
 
 def set_batch_length(data: bytes, start: int, length: int) -> bytes:
     changed = bytearray(data)
-    struct.pack_into(">I", changed, start + 4, length)
+    struct.pack_into(">I", changed, start + 8, length)
     return bytes(changed)
 
 
@@ -254,14 +254,16 @@ def test_no_single_changed_byte_is_ever_read_back_as_a_valid_record(flipped: Fli
         # Damage inside a record frame is blamed on that record, not on anything before it.
         assert scan.damage.position == encoded.record_start(position)
     # Salvaging the damaged batch (as reads do) yields only original records.
-    (claimed_length,) = struct.unpack_from(">I", corrupted, batch.position + 4)
+    (claimed_length,) = struct.unpack_from(">I", corrupted, batch.position + 8)
     end = min(len(corrupted), batch.position + claimed_length)
-    salvaged = list(iter_valid_records(memoryview(corrupted), batch.position, end))
+    salvaged = list(
+        iter_valid_records(memoryview(corrupted), batch.position, end, batch.base_offset)
+    )
     assert salvaged == encoded.stored[hit][: len(salvaged)]
     # The record checksums alone catch it too, except in the batch checksum field: the only
     # bytes no record checksum covers, and they carry no record data.
     records_only = verify_records_only(corrupted)
-    if batch.position + 8 <= position < batch.position + 12:
+    if batch.position <= position < batch.position + 4:
         assert records_only is None
     else:
         assert records_only is not None
@@ -272,19 +274,18 @@ def test_no_single_changed_byte_is_ever_read_back_as_a_valid_record(flipped: Fli
 
 @settings(max_examples=500)
 @given(flipped_bytes())
-# Reproducer of a bug (see the docstring): byte 4, the high byte of the first batch's length,
-# XOR 0x01 makes the first of two batches claim 16 MiB more than the data holds.
-@example((0, [[Record(b"a")], [Record(b"b")]], 4, 0x01))
+# Regression: byte 8, the high byte of the first batch's length, XOR 0x01 makes the first of
+# two batches claim 16 MiB more than the data holds.
+@example((0, [[Record(b"a")], [Record(b"b")]], 8, 0x01))
 def test_a_single_changed_byte_in_whole_batches_is_never_taken_for_a_torn_write(
     flipped: FlipInput,
 ) -> None:
     """Rot must never be reported as INCOMPLETE: recovery truncates an incomplete tail.
 
-    Fails today: when the length field of a batch that is *not* the last one grows past the end
-    of the data, ``scan_batches`` reports INCOMPLETE, because ``_is_whole_batch_with_bad_length``
-    requires the batch's (whole, valid) records to fill the data exactly and the next batch is
-    in the way. ``recover_log`` then truncates the segment at that batch, losing it and every
-    acknowledged batch after it, and the range hands their offsets out again.
+    This once failed: when the length field of a batch that is *not* the last one grew past the
+    end of the data, the scan reported INCOMPLETE because the batch's whole, valid records did
+    not fill the data exactly (the next batch was in the way), and recovery truncated the
+    segment there, losing every acknowledged batch from it on.
     """
     base, batches, position, mask = flipped
     encoded = Encoded(base, batches)

@@ -116,13 +116,13 @@ def assert_same_bytes(encoded: bytes, stored: bytes) -> None:
 
 
 def stored_crc(frame: bytes) -> int:
-    (crc,) = struct.unpack_from(">I", frame, 8)
+    (crc,) = struct.unpack_from(">I", frame, 0)
     return crc
 
 
 def computed_crc(frame: bytes) -> int:
-    """CRC32C of every byte of the frame but its own checksum field, bytes [8, 12)."""
-    return int(crc32c(frame[:8] + frame[12:]))
+    """CRC32C of every byte of the frame but its own checksum field, bytes [0, 4)."""
+    return int(crc32c(frame[4:]))
 
 
 def test_the_checksum_is_standard_crc32c() -> None:
@@ -143,22 +143,22 @@ def test_batch_of_one_record_with_a_null_key() -> None:
     assert verify_records_only(stored) is None
     # The documented layout, field by field.
     assert len(stored) == 24 + 28 + 4 + 4 + 16 + 4
-    assert struct.unpack_from(">2sBBIIQI", stored, 0) == (
+    assert struct.unpack_from(">I2sBBIQI", stored, 0) == (
+        computed_crc(stored),
         b"LB",
         1,
         0,
         len(stored),
-        computed_crc(stored),
         BASE,
         1,
     )
     record = stored[24:]
-    assert struct.unpack_from(">2sBBIIQQ", record, 0) == (
+    assert struct.unpack_from(">I2sBBIQQ", record, 0) == (
+        computed_crc(record),
         b"LR",
         1,
         0,
         len(record),
-        computed_crc(record),
         BASE,
         1_700_000_000_000,
     )
@@ -180,7 +180,7 @@ def test_batch_of_three_records_with_empty_and_null_fields() -> None:
     assert verify_records_only(stored) is None
     # The batch checksum covers the header (but its own field) and every record frame.
     assert stored_crc(stored) == computed_crc(stored)
-    first = stored[24 : 24 + struct.unpack_from(">I", stored, 28)[0]]
+    first = stored[24 : 24 + struct.unpack_from(">I", stored, 24 + 8)[0]]
     assert stored_crc(first) == computed_crc(first)
     # The empty key is a zero length, where a null key would be 0xFFFFFFFF.
     assert first[28:32] == b"\x00\x00\x00\x00"
@@ -193,12 +193,12 @@ def test_index_sidecar() -> None:
 
     assert decode_index(stored, BASE) == INDEX_ENTRIES
     assert len(stored) == 20 + 8 * len(INDEX_ENTRIES)
-    assert struct.unpack_from(">2sBBIIQ", stored, 0) == (
+    assert struct.unpack_from(">I2sBBIQ", stored, 0) == (
+        computed_crc(stored),
         b"LI",
         1,
         0,
         3,
-        computed_crc(stored),
         BASE,
     )
     # Entries hold the offset relative to the segment's base offset.
@@ -211,12 +211,12 @@ def test_seal_marker() -> None:
     stored = golden("seal.bin", encoded)
 
     assert decode_seal(stored) == SEAL
-    assert struct.unpack(">2sBBIIQQQQI", stored) == (
+    assert struct.unpack(">I2sBBIQQQQI", stored) == (
+        computed_crc(stored),
         b"LS",
         1,
         0,
         0,
-        computed_crc(stored),
         BASE,
         317,
         12_345,

@@ -19,7 +19,7 @@ from logbroker.storage import (
     NotADataDirectoryError,
     SegmentState,
 )
-from logbroker.storage._format import encode_batch
+from logbroker.storage._format import BATCH_HEADER_SIZE, encode_batch
 from logbroker.testing import MemoryFileSystem
 from tests.unit.storage.helpers import (
     RANGE_DIR,
@@ -137,7 +137,7 @@ def test_mangled_frame_header_with_bytes_after_is_rot_not_a_torn_tail(
     fs = five_batches()
     positions = batch_positions(fs, ACTIVE)
     size = fs.size(ACTIVE)
-    fs.corrupt(ACTIVE, positions[1][0])  # the first magic byte of the second batch
+    fs.corrupt(ACTIVE, positions[1][0] + 4)  # the first magic byte of the second batch
     events: list[IntegrityEvent] = []
 
     open_log(fs, events=events)
@@ -155,7 +155,7 @@ def test_rotted_length_of_last_whole_batch_is_rot_not_a_torn_tail(
     fs = five_batches()
     last_start, _ = batch_positions(fs, ACTIVE)[-1]
     size = fs.size(ACTIVE)
-    fs.corrupt(ACTIVE, last_start + 6, 0x10)  # the batch length grows past the end of the file
+    fs.corrupt(ACTIVE, last_start + 10, 0x10)  # the batch length grows past the end of the file
     events: list[IntegrityEvent] = []
 
     open_log(fs, events=events)
@@ -335,3 +335,22 @@ def test_new_data_directory_gets_a_format_marker_and_lists_its_ranges() -> None:
     assert DataDirectory.open("/data", fs).range_path("topic/0") == RANGE_DIR
     with pytest.raises(ValueError, match="invalid range name"):
         data_dir.range_path("../escape")
+
+
+def test_reads_of_a_copy_found_damaged_while_live_stay_the_same(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    result_of(log.append([record(n) for n in range(5)]))
+    data = fs.read_file(ACTIVE)
+    third_record = BATCH_HEADER_SIZE
+    for _ in range(2):  # skip the first two record frames by their length fields
+        third_record += int.from_bytes(data[third_record + 8 : third_record + 12], "big")
+    fs.corrupt(ACTIVE, third_record + 30)
+
+    reads = [offsets(log) for _ in range(3)]
+
+    assert reads == [[0, 1], [0, 1], [0, 1]]
+    assert [stored.record for stored in log.read(0)] == [record(0), record(1)]
+    expect_errors(logged_errors, 1)
