@@ -13,7 +13,7 @@ from logbroker.storage._format import (
     StoredRecord,
 )
 from logbroker.storage._fs import FileSystem, OsFileSystem
-from logbroker.storage._segment import IntegrityEvent, SegmentState, Verification
+from logbroker.storage._segment import IntegrityEvent, SegmentInfo, SegmentState, Verification
 from logbroker.storage.errors import (
     FormatTooNewError,
     InvalidBatchError,
@@ -27,7 +27,7 @@ from logbroker.storage.errors import (
     SegmentStateError,
     StorageError,
 )
-from logbroker.storage.log import Appended, LogConfig, RangeLog, SegmentInfo
+from logbroker.storage.log import Appended, LogConfig, RangeLog
 from logbroker.storage.store import DataDirectory
 
 __all__ = [

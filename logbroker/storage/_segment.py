@@ -35,7 +35,7 @@ from logbroker.storage._format import (
     decode_seal,
     scan_batches,
 )
-from logbroker.storage._fs import FileSystem
+from logbroker.storage._fs import AppendFile, FileSystem, ReadFile
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
@@ -135,9 +135,30 @@ def salvage_next_offset(data: bytes, position: int) -> int | None:
     return best
 
 
-@attrs.define
-class RecoveredSegment:
-    """What recovery learnt about one segment file."""
+@attrs.frozen
+class SegmentInfo:
+    """A segment as ``RangeLog.segments`` lists it; sealing reports it to the control plane."""
+
+    base_offset: int
+    state: SegmentState
+    #: Readable records (for a sealed segment: the count its seal recorded).
+    record_count: int
+    #: Readable bytes (for a sealed segment: the size its seal recorded).
+    byte_size: int
+    damage: Damage | None = None
+    sealed_at_ms: int | None = None
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.record_count
+
+
+@attrs.define(eq=False)
+class Segment:
+    """One segment file's state: found by recovery, then owned by its range log.
+
+    Recovery builds it in a writer thread; after that only the reactor thread touches it.
+    """
 
     base_offset: int
     path: str
@@ -153,11 +174,37 @@ class RecoveredSegment:
     damage: Damage | None = None
     #: Whether the file has its own seal marker (even an unreadable one): then never truncate.
     has_marker: bool = False
+    writer: AppendFile | None = None
+    reader: ReadFile | None = None
+
+    @property
+    def stem(self) -> str:
+        return self.path.removesuffix(LOG_SUFFIX)
+
+    def info(self) -> SegmentInfo:
+        sealed_at = self.seal.sealed_at_ms if self.seal is not None else None
+        if self.seal is not None and self.damage is None:
+            return SegmentInfo(
+                self.base_offset,
+                self.state,
+                self.seal.record_count,
+                self.seal.byte_size,
+                None,
+                sealed_at,
+            )
+        return SegmentInfo(
+            self.base_offset,
+            self.state,
+            self.next_offset - self.base_offset,
+            self.readable_end,
+            self.damage,
+            sealed_at,
+        )
 
 
 @attrs.frozen
 class RecoveredLog:
-    segments: list[RecoveredSegment]
+    segments: list[Segment]
     events: list[IntegrityEvent]
     removed: list[str]
     truncated: list[tuple[str, int, int]]
@@ -178,7 +225,7 @@ def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[s
 
 def _recover_sealed(
     fs: FileSystem, path: str, base: int, seal: Seal, stem_path: str, has_index: bool
-) -> tuple[RecoveredSegment, list[IntegrityEvent]]:
+) -> tuple[Segment, list[IntegrityEvent]]:
     size = fs.size(path)
     events = []
     damage = None
@@ -195,7 +242,7 @@ def _recover_sealed(
             index = None
     # A short sealed copy's readable next offset is only known once it is scanned; reads find out.
     next_offset = seal.next_offset if damage is None else base
-    segment = RecoveredSegment(
+    segment = Segment(
         base,
         path,
         SegmentState.SEALED,
@@ -212,7 +259,7 @@ def _recover_sealed(
 
 def _recover_unsealed(
     fs: FileSystem, path: str, base: int, has_marker: bool
-) -> tuple[RecoveredSegment, list[IntegrityEvent], tuple[str, int, int] | None]:
+) -> tuple[Segment, list[IntegrityEvent], tuple[str, int, int] | None]:
     data = fs.read_file(path)
     scan = scan_batches(data, 0, base)
     next_offset = scan.batches[-1].next_offset if scan.batches else base
@@ -233,7 +280,7 @@ def _recover_unsealed(
             salvaged = salvage_next_offset(data, damage.position)
             if salvaged is not None:
                 end_offset = max(end_offset, salvaged)
-    segment = RecoveredSegment(
+    segment = Segment(
         base,
         path,
         state,
@@ -256,7 +303,7 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
     for name in strays:
         fs.remove(f"{directory}/{name}")
         removed.append(name)
-    segments: list[RecoveredSegment] = []
+    segments: list[Segment] = []
     events: list[IntegrityEvent] = []
     truncated = []
     for base in sorted(groups):

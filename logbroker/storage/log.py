@@ -52,6 +52,8 @@ from logbroker.storage._segment import (
     SEAL_SUFFIX,
     IntegrityEvent,
     RecoveredLog,
+    Segment,
+    SegmentInfo,
     SegmentState,
     Verification,
     build_index,
@@ -112,74 +114,6 @@ class Appended:
     @property
     def next_offset(self) -> int:
         return self.base_offset + self.record_count
-
-
-@attrs.frozen
-class SegmentInfo:
-    """A segment as ``RangeLog.segments`` lists it; sealing reports it to the control plane."""
-
-    base_offset: int
-    state: SegmentState
-    #: Readable records (for a sealed segment: the count its seal recorded).
-    record_count: int
-    #: Readable bytes (for a sealed segment: the size its seal recorded).
-    byte_size: int
-    damage: Damage | None = None
-    sealed_at_ms: int | None = None
-
-    @property
-    def next_offset(self) -> int:
-        return self.base_offset + self.record_count
-
-
-class _Segment:
-    """Mutable state of one segment, touched only in the reactor thread."""
-
-    def __init__(
-        self,
-        directory: str,
-        base_offset: int,
-        state: SegmentState,
-        readable_end: int,
-        next_offset: int,
-        end_offset: int,
-        index: list[IndexEntry] | None,
-        seal: Seal | None,
-        damage: Damage | None,
-        has_marker: bool,
-    ) -> None:
-        self.stem = f"{directory}/{segment_stem(base_offset)}"
-        self.path = self.stem + LOG_SUFFIX
-        self.base_offset = base_offset
-        self.state = state
-        self.readable_end = readable_end
-        self.next_offset = next_offset
-        self.end_offset = end_offset
-        self.index = index
-        self.seal = seal
-        self.damage = damage
-        self.has_marker = has_marker
-        self.writer: AppendFile | None = None
-        self.reader: ReadFile | None = None
-
-    def info(self) -> SegmentInfo:
-        if self.seal is not None and self.damage is None:
-            return SegmentInfo(
-                self.base_offset,
-                self.state,
-                self.seal.record_count,
-                self.seal.byte_size,
-                None,
-                self.seal.sealed_at_ms,
-            )
-        return SegmentInfo(
-            self.base_offset,
-            self.state,
-            self.next_offset - self.base_offset,
-            self.readable_end,
-            self.damage,
-            self.seal.sealed_at_ms if self.seal is not None else None,
-        )
 
 
 class _Append:
@@ -294,21 +228,7 @@ class RangeLog:
         self._executor = executor
         self._config = config
         self._on_integrity_event = on_integrity_event
-        self._segments = [
-            _Segment(
-                directory,
-                s.base_offset,
-                s.state,
-                s.readable_end,
-                s.next_offset,
-                s.end_offset,
-                s.index,
-                s.seal,
-                s.damage,
-                s.has_marker,
-            )
-            for s in recovered.segments
-        ]
+        self._segments = recovered.segments
         self._bases = [segment.base_offset for segment in self._segments]
         last = self._segments[-1] if self._segments else None
         self._active = last if last is not None and last.state is SegmentState.ACTIVE else None
@@ -487,7 +407,7 @@ class RangeLog:
         self._timer_fired = True
         self._kick()
 
-    def _seal_plan(self, segment: _Segment) -> tuple[_SealPlan, Seal]:
+    def _seal_plan(self, segment: Segment) -> tuple[_SealPlan, Seal]:
         seal = Seal(
             segment.base_offset,
             segment.next_offset - segment.base_offset,
@@ -502,6 +422,9 @@ class RangeLog:
             encode_seal(seal),
         )
         return plan, seal
+
+    def _segment_path(self, base_offset: int) -> str:
+        return f"{self.directory}/{segment_stem(base_offset)}{LOG_SUFFIX}"
 
     def _start_write(self) -> None:
         active = self._active
@@ -537,7 +460,7 @@ class RangeLog:
         # Appends left behind by a roll are due at once; appends arriving later start a new wait.
         self._timer_fired = bool(self._queue) and isinstance(self._queue[0], _Append)
         if active is None:
-            path = f"{self.directory}/{segment_stem(taken[0].base_offset)}{LOG_SUFFIX}"
+            path = self._segment_path(taken[0].base_offset)
             writer = None
         else:
             path, writer = active.path, active.writer
@@ -563,7 +486,7 @@ class RangeLog:
             errbackArgs=(taken, records),
         )
 
-    def _apply_seal(self, segment: _Segment, seal: Seal) -> SegmentInfo:
+    def _apply_seal(self, segment: Segment, seal: Seal) -> SegmentInfo:
         segment.state = SegmentState.SEALED
         segment.seal = seal
         segment.has_marker = True
@@ -591,17 +514,15 @@ class RangeLog:
         if active is None or active.damage is not None:
             if active is not None:
                 active.state = SegmentState.CLOSED
-            active = _Segment(
-                self.directory,
+            active = Segment(
                 taken[0].base_offset,
+                self._segment_path(taken[0].base_offset),
                 SegmentState.ACTIVE,
                 0,
                 taken[0].base_offset,
                 taken[0].base_offset,
                 [],
                 None,
-                None,
-                False,
             )
             self._segments.append(active)
             self._bases.append(active.base_offset)
@@ -698,7 +619,7 @@ class RangeLog:
 
         return self._run_control(start)  # type: ignore[return-value]
 
-    def _find(self, base_offset: int) -> _Segment:
+    def _find(self, base_offset: int) -> Segment:
         slot = bisect.bisect_left(self._bases, base_offset)
         if slot == len(self._bases) or self._bases[slot] != base_offset:
             raise SegmentNotFoundError(f"{self.directory} has no segment at offset {base_offset}")
@@ -791,7 +712,7 @@ class RangeLog:
             _verify_job, self._fs, segment.path, limit, base_offset, segment.seal
         ).addCallback(checked)
 
-    def _found_damage(self, segment: _Segment, damage: Damage) -> None:
+    def _found_damage(self, segment: Segment, damage: Damage) -> None:
         segment.readable_end = min(segment.readable_end, damage.position)
         if segment.damage is not None:
             # Already reported and counted for this copy; only narrow what reads may reach.
@@ -828,12 +749,12 @@ class RangeLog:
 
     # -- reads -------------------------------------------------------------------------------
 
-    def _reader(self, segment: _Segment) -> ReadFile:
+    def _reader(self, segment: Segment) -> ReadFile:
         if segment.reader is None:
             segment.reader = self._fs.open_read(segment.path)
         return segment.reader
 
-    def _index_entry(self, segment: _Segment, offset: int) -> IndexEntry:
+    def _index_entry(self, segment: Segment, offset: int) -> IndexEntry:
         if segment.index is None:
             if segment.seal is not None and segment.damage is None:
                 log.warn("Index of {path} is missing or damaged; rebuilding it", path=segment.path)
@@ -844,7 +765,7 @@ class RangeLog:
         return entries[slot] if slot >= 0 else IndexEntry(segment.base_offset, 0)
 
     def _batches(
-        self, segment: _Segment, offset: int, want_bytes: int
+        self, segment: Segment, offset: int, want_bytes: int
     ) -> Iterator[tuple[memoryview, BatchInfo, bool]]:
         """Yield verified batches that hold ``offset`` or later, as (view, batch, whole).
 
