@@ -296,7 +296,7 @@ class RangeLog:
     @property
     def start_offset(self) -> int:
         """The first offset still stored (later than 0 once retention deleted segments)."""
-        return self._segments[0].base_offset if self._segments else self._next_offset
+        return self._segments[0].base_offset if self._segments else self._durable_offset
 
     @property
     def end_offset(self) -> int:
@@ -427,21 +427,26 @@ class RangeLog:
         return f"{self.directory}/{segment_stem(base_offset)}{LOG_SUFFIX}"
 
     def _start_write(self) -> None:
-        active = self._active
+        target = self._active
         first = self._queue[0]
         assert isinstance(first, _Append)
-        seal_plan: tuple[_SealPlan, Seal] | None = None
-        retired = None
-        if active is not None and active.damage is not None:
-            retired, active = active, None
+        sealing: tuple[_SealPlan, Segment, Seal] | None = None
+        if target is not None and target.damage is not None:
+            # Rot was found in the active segment: it takes no more appends.
+            target.state = SegmentState.CLOSED
+            if target.writer is not None:
+                target.writer.close()
+                target.writer = None
+            self._active = target = None
         elif (
-            active is not None
-            and active.readable_end > 0
-            and active.readable_end + len(first.data) > self._config.roll_bytes
+            target is not None
+            and target.readable_end > 0
+            and target.readable_end + len(first.data) > self._config.roll_bytes
         ):
-            seal_plan = self._seal_plan(active)
-            active = None
-        position = active.readable_end if active is not None else 0
+            plan, seal = self._seal_plan(target)
+            sealing = (plan, target, seal)
+            target = None
+        position = target.readable_end if target is not None else 0
         taken: list[_Append] = []
         size = 0
         while self._queue and isinstance(self._queue[0], _Append):
@@ -459,30 +464,23 @@ class RangeLog:
             self._timer = None
         # Appends left behind by a roll are due at once; appends arriving later start a new wait.
         self._timer_fired = bool(self._queue) and isinstance(self._queue[0], _Append)
-        if active is None:
-            path = self._segment_path(taken[0].base_offset)
-            writer = None
-        else:
-            path, writer = active.path, active.writer
-        if retired is not None and retired.writer is not None:
-            retired.writer.close()
-            retired.writer = None
+        path = target.path if target is not None else self._segment_path(taken[0].base_offset)
         data = taken[0].data if len(taken) == 1 else b"".join(item.data for item in taken)
         self._job_running = True
         job = self._executor.run(
             _write_job,
             self._fs,
             self.directory,
-            seal_plan[0] if seal_plan is not None else None,
+            sealing[0] if sealing is not None else None,
             path,
-            writer,
-            active is None,
+            target.writer if target is not None else None,
+            target is None,
             data,
         )
         job.addCallbacks(
             self._write_done,
             self._write_failed,
-            callbackArgs=(taken, seal_plan, records),
+            callbackArgs=(taken, target, sealing, records),
             errbackArgs=(taken, records),
         )
 
@@ -505,47 +503,52 @@ class RangeLog:
         self,
         writer: AppendFile,
         taken: list[_Append],
-        seal_plan: tuple[_SealPlan, Seal] | None,
+        target: Segment | None,
+        sealing: tuple[_SealPlan, Segment, Seal] | None,
         records: int,
     ) -> None:
-        if seal_plan is not None and self._active is not None:
-            self._apply_seal(self._active, seal_plan[1])
-        active = self._active
-        if active is None or active.damage is not None:
-            if active is not None:
-                active.state = SegmentState.CLOSED
-            active = Segment(
-                taken[0].base_offset,
-                self._segment_path(taken[0].base_offset),
-                SegmentState.ACTIVE,
-                0,
-                taken[0].base_offset,
-                taken[0].base_offset,
-                [],
-                None,
+        if sealing is not None:
+            _, sealed, seal = sealing
+            self._apply_seal(sealed, seal)
+        if target is None:
+            base = taken[0].base_offset
+            target = Segment(
+                base, self._segment_path(base), SegmentState.ACTIVE, 0, base, base, [], None
             )
-            self._segments.append(active)
-            self._bases.append(active.base_offset)
-            self._active = active
-        active.writer = writer
-        assert active.index is not None
-        for item in taken:
-            build_index(
-                [
-                    BatchInfo(
-                        active.readable_end, len(item.data), item.base_offset, item.record_count
-                    )
-                ],
-                active.index,
-            )
-            active.readable_end += len(item.data)
-            active.next_offset = active.end_offset = item.base_offset + item.record_count
-        self._durable_offset = active.next_offset
+            self._segments.append(target)
+            self._bases.append(base)
+            self._active = target
+        target.writer = writer
+        end = taken[-1].base_offset + taken[-1].record_count
+        target.end_offset = self._durable_offset = end
         self._inflight_records -= records
+        outcomes: list[Appended | StorageError] = []
+        if target.damage is None:
+            assert target.index is not None
+            for item in taken:
+                batch = BatchInfo(
+                    target.readable_end, len(item.data), item.base_offset, item.record_count
+                )
+                build_index([batch], target.index)
+                target.readable_end = batch.end
+                outcomes.append(Appended(item.base_offset, item.record_count))
+            target.next_offset = end
+        else:
+            # Rot was found in this segment while the write was in flight. The records are on
+            # disk but after the damage, where no read reaches them: fail them so the producer
+            # retries into a healthy segment. Their offsets are never reused.
+            error = StorageError(
+                f"{target.path} was found damaged at byte {target.damage.position} while this "
+                "append was being written after it; the append was not stored readably, retry it"
+            )
+            outcomes = [error] * len(taken)
         # Acknowledge while the writer still counts as busy: appends that callbacks issue all
         # queue up and go out together in the next job, instead of the first one going alone.
-        for item in taken:
-            item.deferred.callback(Appended(item.base_offset, item.record_count))
+        for item, outcome in zip(taken, outcomes, strict=True):
+            if isinstance(outcome, StorageError):
+                item.deferred.errback(outcome)
+            else:
+                item.deferred.callback(outcome)
         self._job_running = False
         self._after_job()
 

@@ -10,7 +10,7 @@ from twisted.python.failure import Failure
 
 from logbroker.storage import IntegrityEvent, LogConfig, RangeLog, Record
 from logbroker.storage._format import scan_batches
-from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 
 RANGE_DIR = "/data/ranges/topic/0"
 
@@ -27,6 +27,12 @@ def result_of(deferred: Deferred[Any]) -> Any:
     if isinstance(results[0], Failure):
         results[0].raiseException()
     return results[0]
+
+
+def result_of_running(deferred: Deferred[Any], executor: ManualExecutor) -> Any:
+    """Run every held storage job, then return the Deferred's result."""
+    executor.run_all()
+    return result_of(deferred)
 
 
 def failure_of(deferred: Deferred[Any]) -> Failure:

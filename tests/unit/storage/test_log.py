@@ -6,26 +6,31 @@ import itertools
 from typing import Any
 
 import pytest
+from twisted.internet.task import Clock
 
 from logbroker.storage import (
     InvalidBatchError,
     LogConfig,
     NotContiguousError,
     OffsetOutOfRangeError,
+    RangeLog,
     Record,
     SegmentNotFoundError,
     SegmentState,
     SegmentStateError,
+    StorageError,
 )
 from logbroker.storage._format import encode_batch
-from logbroker.testing import MemoryFileSystem
+from logbroker.testing import ManualExecutor, MemoryFileSystem
 from tests.unit.storage.helpers import (
+    RANGE_DIR,
     append_each,
     failure_of,
     offsets,
     open_log,
     record,
     result_of,
+    result_of_running,
     segment_path,
 )
 
@@ -238,3 +243,42 @@ def test_appends_must_hold_at_least_one_record() -> None:
 
     assert failure_of(log.append([])).check(ValueError)
     assert log.next_offset == 0
+
+
+def test_an_append_in_flight_when_rot_is_found_fails_and_its_offsets_are_not_reused(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor), executor
+    )
+    result_of_running(log.append([record(0)]), executor)
+    in_flight = log.append([record(1)])
+    fs.corrupt(segment_path(0), 30)
+
+    assert log.read(0) == []  # the read finds the rot
+    executor.run_all()
+
+    failure = failure_of(in_flight)
+    assert failure.check(StorageError)
+    assert "found damaged" in failure.getErrorMessage()
+    assert len(logged_errors) == 1
+    logged_errors.clear()
+    appended = result_of_running(log.append([record(2)]), executor)
+    assert appended.base_offset == 2
+    assert [s.base_offset for s in log.segments()] == [0, 2]
+    assert offsets(log, 2) == [2]
+
+
+def test_an_empty_log_starts_at_its_durable_end_while_its_first_append_is_in_flight() -> None:
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(RANGE_DIR, fs=MemoryFileSystem(), clock=Clock(), executor=executor), executor
+    )
+
+    log.append([record(0)])
+
+    assert (log.start_offset, log.end_offset, log.next_offset) == (0, 0, 1)
+    executor.run_all()
+    assert (log.start_offset, log.end_offset, log.next_offset) == (0, 1, 1)
