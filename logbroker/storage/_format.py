@@ -277,16 +277,40 @@ def _locate_damage(view: memoryview, batch: BatchInfo) -> Damage:
     return Damage(batch.position, DamageReason.CHECKSUM)
 
 
-def _is_whole_batch_with_bad_length(view: memoryview, position: int) -> bool:
-    """A batch claims to run past the data: is it really complete, with a mangled length?
+def _overlong_batch_damage(view: memoryview, position: int) -> Damage:
+    """A batch claims to run past the end of the data: a torn write, or rot?
 
-    A torn write leaves a prefix of what was written, so its header is intact and its records
-    stop short. If every one of the batch's records is there, whole and valid, nothing was torn:
-    the length field itself rotted, whatever follows the records (later batches, or nothing).
+    A torn write leaves a prefix of what was written, possibly followed by zeros where the file
+    grew but its blocks were never written: every record frame before that point is whole and
+    valid, and the first one that is not runs into the zeros or past the end of the data. Rot
+    leaves evidence a torn write cannot: a whole record, clear of the zeros, that fails its
+    checksum or carries the wrong offset; a mangled record header with other bytes after it; or
+    (every record whole and valid) a rotted batch length. Only rot in the batch's length and
+    also in its very last record can pass for a torn write.
     """
     _, _, _, _, _, base_offset, count = _BATCH_HEADER.unpack_from(view, position)
-    _, damage = _walk_records(view, position + BATCH_HEADER_SIZE, len(view), base_offset, count)
-    return damage is None
+    size = len(view)
+    zeros_from = position + len(bytes(view[position:]).rstrip(b"\0"))
+    torn = Damage(position, DamageReason.INCOMPLETE)
+    record = position + BATCH_HEADER_SIZE
+    for index in range(count):
+        if size - record < RECORD_HEADER_SIZE or record >= zeros_from:
+            return torn
+        crc, magic, version, flags, length, offset, _ = _RECORD_HEADER.unpack_from(view, record)
+        if not _header_is_sane(magic, version, flags, length, 0, RECORD_MAGIC):
+            return (
+                torn
+                if record + RECORD_HEADER_SIZE > zeros_from
+                else Damage(record, DamageReason.HEADER)
+            )
+        if record + length > size:
+            return torn
+        if _frame_crc(view[record : record + length]) != crc:
+            return torn if record + length > zeros_from else Damage(record, DamageReason.CHECKSUM)
+        if offset != base_offset + index:
+            return Damage(record, DamageReason.SEQUENCE)
+        record += length
+    return Damage(position, DamageReason.HEADER)
 
 
 def scan_batches(
@@ -315,12 +339,7 @@ def scan_batches(
             reason = DamageReason.INCOMPLETE if _all_zero(remaining) else DamageReason.HEADER
             return Scan(batches, position, Damage(position, reason))
         if position + length > size:
-            reason = (
-                DamageReason.HEADER
-                if _is_whole_batch_with_bad_length(view, position)
-                else DamageReason.INCOMPLETE
-            )
-            return Scan(batches, position, Damage(position, reason))
+            return Scan(batches, position, _overlong_batch_damage(view, position))
         batch = BatchInfo(position, length, base_offset, count)
         if _frame_crc(view[position : position + length]) != crc:
             return Scan(batches, position, _locate_damage(view, batch))
@@ -355,6 +374,37 @@ def verify_records_only(data: bytes | memoryview, position: int = 0) -> Damage |
             return Damage(position, DamageReason.HEADER)
         position += length
     return None
+
+
+def valid_record_offset(data: bytes, position: int) -> int | None:
+    """The offset of the record frame at ``position`` if it is whole and passes its checksum."""
+    if position < 0 or len(data) - position < RECORD_HEADER_SIZE:
+        return None
+    crc, magic, version, flags, length, offset, _ = _RECORD_HEADER.unpack_from(data, position)
+    if not _header_is_sane(magic, version, flags, length, 0, RECORD_MAGIC):
+        return None
+    if position + length > len(data):
+        return None
+    if _frame_crc(memoryview(data)[position : position + length]) != crc:
+        return None
+    return int(offset)
+
+
+def batch_claim(data: bytes, position: int, expected_offset: int) -> int | None:
+    """The offset after the records a (damaged) batch header claims, if the header is plausible.
+
+    Plausible: a sane header that starts at the offset the stream expects there. Its checksum
+    cannot vouch for it (the batch is damaged), so this is only used to skip offsets, never to
+    serve data.
+    """
+    if len(data) - position < BATCH_HEADER_SIZE:
+        return None
+    _, magic, version, flags, length, base_offset, count = _BATCH_HEADER.unpack_from(data, position)
+    if not _header_is_sane(magic, version, flags, length, count, BATCH_MAGIC):
+        return None
+    if base_offset != expected_offset:
+        return None
+    return int(base_offset + count)
 
 
 def _read_nbytes(view: memoryview, position: int) -> tuple[bytes | None, int]:

@@ -23,17 +23,19 @@ import attrs
 
 from logbroker.storage._format import (
     BATCH_HEADER_SIZE,
-    BATCH_MAGIC,
     FORMAT_VERSION,
     INDEX_INTERVAL_BYTES,
+    RECORD_MAGIC,
     BatchInfo,
     Damage,
     DamageReason,
     IndexEntry,
     Seal,
+    batch_claim,
     decode_index,
     decode_seal,
     scan_batches,
+    valid_record_offset,
 )
 from logbroker.storage._fs import AppendFile, FileSystem, ReadFile
 
@@ -113,26 +115,27 @@ def verify_segment_bytes(data: bytes, base_offset: int, seal: Seal | None) -> Ve
     return Verification(base_offset, damage, count, scan.end)
 
 
-def salvage_next_offset(data: bytes, position: int) -> int | None:
-    """After rot at ``position``, the offset after the last whole batch that still verifies.
+def salvage_end_offset(data: bytes, batch_start: int, next_offset: int) -> int:
+    """After rot in the batch at ``batch_start``, the offset past every record it may hold.
 
-    New writes must not reuse offsets that frames beyond the damage still hold, so the range
-    continues after the highest offset that can still be salvaged from the damaged copy.
+    New writes must never reuse an offset that an acknowledged record of the damaged copy holds,
+    or a later salvage or repair would meet two records with one offset. The damaged batch held
+    at least the record at ``next_offset``; when its header still agrees with the stream, all the
+    records it claims; and every record frame after it that passes its own checksum holds the
+    offset it names (records of later batches, and whole records of the damaged one).
     """
-    best: int | None = None
-    signature = BATCH_MAGIC + bytes([FORMAT_VERSION])
-    # The magic sits after the frame's 4-byte checksum.
-    found = data.find(signature, position + 1 + _MAGIC_AT)
+    end = next_offset + 1
+    claimed = batch_claim(data, batch_start, next_offset)
+    if claimed is not None:
+        end = max(end, claimed)
+    signature = RECORD_MAGIC + bytes([FORMAT_VERSION])
+    found = data.find(signature, batch_start + _MAGIC_AT)
     while found != -1:
-        start = found - _MAGIC_AT
-        scan = scan_batches(data[start:])
-        if scan.batches:
-            next_offset = scan.batches[-1].next_offset
-            best = next_offset if best is None else max(best, next_offset)
-            found = data.find(signature, start + scan.end + _MAGIC_AT)
-        else:
-            found = data.find(signature, found + 1)
-    return best
+        offset = valid_record_offset(data, found - _MAGIC_AT)
+        if offset is not None:
+            end = max(end, offset + 1)
+        found = data.find(signature, found + 1)
+    return end
 
 
 @attrs.frozen
@@ -277,9 +280,7 @@ def _recover_unsealed(
             damage = None
         else:
             state = SegmentState.CLOSED
-            salvaged = salvage_next_offset(data, damage.position)
-            if salvaged is not None:
-                end_offset = max(end_offset, salvaged)
+            end_offset = salvage_end_offset(data, scan.end, next_offset)
     segment = Segment(
         base,
         path,

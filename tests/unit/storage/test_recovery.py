@@ -354,3 +354,44 @@ def test_reads_of_a_copy_found_damaged_while_live_stay_the_same(
     assert reads == [[0, 1], [0, 1], [0, 1]]
     assert [stored.record for stored in log.read(0)] == [record(0), record(1)]
     expect_errors(logged_errors, 1)
+
+
+def test_rot_leaving_nothing_readable_sends_new_writes_to_a_new_file(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 1)
+    result_of(log.close())
+    size = fs.size(ACTIVE)
+    fs.corrupt(ACTIVE, 0)  # the checksum of the only batch
+    reopened = open_log(fs)
+    expect_errors(logged_errors, 1)
+
+    appended = result_of(reopened.append([record(7)]))
+
+    # Offset 0 was held by the rotted record: it is skipped, never reused.
+    assert appended.base_offset == 1
+    assert fs.size(ACTIVE) == size
+    assert [stored.record for stored in reopened.read(1)] == [record(7)]
+    result_of(reopened.close())
+    assert [stored.record for stored in open_log(fs).read(1)] == [record(7)]
+    expect_errors(logged_errors, 1)  # the second recovery finds the same rot
+
+
+def test_rot_in_the_length_and_a_record_of_an_early_batch_is_never_truncated(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = five_batches()
+    size = fs.size(ACTIVE)
+    fs.corrupt(ACTIVE, 9, 0x01)  # the first batch's length now runs past the end of the file
+    fs.corrupt(ACTIVE, 60)  # and its record is damaged too
+    events: list[IntegrityEvent] = []
+
+    reopened = open_log(fs, events=events)
+
+    assert fs.size(ACTIVE) == size
+    assert [(e.reason, e.counted) for e in events] == [(DamageReason.CHECKSUM, True)]
+    expect_errors(logged_errors, 1)
+    # Batches 1..4 after the damage still verify: their offsets are never handed out again.
+    assert result_of(reopened.append([record(9)])).base_offset == 5
