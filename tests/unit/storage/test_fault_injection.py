@@ -26,6 +26,7 @@ from logbroker.storage import (
 )
 from logbroker.storage._format import scan_batches
 from logbroker.testing import JournalEntry, ManualExecutor, MemoryFileSystem
+from tests.unit.storage.helpers import failure_of, result_of
 
 RANGE_DIR = "/data/ranges/topic/0"
 GROUP_COMMIT = LogConfig(
@@ -46,23 +47,6 @@ def fired(deferred: Deferred[Any]) -> list[Any]:
     results: list[Any] = []
     deferred.addBoth(results.append)
     return results
-
-
-def result_of(deferred: Deferred[Any]) -> Any:
-    results: list[Any] = []
-    deferred.addBoth(results.append)
-    assert results, "the Deferred has not fired"
-    if isinstance(results[0], Failure):
-        results[0].raiseException()
-    return results[0]
-
-
-def failure_of(deferred: Deferred[Any]) -> Failure:
-    results: list[Any] = []
-    deferred.addBoth(results.append)
-    assert results, "the Deferred has not fired"
-    assert isinstance(results[0], Failure), f"expected a failure, got {results[0]!r}"
-    return results[0]
 
 
 class Harness:

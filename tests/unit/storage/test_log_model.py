@@ -33,7 +33,6 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent
 from twisted.python.failure import Failure
@@ -52,6 +51,7 @@ from logbroker.storage import (
 )
 from logbroker.storage._format import BatchInfo, iter_batch_records, scan_batches
 from logbroker.testing import ManualExecutor, MemoryFileSystem
+from tests.unit.storage.helpers import failure_of, result_of
 
 RANGE_DIR = "/data/ranges/topic/0"
 SEGMENT_SUFFIXES = (".log", ".index", ".sealed")
@@ -66,23 +66,6 @@ _records = st.builds(
     headers=_headers.map(tuple),
 )
 _batches = st.lists(_records, min_size=1, max_size=5)
-
-
-def _result_of(deferred: Deferred[Any]) -> Any:
-    results: list[Any] = []
-    deferred.addBoth(results.append)
-    assert results, "the Deferred has not fired"
-    if isinstance(results[0], Failure):
-        results[0].raiseException()
-    return results[0]
-
-
-def _failure_of(deferred: Deferred[Any]) -> Failure:
-    results: list[Any] = []
-    deferred.addBoth(results.append)
-    assert results, "the Deferred has not fired"
-    assert isinstance(results[0], Failure), f"expected a failure, got {results[0]!r}"
-    return results[0]
 
 
 def _stem(path: str) -> str:
@@ -135,7 +118,7 @@ class LogModel(RuleBasedStateMachine):
             on_integrity_event=self.events.append,
         )
         self.executor.run_all()
-        log: RangeLog = _result_of(opened)
+        log: RangeLog = result_of(opened)
         self.log = log
         return log
 
@@ -388,10 +371,10 @@ class LogModel(RuleBasedStateMachine):
         assert log is not None
         closed = log.close()
         self._settle()
-        assert _result_of(closed) is None
+        assert result_of(closed) is None
         assert not self.unresolved, f"close left appends at {sorted(self.unresolved)} unresolved"
         refused = log.append([Record(b"late")])
-        assert _failure_of(refused).check(LogClosedError)
+        assert failure_of(refused).check(LogClosedError)
         sizes = {path: self.fs.size(path) for path in self._log_files()}
         sealed_sizes = {
             path: size for path, size in sizes.items() if self.fs.exists(_stem(path) + ".sealed")
@@ -514,17 +497,17 @@ def test_rot_in_a_batch_whose_length_also_rotted_is_never_truncated(
             RANGE_DIR, fs=fs, clock=Clock(), executor=executor, on_integrity_event=events.append
         )
         executor.run_all()
-        log: RangeLog = _result_of(opened)
+        log: RangeLog = result_of(opened)
         return log
 
     log = open_log([])
     for number in range(3):
         appended = log.append([Record(b"value-%d" % number)])
         executor.run_all()
-        assert _result_of(appended) == Appended(number, 1)
+        assert result_of(appended) == Appended(number, 1)
     closed = log.close()
     executor.run_all()
-    _result_of(closed)
+    result_of(closed)
     path = f"{RANGE_DIR}/{0:020d}.log"
     data = fs.read_file(path)
     first = scan_batches(data).batches[0]
