@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import shutil
 import statistics
@@ -58,6 +57,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from _common import batch_sizes, emit, positive_float, positive_int
 from fsync_ceiling import measure_ceiling
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -215,17 +215,6 @@ async def _measure_log(
     }
 
 
-def _emit(args: argparse.Namespace, kind: str, result: dict[str, Any], text: str) -> None:
-    if args.json:
-        rounded = {
-            key: round(value, 3) if isinstance(value, float) else value
-            for key, value in result.items()
-        }
-        print(json.dumps({"bench": kind, **rounded}), flush=True)
-    else:
-        print(text, flush=True)
-
-
 def _mode(group_commit: bool) -> str:
     return "on" if group_commit else "off"
 
@@ -251,8 +240,8 @@ async def _run(reactor: Any, args: argparse.Namespace, workdir: str) -> None:
                     ceiling_bytes = round(framed / batch_size)
                 ceiling = measure_ceiling(workdir, batch_size, ceiling_bytes, args.seconds)
                 ceilings.setdefault(batch_size, []).append(ceiling)
-                _emit(
-                    args,
+                emit(
+                    args.json,
                     "ceiling",
                     {"round": round_number, **ceiling},
                     f"round {round_number}  ceiling     batch={batch_size:<5}"
@@ -273,8 +262,8 @@ async def _run(reactor: Any, args: argparse.Namespace, workdir: str) -> None:
                         args.seconds,
                     )
                     logs.setdefault((batch_size, group_commit), []).append(result)
-                    _emit(
-                        args,
+                    emit(
+                        args.json,
                         "append",
                         {"round": round_number, "concurrency": args.concurrency, **result},
                         f"round {round_number}  logbroker   batch={batch_size:<5}"
@@ -350,8 +339,8 @@ def _summarise(
                 summary["target_ratio"] = TARGET_RATIO
                 summary["target"] = outcome.split(" ")[0].lower()
                 verdict = f"  target >= {TARGET_RATIO}x: {outcome}"
-            _emit(
-                args,
+            emit(
+                args.json,
                 "append_summary",
                 summary,
                 f"batch={batch_size:<5} group_commit={_mode(group_commit):<3}"
@@ -372,30 +361,6 @@ def _loadavg() -> str:
         return "unknown"
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _batch_sizes(text: str) -> list[int]:
-    return [_positive_int(part.strip()) for part in text.split(",")]
-
-
 def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Measure durable RangeLog append throughput against the fsync ceiling."
@@ -407,12 +372,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--batch-sizes",
-        type=_batch_sizes,
+        type=batch_sizes,
         default=[1, 100, 1000],
         help="comma-separated records per append() call (default: 1,100,1000)",
     )
     parser.add_argument(
-        "--record-bytes", type=_positive_int, default=100, help="value bytes per record (100)"
+        "--record-bytes", type=positive_int, default=100, help="value bytes per record (100)"
     )
     parser.add_argument(
         "--ceiling-framed",
@@ -422,18 +387,18 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--concurrency",
-        type=_positive_int,
+        type=positive_int,
         default=64,
         help="appends kept outstanding at once (default: 64)",
     )
     parser.add_argument(
         "--seconds",
-        type=_positive_float,
+        type=positive_float,
         default=2.0,
         help="measured wall time of each run, after a 0.3 s warm-up (default: 2.0)",
     )
     parser.add_argument(
-        "--repeat", type=_positive_int, default=3, help="rounds; the summary takes medians (3)"
+        "--repeat", type=positive_int, default=3, help="rounds; the summary takes medians (3)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args(argv)

@@ -33,6 +33,8 @@ import statistics
 import tempfile
 import time
 
+from _common import batch_sizes, positive_float, positive_int
+
 MAX_RECORDS = 50_000_000
 WARMUP_SECONDS = 0.3
 
@@ -101,30 +103,6 @@ def _sync_loop(
         os.unlink(path)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be positive: {text!r}")
-    return value
-
-
-def _batch_sizes(text: str) -> list[int]:
-    return [_positive_int(part.strip()) for part in text.split(",")]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Measure the write + fdatasync ceiling for batched appends on one disk."
@@ -136,16 +114,16 @@ def main() -> None:
     )
     parser.add_argument(
         "--batch-sizes",
-        type=_batch_sizes,
+        type=batch_sizes,
         default=[1, 100, 1000],
         help="comma-separated records per write + fdatasync (default: 1,100,1000)",
     )
     parser.add_argument(
-        "--record-bytes", type=_positive_int, default=100, help="bytes per record (default: 100)"
+        "--record-bytes", type=positive_int, default=100, help="bytes per record (default: 100)"
     )
     parser.add_argument(
         "--seconds",
-        type=_positive_float,
+        type=positive_float,
         default=3.0,
         help="measured wall time per batch size, after the warm-up (default: 3.0)",
     )

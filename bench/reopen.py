@@ -52,6 +52,7 @@ import tempfile
 import time
 from typing import Any
 
+from _common import emit, positive_int
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
@@ -217,17 +218,6 @@ def open_in_child(directory: str) -> dict[str, Any]:
     return result
 
 
-def _emit(args: argparse.Namespace, kind: str, result: dict[str, Any], text: str) -> None:
-    if args.json:
-        rounded = {
-            key: round(value, 4) if isinstance(value, float) else value
-            for key, value in result.items()
-        }
-        print(json.dumps({"bench": kind, **rounded}), flush=True)
-    else:
-        print(text, flush=True)
-
-
 def _describe(run: dict[str, Any]) -> str:
     events = ", ".join(run["events"]) or "none"
     return (
@@ -240,8 +230,8 @@ def _describe(run: dict[str, Any]) -> str:
 def _summary(args: argparse.Namespace, kind: str, runs: list[dict[str, Any]]) -> float:
     opens = [run["open_s"] for run in runs]
     median = statistics.median(opens)
-    _emit(
-        args,
+    emit(
+        args.json,
         "reopen_summary",
         {
             "cache": kind,
@@ -263,8 +253,8 @@ def _summary(args: argparse.Namespace, kind: str, runs: list[dict[str, Any]]) ->
 def run_parent(args: argparse.Namespace, workdir: str) -> None:
     directory = os.path.join(workdir, "range")
     build = build_range(directory, args.size_mib, args.tail_mib, args.batch, args.build_timeout)
-    _emit(
-        args,
+    emit(
+        args.json,
         "reopen_build",
         build,
         f"built {build['bytes_on_disk'] / 2**20:.0f} MiB in {build['build_s']:.1f} s "
@@ -274,8 +264,8 @@ def run_parent(args: argparse.Namespace, workdir: str) -> None:
     )
     cold = not args.no_cold and drop_caches()
     first = open_in_child(directory)
-    _emit(
-        args,
+    emit(
+        args.json,
         "reopen",
         {"cache": "cold" if cold else "warm", "run": "first", **first},
         f"first open after SIGKILL ({'cold' if cold else 'warm'}): {_describe(first)}",
@@ -286,15 +276,15 @@ def run_parent(args: argparse.Namespace, workdir: str) -> None:
             drop_caches()
             run = open_in_child(directory)
             cold_runs.append(run)
-            _emit(
-                args,
+            emit(
+                args.json,
                 "reopen",
                 {"cache": "cold", "run": number, **run},
                 f"cold {number}: {_describe(run)}",
             )
     elif not args.no_cold:
-        _emit(
-            args,
+        emit(
+            args.json,
             "reopen_note",
             {"note": f"cannot write {DROP_CACHES}; cold figures skipped"},
             f"cannot write {DROP_CACHES}; cold figures skipped",
@@ -304,8 +294,8 @@ def run_parent(args: argparse.Namespace, workdir: str) -> None:
     for number in range(1, args.repeat + 1):
         run = open_in_child(directory)
         warm_runs.append(run)
-        _emit(
-            args,
+        emit(
+            args.json,
             "reopen",
             {"cache": "warm", "run": number, **run},
             f"warm {number}: {_describe(run)}",
@@ -315,16 +305,6 @@ def run_parent(args: argparse.Namespace, workdir: str) -> None:
     if cold_runs:
         _summary(args, "cold", cold_runs)
     _summary(args, "warm", warm_runs)
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
 
 
 def main() -> None:
@@ -337,7 +317,7 @@ def main() -> None:
         "removed afterwards (default: under bench/.work)",
     )
     parser.add_argument(
-        "--size-mib", type=_positive_int, default=1024, help="range size to build (1024)"
+        "--size-mib", type=positive_int, default=1024, help="range size to build (1024)"
     )
     parser.add_argument(
         "--tail-mib",
@@ -346,10 +326,10 @@ def main() -> None:
         help="least size of the active segment at the kill, 0..63 (default: 32)",
     )
     parser.add_argument(
-        "--batch", type=_positive_int, default=1000, help="records per append (1000)"
+        "--batch", type=positive_int, default=1000, help="records per append (1000)"
     )
     parser.add_argument(
-        "--repeat", type=_positive_int, default=5, help="timed opens per cache state (5)"
+        "--repeat", type=positive_int, default=5, help="timed opens per cache state (5)"
     )
     parser.add_argument(
         "--build-timeout", type=float, default=120.0, help="give up the build after (120 s)"

@@ -45,6 +45,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _common import positive_int
+
 from logbroker.storage import OsFileSystem, Record, Seal
 from logbroker.storage._format import encode_batch, verify_records_only
 from logbroker.storage._segment import LOG_SUFFIX, segment_stem, verify_segment_bytes
@@ -129,16 +131,6 @@ def measure(path: str, seal: Seal, repeat: int) -> dict[str, dict[str, float]]:
     return results
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1: {text!r}")
-    return value
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description="Measure single-thread verification speed of a sealed segment in page cache."
@@ -149,16 +141,16 @@ def main() -> None:
         "removed afterwards (default: under bench/.work)",
     )
     parser.add_argument(
-        "--size-mib", type=_positive_int, default=64, help="segment size limit in MiB (64)"
+        "--size-mib", type=positive_int, default=64, help="segment size limit in MiB (64)"
     )
     parser.add_argument(
-        "--batch", type=_positive_int, default=1000, help="records per batch (default: 1000)"
+        "--batch", type=positive_int, default=1000, help="records per batch (default: 1000)"
     )
     parser.add_argument(
-        "--record-bytes", type=_positive_int, default=100, help="value bytes per record (100)"
+        "--record-bytes", type=positive_int, default=100, help="value bytes per record (100)"
     )
     parser.add_argument(
-        "--repeat", type=_positive_int, default=7, help="timed runs of each path (default: 7)"
+        "--repeat", type=positive_int, default=7, help="timed runs of each path (default: 7)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args()
