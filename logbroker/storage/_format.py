@@ -29,8 +29,10 @@ Record frame::
     8   4  length of the whole record frame, header included
     12  8  offset
     20  8  timestamp in milliseconds
-    28  .  key (nbytes), value (nbytes, never null), header count (u32), then per header
-           its key and its value (nbytes each)
+    28  4  key length (0xFFFFFFFF: null key)
+    32  4  value length (never null)
+    36  .  key bytes, value bytes, header count (u32), then per header its name and its
+           value (nbytes each)
 
 The checksum comes first so that one CRC32C call covers the rest of the frame: encoding and
 checking a record costs one C call, not two.
@@ -59,8 +61,9 @@ RECORD_MAGIC = b"LR"
 
 _BATCH_HEADER = struct.Struct(">I2sBBIQI")
 _RECORD_HEADER = struct.Struct(">I2sBBIQQ")
-# A record header without its checksum, plus the key length that always follows it.
-_RECORD_REST_HEAD = struct.Struct(">2sBBIQQI")
+# A record header without its checksum, plus the key and value lengths that always follow it.
+_RECORD_REST_HEAD = struct.Struct(">2sBBIQQII")
+_LENGTHS = struct.Struct(">II")
 _BATCH_REST_HEAD = struct.Struct(">2sBBIQI")
 _U32 = struct.Struct(">I")
 _NULL_LENGTH = 0xFFFFFFFF
@@ -148,20 +151,21 @@ def encode_batch(base_offset: int, records: Sequence[Record]) -> bytes:
             key, key_length = b"", _NULL_LENGTH
         else:
             key_length = len(key)
-        length = RECORD_HEADER_SIZE + 4 + len(key) + 4 + len(value) + len(headers)
+        value_length = len(value)
+        length = RECORD_HEADER_SIZE + 8 + len(key) + value_length + len(headers)
         if length > MAX_FRAME_SIZE:
             raise ValueError(f"record of {length} bytes is too large to store")
-        rest = b"".join(
-            (
-                pack_head(
-                    RECORD_MAGIC, FORMAT_VERSION, 0, length, offset, record.timestamp_ms, key_length
-                ),
-                key,
-                pack_u32(len(value)),
-                value,
-                headers,
-            )
+        head = pack_head(
+            RECORD_MAGIC,
+            FORMAT_VERSION,
+            0,
+            length,
+            offset,
+            record.timestamp_ms,
+            key_length,
+            value_length,
         )
+        rest = b"".join((head, key, value, headers))
         append(pack_u32(crc32c(rest)))
         append(rest)
         offset += 1
@@ -421,10 +425,18 @@ def _read_nbytes(view: memoryview, position: int) -> tuple[bytes | None, int]:
 def decode_record(frame: memoryview) -> StoredRecord:
     """Decode one record frame whose checksum has already been verified."""
     _, _, _, _, _, offset, timestamp_ms = _RECORD_HEADER.unpack_from(frame, 0)
-    key, position = _read_nbytes(frame, RECORD_HEADER_SIZE)
-    value, position = _read_nbytes(frame, position)
-    if value is None:
+    key_length, value_length = _LENGTHS.unpack_from(frame, RECORD_HEADER_SIZE)
+    position = RECORD_HEADER_SIZE + 8
+    key = None
+    if key_length != _NULL_LENGTH:
+        key = bytes(frame[position : position + key_length])
+        position += key_length
+    if value_length == _NULL_LENGTH:
         raise ValueError("record value is null")
+    value = bytes(frame[position : position + value_length])
+    position += value_length
+    if position + 4 > len(frame):
+        raise ValueError("record fields run past the frame")
     (header_count,) = _U32.unpack_from(frame, position)
     position += 4
     headers = []
