@@ -1,17 +1,19 @@
 """The composition root: builds the service tree ``twistd logbroker`` runs.
 
 This is the only module (with the plugin's ``makeService``) that wires the real reactor. Start
-order: the storage writer threads and every range log recovered first; listeners (next
-milestones) start only once ``StorageService.ready`` has fired. Stop order is the reverse, and
-the store closes last, after every queued append has been flushed and fsynced.
+order: every range log is recovered before the reactor runs (``build_service``), so a range that
+cannot be recovered stops the broker before it serves; the storage writer threads start with
+the service; listeners (next milestones) start after storage. Stop order is the reverse: the
+store closes last, after every queued append has been flushed and fsynced.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList, gatherResults
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 
 from logbroker.config import StorageSettings
@@ -22,6 +24,7 @@ from logbroker.storage import (
     LogConfig,
     OsFileSystem,
     RangeLog,
+    SegmentInfo,
     ThreadPoolExecutor,
 )
 
@@ -45,11 +48,31 @@ class StorageService(Service):
         self._executor = ThreadPoolExecutor(reactor)
         self.logs: dict[str, RangeLog] = {}
         self.integrity_events: list[IntegrityEvent] = []
-        #: Fires once every existing range is recovered and open.
-        self.ready: Deferred[None] = Deferred()
+        self.sealed: list[SegmentInfo] = []
+
+    def recover(self) -> None:
+        """Recover every range of the data directory, in this thread. Blocking: call it before
+        the reactor runs. Raises what recovery raises (``StorageError``, ``OSError``)."""
+        started = time.monotonic()
+        for name in self._data_dir.range_names():
+            self.logs[name] = RangeLog.recover(
+                self._data_dir.range_path(name),
+                fs=self._fs,
+                clock=self._reactor,
+                executor=self._executor,
+                config=self._log_config,
+                on_integrity_event=self.integrity_events.append,
+                on_sealed=self.sealed.append,
+            )
+        log.info(
+            "Storage recovered in {path}: {ranges} ranges in {seconds:.3f} s",
+            path=self._data_dir.path,
+            ranges=len(self.logs),
+            seconds=time.monotonic() - started,
+        )
 
     def open_range(self, name: str) -> Deferred[RangeLog]:
-        """Open (creating if new) the log of range ``name``."""
+        """Open (creating if new) the log of range ``name`` while the broker runs."""
 
         def opened(range_log: RangeLog) -> RangeLog:
             self.logs[name] = range_log
@@ -62,29 +85,16 @@ class StorageService(Service):
             executor=self._executor,
             config=self._log_config,
             on_integrity_event=self.integrity_events.append,
+            on_sealed=self.sealed.append,
         ).addCallback(opened)
 
     def startService(self) -> None:
         super().startService()
         self._executor.start()
-        started = self._reactor.seconds()
-        names = self._data_dir.range_names()
-
-        def recovered(_: object) -> None:
-            log.info(
-                "Storage ready in {path}: {ranges} ranges recovered in {seconds:.3f} s",
-                path=self._data_dir.path,
-                ranges=len(names),
-                seconds=self._reactor.seconds() - started,
-            )
-            self.ready.callback(None)
-
-        def failed(failure: Any) -> None:
-            log.failure("Storage recovery failed; stopping", failure)
-            self._reactor.stop()
-
-        opening = [self.open_range(name) for name in names]
-        gatherResults(opening, consumeErrors=True).addCallbacks(recovered, failed)
+        # Once the reactor runs (signal handlers in place), the store serves.
+        self._reactor.callWhenRunning(
+            log.info, "Storage ready: {ranges} ranges open", ranges=len(self.logs)
+        )
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
@@ -98,8 +108,10 @@ class StorageService(Service):
 
 
 def build_service(reactor: Any, settings: StorageSettings, data_dir: DataDirectory) -> MultiService:
+    """Build the service tree, recovering storage first. Blocking; raises on recovery failure."""
     root = MultiService()
     storage = StorageService(reactor, data_dir, OsFileSystem(), settings.log)
+    storage.recover()
     storage.setName("storage")
     storage.setServiceParent(root)
     return root

@@ -44,4 +44,7 @@ def makeService(options: Options) -> IService:
 
     from logbroker.service import build_service
 
-    return build_service(reactor, settings, data_dir)
+    try:
+        return build_service(reactor, settings, data_dir)
+    except (StorageError, OSError) as error:
+        raise _exit(exitcodes.FAILURE, f"storage recovery failed: {error}") from None

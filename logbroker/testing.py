@@ -45,13 +45,20 @@ class _MemoryAppendFile:
         self.closed = False
 
     def write(self, data: bytes) -> None:
+        self._check_open()
         self._fs._file(self._path).data += data
         self._fs.journal.append(JournalEntry("write", self._path, len(data)))
 
     def sync(self) -> None:
+        self._check_open()
         self._fs._sync(self._path)
 
+    def _check_open(self) -> None:
+        if self.closed:
+            raise OSError(errno.EBADF, "Bad file descriptor (file closed)", self._path)
+
     def close(self) -> None:
+        self._check_open()
         self.closed = True
 
 
@@ -67,6 +74,17 @@ class _MemoryReadFile:
         pass
 
 
+class _MemoryLock:
+    """Released when dropped, as an flock is when its file is closed."""
+
+    def __init__(self, held: set[str], path: str) -> None:
+        self._held = held
+        self._path = path
+
+    def __del__(self) -> None:
+        self._held.discard(self._path)
+
+
 class MemoryFileSystem:
     """An in-memory file system with crash semantics (see the module docstring)."""
 
@@ -74,8 +92,11 @@ class MemoryFileSystem:
         self._files: dict[str, _File] = {}
         self._dirs: set[str] = {"/"}
         self.journal: list[JournalEntry] = []
+        self._locks: set[str] = set()
         #: While positive, each fsync fails with EIO and counts this down.
         self.failing_syncs = 0
+        #: While positive, each atomic replace (seal marker, index) fails with ENOSPC.
+        self.failing_atomic_writes = 0
 
     @staticmethod
     def _norm(path: str) -> str:
@@ -131,14 +152,23 @@ class MemoryFileSystem:
         return _MemoryReadFile(self, path)
 
     def open_append(self, path: str) -> _MemoryAppendFile:
+        self._file(path)
+        return _MemoryAppendFile(self, self._norm(path))
+
+    def create_append(self, path: str) -> _MemoryAppendFile:
         path = self._norm(path)
         if posixpath.dirname(path) not in self._dirs:
             raise FileNotFoundError(errno.ENOENT, "No such directory", path)
-        self._files.setdefault(path, _File())
+        if path in self._files or path in self._dirs:
+            raise FileExistsError(errno.EEXIST, "File exists", path)
+        self._files[path] = _File()
         return _MemoryAppendFile(self, path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         path = self._norm(path)
+        if self.failing_atomic_writes > 0:
+            self.failing_atomic_writes -= 1
+            raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
         self._files[path] = _File(bytearray(data), bytes(data), linked=True)
         self.journal.append(JournalEntry("write-atomic", path, len(data)))
 
@@ -158,6 +188,14 @@ class MemoryFileSystem:
         for name, entry in self._files.items():
             if posixpath.dirname(name) == path:
                 entry.linked = True
+
+    def lock(self, path: str) -> object:
+        path = self._norm(path)
+        if path in self._locks:
+            raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable", path)
+        self._locks.add(path)
+        self._files.setdefault(path, _File(linked=True))
+        return _MemoryLock(self._locks, path)
 
     # -- faults --------------------------------------------------------------------------------
 

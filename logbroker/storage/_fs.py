@@ -10,6 +10,8 @@ Every method may block; storage calls them from its writer thread, never from th
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from typing import Protocol
 
@@ -52,7 +54,10 @@ class FileSystem(Protocol):
     def open_read(self, path: str) -> ReadFile: ...
 
     def open_append(self, path: str) -> AppendFile:
-        """Open ``path`` for appending, creating it if needed (the caller syncs the directory)."""
+        """Open the existing file ``path`` for appending."""
+
+    def create_append(self, path: str) -> AppendFile:
+        """Create ``path`` for appending; fail if it exists (the caller syncs the directory)."""
 
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
@@ -66,10 +71,17 @@ class FileSystem(Protocol):
     def sync_dir(self, path: str) -> None:
         """Make the entries of directory ``path`` durable."""
 
+    def lock(self, path: str) -> object:
+        """Take an exclusive lock on ``path`` (created if missing) for as long as the returned
+        object lives; raise ``BlockingIOError`` if another process holds it."""
+
 
 class _OsAppendFile:
-    def __init__(self, path: str) -> None:
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    def __init__(self, path: str, create: bool) -> None:
+        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        self._fd = os.open(path, flags, 0o644)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -110,7 +122,9 @@ class OsFileSystem:
             return
         parent = os.path.dirname(path)
         self.make_dirs(parent)
-        os.mkdir(path, 0o750)
+        # Another writer thread may be creating the same parent for a sibling range.
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(path, 0o750)
         self.sync_dir(parent)
 
     def exists(self, path: str) -> bool:
@@ -127,7 +141,10 @@ class OsFileSystem:
         return _OsReadFile(path)
 
     def open_append(self, path: str) -> AppendFile:
-        return _OsAppendFile(path)
+        return _OsAppendFile(path, create=False)
+
+    def create_append(self, path: str) -> AppendFile:
+        return _OsAppendFile(path, create=True)
 
     def write_atomic(self, path: str, data: bytes) -> None:
         temporary = path + ".tmp"
@@ -159,3 +176,12 @@ class OsFileSystem:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def lock(self, path: str) -> object:
+        held = open(path, "a+b")  # noqa: SIM115 - held open for the life of the lock
+        try:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BaseException:
+            held.close()
+            raise
+        return held

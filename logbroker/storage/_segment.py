@@ -22,7 +22,6 @@ from enum import StrEnum
 import attrs
 
 from logbroker.storage._format import (
-    BATCH_HEADER_SIZE,
     FORMAT_VERSION,
     INDEX_INTERVAL_BYTES,
     RECORD_MAGIC,
@@ -34,6 +33,7 @@ from logbroker.storage._format import (
     batch_claim,
     decode_index,
     decode_seal,
+    encode_index,
     scan_batches,
     valid_record_offset,
 )
@@ -44,6 +44,10 @@ INDEX_SUFFIX = ".index"
 SEAL_SUFFIX = ".sealed"
 _MAGIC_AT = 4
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|sealed)$")
+
+
+def is_segment_file(name: str) -> bool:
+    return _SEGMENT_FILE.match(name) is not None
 
 
 def segment_stem(base_offset: int) -> str:
@@ -68,6 +72,7 @@ class IntegrityEvent:
     segment: str
     base_offset: int
     position: int
+    #: The segment carries its own seal marker (it was sealed on this node).
     sealed: bool
 
     @property
@@ -172,7 +177,7 @@ class Segment:
     next_offset: int
     #: The offset after the last record the file may hold, readable or not.
     end_offset: int
-    index: list[IndexEntry] | None
+    index: list[IndexEntry]
     seal: Seal | None
     damage: Damage | None = None
     #: Whether the file has its own seal marker (even an unreadable one): then never truncate.
@@ -243,6 +248,10 @@ def _recover_sealed(
             index = decode_index(fs.read_file(stem_path + INDEX_SUFFIX), base)
         except ValueError:
             index = None
+    if index is None:
+        # Not data damage: the index is derived. Rebuild it from the log and put it back.
+        index = build_index(scan_batches(fs.read_file(path)[:readable_end], 0, base).batches)
+        fs.write_atomic(stem_path + INDEX_SUFFIX, encode_index(base, index))
     # A short sealed copy's readable next offset is only known once it is scanned; reads find out.
     next_offset = seal.next_offset if damage is None else base
     segment = Segment(
@@ -341,11 +350,10 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
             segment.state = SegmentState.CLOSED
     if segments and segments[-1].has_marker and segments[-1].state is SegmentState.ACTIVE:
         segments[-1].state = SegmentState.CLOSED
+    if segments and segments[-1].state is not SegmentState.ACTIVE:
+        # The next segment starts where this one ends, and must never take its file name: a
+        # closed copy that holds no readable record (say, an empty file beside an unreadable
+        # marker) still gives up one offset.
+        last = segments[-1]
+        last.end_offset = max(last.end_offset, last.base_offset + 1)
     return RecoveredLog(segments, events, removed, truncated)
-
-
-def header_length(data: bytes) -> int | None:
-    """The length a batch header at the start of ``data`` claims, if the header is whole."""
-    if len(data) < BATCH_HEADER_SIZE:
-        return None
-    return int.from_bytes(data[8:12], "big")

@@ -19,6 +19,7 @@ have dropped the dirty pages, so nothing more is trusted until recovery reopens 
 from __future__ import annotations
 
 import bisect
+import posixpath
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 
@@ -34,10 +35,13 @@ from logbroker.storage._format import (
     MIN_BATCH_SIZE,
     BatchInfo,
     Damage,
+    DamageReason,
     IndexEntry,
     Record,
     Seal,
     StoredRecord,
+    batch_length,
+    check_batch_records,
     encode_batch,
     encode_index,
     encode_seal,
@@ -57,7 +61,6 @@ from logbroker.storage._segment import (
     SegmentState,
     Verification,
     build_index,
-    header_length,
     recover_log,
     segment_stem,
     verify_segment_bytes,
@@ -76,6 +79,7 @@ from logbroker.storage.errors import (
 
 DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_BYTES = 0xFFFFFFFF
+_FIRST_READ_WINDOW = 16 * 1024
 _READ_WINDOW = 64 * 1024
 
 log = Logger()
@@ -141,17 +145,31 @@ class _SealPlan:
     """Files to write when the active segment seals."""
 
     stem: str
-    writer: AppendFile | None
     index: bytes
     seal: bytes
 
 
-def _write_seal(fs: FileSystem, plan: _SealPlan) -> None:
-    # Index first, then the marker: a marker on disk always has its index beside it.
-    if plan.writer is not None:
-        plan.writer.close()
+def _create_segment(fs: FileSystem, directory: str, path: str) -> AppendFile:
+    """Create a new segment file; it is not durable until its directory entry is."""
+    writer = fs.create_append(path)
+    try:
+        fs.sync_dir(directory)
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+def _roll_job(fs: FileSystem, directory: str, plan: _SealPlan, next_path: str) -> AppendFile:
+    """Seal a segment and create the next one.
+
+    Index first, then the marker: a marker on disk always has its index beside it. The next
+    segment's file is created at once, so the range's end offset stays on disk (in that file's
+    name) even if retention later deletes every sealed segment.
+    """
     fs.write_atomic(plan.stem + INDEX_SUFFIX, plan.index)
     fs.write_atomic(plan.stem + SEAL_SUFFIX, plan.seal)
+    return _create_segment(fs, directory, next_path)
 
 
 def _write_job(
@@ -160,18 +178,24 @@ def _write_job(
     seal_plan: _SealPlan | None,
     path: str,
     writer: AppendFile | None,
-    new_file: bool,
+    new_segment: bool,
     data: bytes,
 ) -> AppendFile:
+    """Append ``data`` to the segment at ``path`` (sealing the previous one first, if planned)
+    and fsync it. ``writer`` is the segment's open file; without one, a new segment's file is
+    created (never an existing one reused) and a recovered segment's file is opened."""
+    opened = writer is None
     if seal_plan is not None:
-        _write_seal(fs, seal_plan)
-    if writer is None:
-        writer = fs.open_append(path)
-        if new_file:
-            # A new file is not durable until its directory entry is.
-            fs.sync_dir(directory)
-    writer.write(data)
-    writer.sync()
+        writer = _roll_job(fs, directory, seal_plan, path)
+    elif writer is None:
+        writer = _create_segment(fs, directory, path) if new_segment else fs.open_append(path)
+    try:
+        writer.write(data)
+        writer.sync()
+    except BaseException:
+        if opened:
+            writer.close()
+        raise
     return writer
 
 
@@ -184,6 +208,10 @@ def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
 
 
 def _trim_job(fs: FileSystem, path: str, base_offset: int, byte_size: int) -> list[BatchInfo]:
+    if byte_size == 0:
+        # A copy that holds nothing committed is removed, not left as an empty file.
+        _delete_files(fs, posixpath.dirname(path), path.removesuffix(LOG_SUFFIX))
+        return []
     reader = fs.open_read(path)
     try:
         data = reader.read(0, byte_size)
@@ -220,6 +248,7 @@ class RangeLog:
         executor: Executor,
         config: LogConfig,
         on_integrity_event: Callable[[IntegrityEvent], None],
+        on_sealed: Callable[[SegmentInfo], None],
         start_offset: int,
     ) -> None:
         self.directory = directory
@@ -228,6 +257,7 @@ class RangeLog:
         self._executor = executor
         self._config = config
         self._on_integrity_event = on_integrity_event
+        self._on_sealed = on_sealed
         self._segments = recovered.segments
         self._bases = [segment.base_offset for segment in self._segments]
         last = self._segments[-1] if self._segments else None
@@ -237,6 +267,9 @@ class RangeLog:
         #: The offset after the last durable record: the log end readers see.
         self._durable_offset = self._next_offset
         self._queue: deque[_Append | _Control] = deque()
+        self._queued_controls = 0
+        #: Trims asked for and not finished: appends wait for none of them, they are refused.
+        self._pending_trims = 0
         self._parked_records = 0
         self._inflight_records = 0
         self._job_running = False
@@ -269,12 +302,14 @@ class RangeLog:
         executor: Executor,
         config: LogConfig | None = None,
         on_integrity_event: Callable[[IntegrityEvent], None] = lambda event: None,
+        on_sealed: Callable[[SegmentInfo], None] = lambda info: None,
         start_offset: int = 0,
     ) -> Deferred[RangeLog]:
-        """Recover ``directory`` (created if missing) and return its log.
+        """Recover ``directory`` (created if missing) in a writer thread and return its log.
 
         ``start_offset`` is where an empty range starts; a range with segments continues
-        where its last segment ends.
+        where its last segment ends. ``on_sealed`` hears of every seal, whether ``roll`` asked
+        for it or the segment reached the roll size (the control plane records them).
         """
 
         def opened(recovered: RecoveredLog) -> RangeLog:
@@ -286,10 +321,38 @@ class RangeLog:
                 executor=executor,
                 config=config or LogConfig(),
                 on_integrity_event=on_integrity_event,
+                on_sealed=on_sealed,
                 start_offset=start_offset,
             )
 
         return executor.run(recover_log, fs, directory).addCallback(opened)
+
+    @classmethod
+    def recover(
+        cls,
+        directory: str,
+        *,
+        fs: FileSystem,
+        clock: IReactorTime,
+        executor: Executor,
+        config: LogConfig | None = None,
+        on_integrity_event: Callable[[IntegrityEvent], None] = lambda event: None,
+        on_sealed: Callable[[SegmentInfo], None] = lambda info: None,
+        start_offset: int = 0,
+    ) -> RangeLog:
+        """Like ``open``, but recover in the calling thread: for start-up, before the reactor
+        runs, so that a range that cannot be recovered stops the broker before it serves."""
+        return cls(
+            directory,
+            recover_log(fs, directory),
+            fs=fs,
+            clock=clock,
+            executor=executor,
+            config=config or LogConfig(),
+            on_integrity_event=on_integrity_event,
+            on_sealed=on_sealed,
+            start_offset=start_offset,
+        )
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -325,6 +388,10 @@ class RangeLog:
             )
         if self._closing:
             return LogClosedError(f"{self.directory} is closed")
+        if self._pending_trims:
+            return SegmentStateError(
+                f"{self.directory} is being trimmed back to a sealed length; append again after"
+            )
         waiting = self._parked_records + self._inflight_records
         if waiting + count > self._config.max_inflight_records:
             return OverloadedError(
@@ -353,8 +420,13 @@ class RangeLog:
                 )
             )
         scan = scan_batches(data, 0, base_offset)
-        if scan.damage is not None or not scan.batches:
-            where = scan.damage.position if scan.damage is not None else 0
+        damage = scan.damage
+        if damage is None:
+            # Bytes from a peer are not trusted on the batch checksum alone: every record must
+            # pass its own, carry its offset and decode exactly.
+            damage = next(filter(None, (check_batch_records(data, b) for b in scan.batches)), None)
+        if damage is not None or not scan.batches:
+            where = damage.position if damage is not None else 0
             return fail(InvalidBatchError(f"replicated bytes fail verification at byte {where}"))
         count = scan.batches[-1].next_offset - base_offset
         refusal = self._refuse_append(count)
@@ -376,7 +448,7 @@ class RangeLog:
             return True
         if self._parked_records >= self._config.flush_max_records:
             return True
-        return any(isinstance(item, _Control) for item in self._queue)
+        return self._queued_controls > 0
 
     def _kick(self) -> None:
         if not self._queue:
@@ -388,6 +460,7 @@ class RangeLog:
         head = self._queue[0]
         if isinstance(head, _Control):
             self._queue.popleft()
+            self._queued_controls -= 1
             self._job_running = True
             head.start().addBoth(self._control_done, head)
             return
@@ -414,12 +487,8 @@ class RangeLog:
             segment.readable_end,
             int(self._clock.seconds() * 1000),
         )
-        index = segment.index if segment.index is not None else []
         plan = _SealPlan(
-            segment.stem,
-            segment.writer,
-            encode_index(segment.base_offset, index),
-            encode_seal(seal),
+            segment.stem, encode_index(segment.base_offset, segment.index), encode_seal(seal)
         )
         return plan, seal
 
@@ -448,15 +517,18 @@ class RangeLog:
             target = None
         position = target.readable_end if target is not None else 0
         taken: list[_Append] = []
-        size = 0
+        size = records = 0
         while self._queue and isinstance(self._queue[0], _Append):
             candidate = self._queue[0]
-            if taken and position + size + len(candidate.data) > self._config.roll_bytes:
+            if taken and (
+                position + size + len(candidate.data) > self._config.roll_bytes
+                or records + candidate.record_count > self._config.flush_max_records
+            ):
                 break
             taken.append(candidate)
             self._queue.popleft()
             size += len(candidate.data)
-        records = sum(item.record_count for item in taken)
+            records += candidate.record_count
         self._parked_records -= records
         self._inflight_records += records
         if self._timer is not None:
@@ -484,20 +556,34 @@ class RangeLog:
             errbackArgs=(taken, records),
         )
 
-    def _apply_seal(self, segment: Segment, seal: Seal) -> SegmentInfo:
+    def _apply_seal(self, segment: Segment, seal: Seal, next_writer: AppendFile) -> SegmentInfo:
+        """A seal is durable and the next segment's file exists: switch to it."""
+        if segment.writer is not None:
+            segment.writer.close()
+            segment.writer = None
         segment.state = SegmentState.SEALED
         segment.seal = seal
         segment.has_marker = True
-        segment.writer = None
-        if segment is self._active:
-            self._active = None
+        self._start_segment(seal.next_offset, next_writer)
         log.info(
             "Sealed segment {path}: {records} records, {size} bytes",
             path=segment.path,
             records=seal.record_count,
             size=seal.byte_size,
         )
-        return segment.info()
+        info = segment.info()
+        self._on_sealed(info)
+        return info
+
+    def _start_segment(self, base: int, writer: AppendFile) -> Segment:
+        segment = Segment(
+            base, self._segment_path(base), SegmentState.ACTIVE, 0, base, base, [], None
+        )
+        segment.writer = writer
+        self._segments.append(segment)
+        self._bases.append(base)
+        self._active = segment
+        return segment
 
     def _write_done(
         self,
@@ -509,22 +595,18 @@ class RangeLog:
     ) -> None:
         if sealing is not None:
             _, sealed, seal = sealing
-            self._apply_seal(sealed, seal)
+            self._apply_seal(sealed, seal, writer)
         if target is None:
-            base = taken[0].base_offset
-            target = Segment(
-                base, self._segment_path(base), SegmentState.ACTIVE, 0, base, base, [], None
-            )
-            self._segments.append(target)
-            self._bases.append(base)
-            self._active = target
+            # The roll above started the segment; otherwise this write created its file.
+            target = self._active if sealing is not None else None
+        if target is None:
+            target = self._start_segment(taken[0].base_offset, writer)
         target.writer = writer
         end = taken[-1].base_offset + taken[-1].record_count
         target.end_offset = self._durable_offset = end
         self._inflight_records -= records
         outcomes: list[Appended | StorageError] = []
         if target.damage is None:
-            assert target.index is not None
             for item in taken:
                 batch = BatchInfo(
                     target.readable_end, len(item.data), item.base_offset, item.record_count
@@ -554,28 +636,33 @@ class RangeLog:
 
     def _write_failed(self, failure: Failure, taken: list[_Append], records: int) -> None:
         self._inflight_records -= records
+        self._take_out_of_service(failure, taken)
+        self._job_running = False
+        self._after_job()
+
+    def _take_out_of_service(self, failure: Failure, covered: list[_Append]) -> None:
+        """A write, fsync or seal failed: what reached the disk is unknown until recovery."""
         self._failure = failure
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         if self._active is not None:
             self._active.state = SegmentState.CLOSED
+        queued, self._queue = list(self._queue), deque()
+        self._queued_controls = 0
+        self._parked_records = 0
         log.failure(
-            "Write or fsync failed in {directory}; {count} appends fail and the range is out "
-            "of service until restart",
+            "A write, fsync or seal failed in {directory}; {count} appends fail and the range "
+            "is out of service until restart",
             failure,
             directory=self.directory,
-            count=len(taken) + len(self._queue),
+            count=len(covered) + sum(isinstance(item, _Append) for item in queued),
         )
         error = LogFailedError(
-            f"write or fsync failed in {self.directory}: {failure.getErrorMessage()}"
+            f"a write, fsync or seal failed in {self.directory}: {failure.getErrorMessage()}"
         )
-        queued, self._queue = list(self._queue), deque()
-        self._parked_records = 0
-        for item in [*taken, *queued]:
+        for item in [*covered, *queued]:
             item.deferred.errback(error)
-        self._job_running = False
-        self._after_job()
 
     def _control_done(self, result: object, control: _Control) -> None:
         if isinstance(result, Failure):
@@ -599,6 +686,7 @@ class RangeLog:
             return fail(LogClosedError(f"{self.directory} is closed"))
         control = _Control(start)
         self._queue.append(control)
+        self._queued_controls += 1
         self._kick()
         return control.deferred
 
@@ -616,8 +704,16 @@ class RangeLog:
             if active is None or active.readable_end == 0 or active.damage is not None:
                 return succeed(None)
             plan, seal = self._seal_plan(active)
-            return self._executor.run(_write_seal, self._fs, plan).addCallback(
-                lambda _: self._apply_seal(active, seal)
+            rolled = self._executor.run(
+                _roll_job, self._fs, self.directory, plan, self._segment_path(seal.next_offset)
+            )
+
+            def failed(failure: Failure) -> Failure:
+                self._take_out_of_service(failure, [])
+                return failure
+
+            return rolled.addCallbacks(
+                lambda writer: self._apply_seal(active, seal, writer), failed
             )
 
         return self._run_control(start)  # type: ignore[return-value]
@@ -629,13 +725,17 @@ class RangeLog:
         return self._segments[slot]
 
     def delete_segment(self, base_offset: int) -> Deferred[None]:
-        """Delete a segment that is no longer appended to (retention, or repair of a copy)."""
+        """Delete a segment that is no longer appended to (retention, or repair of a copy).
+
+        The last segment of a range is never deleted: its file name (or seal) is where the
+        range's end offset survives a restart.
+        """
 
         def start() -> Deferred[object]:
             segment = self._find(base_offset)
-            if segment is self._active:
+            if segment is self._segments[-1]:
                 raise SegmentStateError(
-                    f"{segment.path} is the active segment; it cannot be deleted"
+                    f"{segment.path} is the last segment of its range; it cannot be deleted"
                 )
             if segment.reader is not None:
                 segment.reader.close()
@@ -650,6 +750,9 @@ class RangeLog:
     def trim(self, base_offset: int, byte_size: int) -> Deferred[SegmentInfo]:
         """Cut an unsealed copy back to ``byte_size``: bytes past a sealed length were never
         acknowledged. Refused on a copy with its own seal marker and on rot before that length.
+        Rot past the length is in bytes the sealed segment never held, and goes with them.
+        Trimming to 0 bytes removes the copy's files. Appends made before the trim go first;
+        appends made while it is pending are refused (they would hold offsets past its end).
         """
 
         def start() -> Deferred[object]:
@@ -671,12 +774,16 @@ class RangeLog:
             if segment.writer is not None:
                 segment.writer.close()
                 segment.writer = None
+            if segment.reader is not None:
+                segment.reader.close()
+                segment.reader = None
             if segment is self._active:
                 self._active = None
             segment.state = SegmentState.CLOSED
+            # Reads must not reach bytes the trim is about to cut.
+            segment.readable_end = byte_size
 
             def trimmed(batches: list[BatchInfo]) -> SegmentInfo:
-                segment.readable_end = byte_size
                 segment.next_offset = segment.end_offset = (
                     batches[-1].next_offset if batches else segment.base_offset
                 )
@@ -684,13 +791,26 @@ class RangeLog:
                 segment.damage = None
                 if segment is self._segments[-1]:
                     self._next_offset = self._durable_offset = segment.next_offset
-                return segment.info()
+                info = segment.info()
+                if byte_size == 0:
+                    slot = self._segments.index(segment)
+                    del self._segments[slot]
+                    del self._bases[slot]
+                return info
 
             return self._executor.run(
                 _trim_job, self._fs, segment.path, base_offset, byte_size
             ).addCallback(trimmed)
 
-        return self._run_control(_guarded(start))  # type: ignore[return-value]
+        def finished(result: object) -> object:
+            self._pending_trims -= 1
+            return result
+
+        trimming = self._run_control(_guarded(start))
+        if not trimming.called:
+            self._pending_trims += 1
+            trimming.addBoth(finished)
+        return trimming  # type: ignore[return-value]
 
     # -- verification ------------------------------------------------------------------------
 
@@ -700,20 +820,21 @@ class RangeLog:
         Never changes the file. Damage found is reported as an integrity event, and reads of
         the segment stop before it from then on.
         """
-        try:
+
+        def start() -> Deferred[object]:
             segment = self._find(base_offset)
-        except SegmentNotFoundError:
-            return fail()
-        limit = None if segment.state is not SegmentState.ACTIVE else segment.readable_end
+            limit = None if segment.state is not SegmentState.ACTIVE else segment.readable_end
 
-        def checked(result: Verification) -> Verification:
-            if result.damage is not None:
-                self._found_damage(segment, result.damage)
-            return result
+            def checked(result: Verification) -> Verification:
+                if result.damage is not None:
+                    self._found_damage(segment, result.damage)
+                return result
 
-        return self._executor.run(
-            _verify_job, self._fs, segment.path, limit, base_offset, segment.seal
-        ).addCallback(checked)
+            return self._executor.run(
+                _verify_job, self._fs, segment.path, limit, base_offset, segment.seal
+            ).addCallback(checked)
+
+        return self._run_control(_guarded(start))  # type: ignore[return-value]
 
     def _found_damage(self, segment: Segment, damage: Damage) -> None:
         segment.readable_end = min(segment.readable_end, damage.position)
@@ -758,11 +879,6 @@ class RangeLog:
         return segment.reader
 
     def _index_entry(self, segment: Segment, offset: int) -> IndexEntry:
-        if segment.index is None:
-            if segment.seal is not None and segment.damage is None:
-                log.warn("Index of {path} is missing or damaged; rebuilding it", path=segment.path)
-            data = self._reader(segment).read(0, segment.readable_end)
-            segment.index = build_index(scan_batches(data, 0, segment.base_offset).batches)
         entries = segment.index
         slot = bisect.bisect_right(entries, offset, key=lambda entry: entry.offset) - 1
         return entries[slot] if slot >= 0 else IndexEntry(segment.base_offset, 0)
@@ -777,11 +893,17 @@ class RangeLog:
         """
         entry = self._index_entry(segment, offset)
         position, expected = entry.position, entry.offset
-        window = max(_READ_WINDOW, want_bytes)
+        # Start small (a read often wants a few records) and grow towards what was asked for.
+        window = _FIRST_READ_WINDOW
         while position < segment.readable_end:
-            data = self._reader(segment).read(
-                position, min(window, segment.readable_end - position)
-            )
+            wanted = min(window, segment.readable_end - position)
+            data = self._reader(segment).read(position, wanted)
+            if len(data) < wanted:
+                # The file is shorter than the bytes it verified or was sealed with: acknowledged
+                # bytes are gone (truncated or deleted under the broker).
+                self._found_damage(segment, Damage(position + len(data), DamageReason.SIZE))
+                data = data[: segment.readable_end - position]
+            window = min(2 * window, max(want_bytes, _READ_WINDOW))
             view = memoryview(data)
             scan = scan_batches(view, 0, expected)
             for batch in scan.batches:
@@ -795,7 +917,7 @@ class RangeLog:
                 continue
             if damage.torn and window_start + len(data) < segment.readable_end:
                 # The read window ended inside a batch; read that batch whole next time.
-                needed = header_length(data[scan.end :]) or BATCH_HEADER_SIZE
+                needed = batch_length(data[scan.end :]) or BATCH_HEADER_SIZE
                 window = max(window, needed)
                 continue
             if not (damage.torn and segment.damage is not None):

@@ -3,6 +3,7 @@
 Layout::
 
     <data dir>/FORMAT                       "logbroker storage format 1\\n"
+    <data dir>/LOCK                         held (flock) by the broker using the directory
     <data dir>/ranges/<range name>/         one directory per range (names may nest: topic/range)
         00000000000000000000.log            segment files, named by zero-padded base offset
         00000000000000000000.index          sparse index, written at seal
@@ -16,14 +17,20 @@ from __future__ import annotations
 
 import re
 
+from twisted.logger import Logger
+
 from logbroker.storage._format import FORMAT_VERSION
 from logbroker.storage._fs import FileSystem
+from logbroker.storage._segment import is_segment_file
 from logbroker.storage.errors import FormatTooNewError, NotADataDirectoryError, StorageError
 
 FORMAT_FILE = "FORMAT"
+LOCK_FILE = "LOCK"
 RANGES_DIR = "ranges"
 _MARKER = re.compile(rb"^logbroker storage format (\d+)\n$")
 _NAME_PART = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+log = Logger()
 
 
 def _marker(version: int) -> bytes:
@@ -42,14 +49,17 @@ def check_range_name(name: str) -> str:
 class DataDirectory:
     """A data directory whose format this build reads; open with ``DataDirectory.open``."""
 
-    def __init__(self, path: str, fs: FileSystem) -> None:
+    def __init__(self, path: str, fs: FileSystem, lock: object | None = None) -> None:
         self.path = path
         self._fs = fs
+        #: Held while this object lives, when opened for writing.
+        self._lock = lock
 
     @classmethod
     def open(cls, path: str, fs: FileSystem, *, create: bool = True) -> DataDirectory:
         """Check the format marker; write it into a new or empty directory if ``create``.
 
+        Opened with ``create`` (for writing), the directory is locked against a second broker.
         Blocking: call it at startup, before anything serves.
         """
         marker_path = f"{path}/{FORMAT_FILE}"
@@ -68,21 +78,34 @@ class DataDirectory:
                 )
             if found > FORMAT_VERSION:
                 raise FormatTooNewError(path, found, FORMAT_VERSION)
-            return cls(path, fs)
+            return cls(path, fs, cls._lock_for_writing(path, fs) if create else None)
         if not create or (fs.exists(path) and fs.list_dir(path)):
             raise NotADataDirectoryError(
                 f"{path} holds files but no {FORMAT_FILE} marker: it is not a logbroker data "
                 "directory; refusing to write into it"
             )
         fs.make_dirs(path)
+        lock = cls._lock_for_writing(path, fs)
         fs.write_atomic(marker_path, _marker(FORMAT_VERSION))
-        return cls(path, fs)
+        return cls(path, fs, lock)
+
+    @staticmethod
+    def _lock_for_writing(path: str, fs: FileSystem) -> object:
+        try:
+            return fs.lock(f"{path}/{LOCK_FILE}")
+        except BlockingIOError:
+            raise StorageError(
+                f"data directory {path} is in use by another logbroker process; stop it, or "
+                "point SVC_DATA_DIR elsewhere"
+            ) from None
 
     def range_path(self, name: str) -> str:
         return f"{self.path}/{RANGES_DIR}/{check_range_name(name)}"
 
     def range_names(self) -> list[str]:
-        """Every range directory present (a directory under ``ranges/`` with no subdirectory)."""
+        """Every range directory present under ``ranges/``: one holding segment files, or one
+        with no subdirectory. A directory whose name is not a valid range name part (say,
+        ``lost+found``) is skipped with a warning, not taken for a range."""
         root = f"{self.path}/{RANGES_DIR}"
         if not self._fs.exists(root):
             return []
@@ -90,14 +113,22 @@ class DataDirectory:
 
         def walk(relative: str) -> None:
             directory = f"{root}/{relative}" if relative else root
-            children = [
-                name
-                for name in self._fs.list_dir(directory)
-                if self._fs.is_dir(f"{directory}/{name}")
-            ]
-            if relative and not children:
+            children = []
+            has_segments = False
+            for name in self._fs.list_dir(directory):
+                if self._fs.is_dir(f"{directory}/{name}"):
+                    children.append(name)
+                elif is_segment_file(name):
+                    has_segments = True
+            if relative and (has_segments or not children):
                 found.append(relative)
             for child in sorted(children):
+                if not _NAME_PART.match(child) or child in (".", ".."):
+                    log.warn(
+                        "Ignoring {path}: not a valid range name",
+                        path=f"{directory}/{child}",
+                    )
+                    continue
                 walk(f"{relative}/{child}" if relative else child)
 
         walk("")

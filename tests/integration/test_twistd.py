@@ -66,7 +66,7 @@ def test_twistd_recovers_the_data_directory_and_stops_cleanly(tmp_path: Path) ->
     # After a clean shutdown twistd re-raises the signal it stopped on, as init systems expect.
     assert broker.returncode == -signal.SIGTERM, output
     assert "Server Shut Down" in output
-    assert "1 ranges recovered" in output
+    assert "1 ranges in" in output
     assert "Torn tail" in output
     assert "every range flushed and fsynced" in output
     assert (range_dir / f"{0:020d}.log").stat().st_size == 0
@@ -96,3 +96,31 @@ def test_twistd_names_a_bad_setting_and_exits_with_status_2(tmp_path: Path) -> N
 
     assert broker.returncode == 2
     assert "SVC_SEGMENT_MAX_BYTES='64MB' is invalid" in broker.stderr
+
+
+def test_twistd_exits_with_status_1_when_a_range_cannot_be_recovered(tmp_path: Path) -> None:
+    range_dir = tmp_path / "data" / "ranges" / "t" / "0"
+    range_dir.mkdir(parents=True)
+    (tmp_path / "data" / "FORMAT").write_text("logbroker storage format 1\n")
+    (range_dir / f"{0:020d}.log").symlink_to(tmp_path / "gone")
+
+    broker = run_twistd(tmp_path)
+    output, _ = broker.communicate(timeout=60)
+
+    assert broker.returncode == 1, output
+    assert "storage recovery failed" in output
+    assert f"{0:020d}.log" in output
+
+
+def test_a_second_broker_on_the_same_data_directory_is_refused(tmp_path: Path) -> None:
+    first = run_twistd(tmp_path)
+    try:
+        wait_for_line(first, "Storage ready")
+        second = run_twistd(tmp_path)
+        output, _ = second.communicate(timeout=60)
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+
+    assert second.returncode == 1, output
+    assert "in use by another logbroker process" in output

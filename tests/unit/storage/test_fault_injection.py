@@ -273,7 +273,7 @@ def test_failed_fsync_fails_the_job_and_everything_behind_it_and_takes_the_log_d
     assert failure_of(h.log.roll()).check(LogFailedError)
     assert not h.executor.pending
     assert [formatEvent(event).split(";")[0] for event in logged_errors] == [
-        f"Write or fsync failed in {RANGE_DIR}"
+        f"A write, fsync or seal failed in {RANGE_DIR}"
     ]
     logged_errors.clear()
     assert fs.size(segment_path(0)) > fs.durable_size(segment_path(0)), "written, not fsynced"

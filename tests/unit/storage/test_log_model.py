@@ -343,7 +343,7 @@ class LogModel(RuleBasedStateMachine):
             self.fs.failing_syncs = 0
             self.failure_expected = False
             if log.failed:
-                failures = [e for e in self.logged_errors if "fsync failed" in formatEvent(e)]
+                failures = [e for e in self.logged_errors if "seal failed" in formatEvent(e)]
                 assert len(failures) == 1, self.logged_errors
                 self.logged_errors.remove(failures[0])
         durable: dict[str, bytes] = {}

@@ -18,6 +18,7 @@ from logbroker.storage import (
     LogConfig,
     NotADataDirectoryError,
     SegmentState,
+    StorageError,
 )
 from logbroker.storage._format import BATCH_HEADER_SIZE, encode_batch
 from logbroker.testing import MemoryFileSystem
@@ -332,7 +333,7 @@ def test_new_data_directory_gets_a_format_marker_and_lists_its_ranges() -> None:
 
     assert fs.read_file("/data/FORMAT") == b"logbroker storage format 1\n"
     assert data_dir.range_names() == ["topic/0"]
-    assert DataDirectory.open("/data", fs).range_path("topic/0") == RANGE_DIR
+    assert DataDirectory.open("/data", fs, create=False).range_path("topic/0") == RANGE_DIR
     with pytest.raises(ValueError, match="invalid range name"):
         data_dir.range_path("../escape")
 
@@ -395,3 +396,25 @@ def test_rot_in_the_length_and_a_record_of_an_early_batch_is_never_truncated(
     expect_errors(logged_errors, 1)
     # Batches 1..4 after the damage still verify: their offsets are never handed out again.
     assert result_of(reopened.append([record(9)])).base_offset == 5
+
+
+def test_a_data_directory_in_use_by_another_broker_is_refused() -> None:
+    fs = MemoryFileSystem()
+    held = DataDirectory.open("/data", fs)
+
+    with pytest.raises(StorageError, match="in use by another logbroker process"):
+        DataDirectory.open("/data", fs)
+    assert DataDirectory.open("/data", fs, create=False).path == "/data"
+    del held
+    assert DataDirectory.open("/data", fs).path == "/data"
+
+
+def test_ranges_are_found_at_any_depth_and_stray_directories_are_skipped() -> None:
+    fs = MemoryFileSystem()
+    data_dir = DataDirectory.open("/data", fs)
+    for name in ("orders", "orders/0", "audit/eu/1"):
+        fs.make_dirs(f"/data/ranges/{name}")
+    fs.write_atomic("/data/ranges/orders/00000000000000000000.log", encode_batch(0, [record(0)]))
+    fs.make_dirs("/data/ranges/lost+found")
+
+    assert data_dir.range_names() == ["audit/eu/1", "orders", "orders/0"]

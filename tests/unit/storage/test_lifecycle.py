@@ -1,0 +1,244 @@
+"""Segment lifecycle under faults and odd calls: seal, roll, trim, delete, verify, reads of files
+that shrank, and the range end surviving a restart."""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from crc32c import crc32c
+from twisted.internet.task import Clock
+
+from logbroker.storage import (
+    DamageReason,
+    IntegrityEvent,
+    InvalidBatchError,
+    LogConfig,
+    LogFailedError,
+    RangeLog,
+    SegmentInfo,
+    SegmentState,
+    SegmentStateError,
+)
+from logbroker.storage._format import encode_batch, scan_batches
+from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
+from tests.unit.storage.helpers import (
+    RANGE_DIR,
+    append_each,
+    failure_of,
+    offsets,
+    open_log,
+    record,
+    result_of,
+    result_of_running,
+    segment_path,
+)
+
+
+def test_a_failed_seal_takes_the_range_out_of_service_and_never_writes_through_a_closed_file(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1  # the index of the seal cannot be written
+
+    assert failure_of(log.roll()).check(OSError)
+
+    assert log.failed
+    assert failure_of(log.append([record(2)])).check(LogFailedError)
+    assert len(logged_errors) == 1
+    logged_errors.clear()
+    result_of(log.close())  # closes each file exactly once (a second close would raise)
+    reopened = open_log(fs)
+    assert offsets(reopened) == [0, 1]
+    assert result_of(reopened.append([record(2)])).base_offset == 2
+
+
+def test_an_automatic_roll_that_fails_fails_the_appends_it_carried(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, LogConfig(roll_bytes=200))
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1
+
+    failed = log.append([record(2), record(3)])
+
+    assert failure_of(failed).check(LogFailedError)
+    assert log.failed
+    assert len(logged_errors) == 1
+    logged_errors.clear()
+    result_of(log.close())
+
+
+def test_every_seal_is_reported_with_its_count_and_size() -> None:
+    sealed: list[SegmentInfo] = []
+    log = result_of(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=MemoryFileSystem(),
+            clock=Clock(),
+            executor=ImmediateExecutor(),
+            config=LogConfig(roll_bytes=200),
+            on_sealed=sealed.append,
+        )
+    )
+    append_each(log, 0, 4)  # size-triggered rolls
+    manual = result_of(log.roll())
+
+    assert manual in sealed
+    assert [s.base_offset for s in sealed] == [s.base_offset for s in log.segments()[:-1]]
+    assert all(s.state is SegmentState.SEALED and s.record_count >= 1 for s in sealed)
+    assert sum(s.record_count for s in sealed) == 4
+
+
+def test_the_range_end_survives_a_restart_after_every_sealed_segment_is_deleted() -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 3)
+    result_of(log.roll())
+    append_each(log, 3, 3)
+    result_of(log.roll())
+
+    result_of(log.delete_segment(0))
+    result_of(log.delete_segment(3))
+    assert failure_of(log.delete_segment(6)).check(SegmentStateError)  # the last one stays
+    result_of(log.close())
+
+    reopened = open_log(fs)
+    assert (reopened.start_offset, reopened.end_offset) == (6, 6)
+    assert result_of(reopened.append([record(6)])).base_offset == 6
+
+
+def test_appends_made_while_a_trim_is_pending_are_refused() -> None:
+    fs = MemoryFileSystem()
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor), executor
+    )
+    result_of_running(log.append([record(n) for n in range(3)]), executor)
+    size = fs.size(segment_path(0))
+    result_of_running(log.append([record(3)]), executor)
+
+    before = log.append([record(4)])
+    trim = log.trim(0, size)
+    during = log.append([record(5)])
+    executor.run_all()
+
+    assert result_of(before).base_offset == 4
+    assert failure_of(during).check(SegmentStateError)
+    assert result_of(trim).record_count == 3
+    assert log.end_offset == 3
+    assert result_of_running(log.append([record(3)]), executor).base_offset == 3
+    assert offsets(log) == [0, 1, 2, 3]
+
+
+def test_trim_to_nothing_removes_the_copy_and_its_offsets_start_again_in_a_new_file() -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 2)  # never sealed by a quorum: the sealed length is 0
+
+    trimmed = result_of(log.trim(0, 0))
+
+    assert (trimmed.record_count, trimmed.byte_size) == (0, 0)
+    assert fs.files() == []
+    assert result_of(log.append([record(9)])).base_offset == 0
+    assert [stored.record for stored in log.read(0)] == [record(9)]
+    assert [s.base_offset for s in log.segments()] == [0]
+
+
+def test_a_new_segment_never_reuses_an_existing_file(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    fs.make_dirs(RANGE_DIR)
+    fs.write_atomic(segment_path(0), b"")
+    fs.write_atomic(segment_path(0, ".sealed"), b"not a seal marker")
+
+    log = open_log(fs)  # the unreadable marker closes the empty copy
+    assert [event["reason"] for event in logged_errors] == ["metadata"]
+    logged_errors.clear()
+    logged = result_of(log.append([record(0)]))
+
+    assert logged.base_offset == 1
+    assert fs.size(segment_path(0)) == 0
+    assert offsets(log, 1) == [1]
+
+
+def test_reads_of_a_sealed_file_that_shrank_under_the_broker_stop_and_report_it(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    events: list[IntegrityEvent] = []
+    log = open_log(fs, events=events)
+    append_each(log, 0, 5)
+    result_of(log.roll())
+    batches = scan_batches(fs.read_file(segment_path(0))).batches
+    fs.write_atomic(segment_path(0), fs.read_file(segment_path(0))[: batches[3].position])
+
+    assert offsets(log) == [0, 1, 2]  # returns, never spins
+    assert [(e.reason, e.position, e.counted) for e in events] == [
+        (DamageReason.SIZE, batches[3].position, True)
+    ]
+    assert len(logged_errors) == 1
+    logged_errors.clear()
+
+
+def test_verify_waits_its_turn_behind_writes() -> None:
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(RANGE_DIR, fs=MemoryFileSystem(), clock=Clock(), executor=executor),
+        executor,
+    )
+    result_of_running(log.append([record(0)]), executor)
+    log.append([record(1)])
+
+    verified = log.verify_segment(0)
+
+    assert [job.__name__ for job, _, _ in executor.pending] == ["_write_job"]
+    executor.run_all()
+    assert result_of(verified).record_count == 2
+
+
+def test_one_fsync_carries_at_most_flush_max_records() -> None:
+    fs = MemoryFileSystem()
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=fs,
+            clock=Clock(),
+            executor=executor,
+            config=LogConfig(flush_max_records=10),
+        ),
+        executor,
+    )
+    log.append([record(0)])
+    for number in range(1, 51):
+        log.append([record(number)])
+
+    executor.run_all()
+
+    syncs = [entry for entry in fs.journal if entry.operation == "sync"]
+    sizes = [b.record_count for b in scan_batches(fs.read_file(segment_path(0))).batches]
+    assert sum(sizes) == 51
+    assert len(syncs) == 6  # 1, then 10 at a time
+    assert offsets(log) == list(range(51))
+
+
+def test_peer_batches_are_checked_record_by_record() -> None:
+    log = open_log(MemoryFileSystem())
+    honest = encode_batch(0, [record(0), record(1)])
+    # A batch whose checksum is right but whose second record names offset 7.
+    lying = encode_batch(0, [record(0)]) + encode_batch(7, [record(1)])[24:]
+    forged = _rechecksummed_batch(lying, base_offset=0, count=2)
+
+    assert failure_of(log.append_raw(0, forged)).check(InvalidBatchError)
+    assert result_of(log.append_raw(0, honest)).next_offset == 2
+
+
+def _rechecksummed_batch(frames: bytes, base_offset: int, count: int) -> bytes:
+    body = frames[24:]
+    head = struct.pack(">2sBBIQI", b"LB", 1, 0, 24 + len(body), base_offset, count)
+    return struct.pack(">I", crc32c(head + body)) + head + body
