@@ -100,6 +100,9 @@ class _CountingFileSystem(OsFileSystem):
     def open_append(self, path: str) -> AppendFile:
         return _CountingAppendFile(super().open_append(path), self)
 
+    def create_append(self, path: str) -> AppendFile:
+        return _CountingAppendFile(super().create_append(path), self)
+
 
 class _ClosedLoop:
     """Keeps ``concurrency`` appends outstanding until the measured window has passed."""
