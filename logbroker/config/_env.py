@@ -1,3 +1,7 @@
+"""Parsing ``SVC_*`` environment variables: each bad value is a ``ConfigError`` that names the
+variable, the value and what was expected. (Warnings about unknown ``SVC_*`` names come with the
+full broker configuration, once every variable of the spec is parsed.)"""
+
 from __future__ import annotations
 
 import os

@@ -363,7 +363,8 @@ class RangeLog:
 
     @property
     def end_offset(self) -> int:
-        """The offset after the last durable record: what a reader can reach."""
+        """The offset after the last durable record: reads reach up to here, except past rot
+        (records after damage are durable but unreadable in this copy)."""
         return self._durable_offset
 
     @property
