@@ -216,6 +216,8 @@ class RecoveredLog:
     events: list[IntegrityEvent]
     removed: list[str]
     truncated: list[tuple[str, int, int]]
+    #: Things recovery worked around that an operator should hear about.
+    notes: list[str]
 
 
 def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[str]], list[str]]:
@@ -232,7 +234,13 @@ def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[s
 
 
 def _recover_sealed(
-    fs: FileSystem, path: str, base: int, seal: Seal, stem_path: str, has_index: bool
+    fs: FileSystem,
+    path: str,
+    base: int,
+    seal: Seal,
+    stem_path: str,
+    has_index: bool,
+    notes: list[str],
 ) -> tuple[Segment, list[IntegrityEvent]]:
     size = fs.size(path)
     events = []
@@ -249,9 +257,13 @@ def _recover_sealed(
         except ValueError:
             index = None
     if index is None:
-        # Not data damage: the index is derived. Rebuild it from the log and put it back.
+        # Not data damage: the index is derived. Rebuild it from the log and try to put it back
+        # (a full disk must not stop recovery for want of a file it can do without).
         index = build_index(scan_batches(fs.read_file(path)[:readable_end], 0, base).batches)
-        fs.write_atomic(stem_path + INDEX_SUFFIX, encode_index(base, index))
+        try:
+            fs.write_atomic(stem_path + INDEX_SUFFIX, encode_index(base, index))
+        except OSError as error:
+            notes.append(f"could not write the rebuilt index of {path}: {error}")
     # A short sealed copy's readable next offset is only known once it is scanned; reads find out.
     next_offset = seal.next_offset if damage is None else base
     segment = Segment(
@@ -316,6 +328,7 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
     segments: list[Segment] = []
     events: list[IntegrityEvent] = []
     truncated = []
+    notes: list[str] = []
     for base in sorted(groups):
         kinds = groups[base]
         stem_path = f"{directory}/{segment_stem(base)}"
@@ -335,7 +348,9 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
             except ValueError:
                 events.append(IntegrityEvent(DamageReason.METADATA, path, base, 0, True))
         if seal is not None:
-            segment, found = _recover_sealed(fs, path, base, seal, stem_path, "index" in kinds)
+            segment, found = _recover_sealed(
+                fs, path, base, seal, stem_path, "index" in kinds, notes
+            )
         else:
             segment, found, cut = _recover_unsealed(fs, path, base, "sealed" in kinds)
             if cut is not None:
@@ -356,4 +371,4 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
         # marker) still gives up one offset.
         last = segments[-1]
         last.end_offset = max(last.end_offset, last.base_offset + 1)
-    return RecoveredLog(segments, events, removed, truncated)
+    return RecoveredLog(segments, events, removed, truncated, notes)

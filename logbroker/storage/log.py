@@ -22,9 +22,10 @@ import bisect
 import posixpath
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import attrs
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -76,6 +77,8 @@ from logbroker.storage.errors import (
     SegmentStateError,
     StorageError,
 )
+
+_T = TypeVar("_T")
 
 DEFAULT_SEGMENT_MAX_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_BYTES = 0xFFFFFFFF
@@ -207,9 +210,12 @@ def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
     fs.sync_dir(directory)
 
 
-def _trim_job(fs: FileSystem, path: str, base_offset: int, byte_size: int) -> list[BatchInfo]:
-    if byte_size == 0:
-        # A copy that holds nothing committed is removed, not left as an empty file.
+def _trim_job(
+    fs: FileSystem, path: str, base_offset: int, byte_size: int, last: bool
+) -> list[BatchInfo]:
+    if byte_size == 0 and not last:
+        # A copy that holds nothing committed is removed, not left as an empty file; the
+        # range's last segment is kept (empty), for its name records where the range ends.
         _delete_files(fs, posixpath.dirname(path), path.removesuffix(LOG_SUFFIX))
         return []
     reader = fs.open_read(path)
@@ -283,6 +289,8 @@ class RangeLog:
             self._report(event)
         for name in recovered.removed:
             log.info("Removed leftover file {name} in {directory}", name=name, directory=directory)
+        for note in recovered.notes:
+            log.warn("Recovery of {directory}: {note}", directory=directory, note=note)
         for path, old_size, new_size in recovered.truncated:
             log.info(
                 "Recovery dropped a torn tail of {path}: {dropped} bytes after the last "
@@ -463,7 +471,8 @@ class RangeLog:
             self._queue.popleft()
             self._queued_controls -= 1
             self._job_running = True
-            head.start().addBoth(self._control_done, head)
+            # Whatever starting the operation raises fails that operation, never the queue.
+            maybeDeferred(head.start).addBoth(self._control_done, head)
             return
         if not self._flush_due():
             self._start_timer()
@@ -573,7 +582,7 @@ class RangeLog:
             size=seal.byte_size,
         )
         info = segment.info()
-        self._on_sealed(info)
+        self._call_hook(self._on_sealed, info)
         return info
 
     def _start_segment(self, base: int, writer: AppendFile) -> Segment:
@@ -746,14 +755,17 @@ class RangeLog:
             del self._bases[slot]
             return self._executor.run(_delete_files, self._fs, self.directory, segment.stem)
 
-        return self._run_control(_guarded(start))  # type: ignore[return-value]
+        return self._run_control(start)  # type: ignore[return-value]
 
     def trim(self, base_offset: int, byte_size: int) -> Deferred[SegmentInfo]:
         """Cut an unsealed copy back to ``byte_size``: bytes past a sealed length were never
-        acknowledged. Refused on a copy with its own seal marker and on rot before that length.
-        Rot past the length is in bytes the sealed segment never held, and goes with them.
-        Trimming to 0 bytes removes the copy's files. Appends made before the trim go first;
-        appends made while it is pending are refused (they would hold offsets past its end).
+        acknowledged. Refused, changing nothing, on a copy with its own seal marker, on rot
+        before that length, and on a length that is not the end of a verified batch. Rot past
+        the length is in bytes the sealed segment never held, and goes with them. Trimming a
+        copy to 0 bytes removes its files, except the range's last segment, which stays as an
+        empty active segment (its name records where the range ends). Appends made before the
+        trim go first; appends made while it is pending are refused (they would hold offsets
+        past its end). A trim whose I/O fails takes the range out of service.
         """
 
         def start() -> Deferred[object]:
@@ -772,12 +784,14 @@ class RangeLog:
                     f"{segment.path} holds {segment.readable_end} verified bytes, "
                     f"fewer than {byte_size}"
                 )
+            last = segment is self._segments[-1]
             if segment.writer is not None:
                 segment.writer.close()
                 segment.writer = None
             if segment.reader is not None:
                 segment.reader.close()
                 segment.reader = None
+            before = (segment.state, segment.readable_end, self._active)
             if segment is self._active:
                 self._active = None
             segment.state = SegmentState.CLOSED
@@ -790,24 +804,35 @@ class RangeLog:
                 )
                 segment.index = build_index(batches)
                 segment.damage = None
-                if segment is self._segments[-1]:
+                if last:
                     self._next_offset = self._durable_offset = segment.next_offset
+                if byte_size == 0 and last:
+                    segment.state = SegmentState.ACTIVE
+                    self._active = segment
                 info = segment.info()
-                if byte_size == 0:
+                if byte_size == 0 and not last:
                     slot = self._segments.index(segment)
                     del self._segments[slot]
                     del self._bases[slot]
                 return info
 
+            def failed(failure: Failure) -> Failure:
+                if isinstance(failure.value, SegmentStateError):
+                    # Refused before the file was touched: nothing changed.
+                    segment.state, segment.readable_end, self._active = before
+                else:
+                    self._take_out_of_service(failure, [])
+                return failure
+
             return self._executor.run(
-                _trim_job, self._fs, segment.path, base_offset, byte_size
-            ).addCallback(trimmed)
+                _trim_job, self._fs, segment.path, base_offset, byte_size, last
+            ).addCallbacks(trimmed, failed)
 
         def finished(result: object) -> object:
             self._pending_trims -= 1
             return result
 
-        trimming = self._run_control(_guarded(start))
+        trimming = self._run_control(start)
         if not trimming.called:
             self._pending_trims += 1
             trimming.addBoth(finished)
@@ -835,7 +860,7 @@ class RangeLog:
                 _verify_job, self._fs, segment.path, limit, base_offset, segment.seal
             ).addCallback(checked)
 
-        return self._run_control(_guarded(start))  # type: ignore[return-value]
+        return self._run_control(start)  # type: ignore[return-value]
 
     def _found_damage(self, segment: Segment, damage: Damage) -> None:
         segment.readable_end = min(segment.readable_end, damage.position)
@@ -870,7 +895,14 @@ class RangeLog:
                 segment=event.segment,
                 position=event.position,
             )
-        self._on_integrity_event(event)
+        self._call_hook(self._on_integrity_event, event)
+
+    def _call_hook(self, hook: Callable[[_T], None], value: _T) -> None:
+        """Tell the owner of this log something; a failing hook is logged, never fatal here."""
+        try:
+            hook(value)
+        except Exception:
+            log.failure("A storage hook failed in {directory}", directory=self.directory)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -916,14 +948,21 @@ class RangeLog:
             window_start, position = position, position + scan.end
             if damage is None:
                 continue
-            if damage.torn and window_start + len(data) < segment.readable_end:
-                # The read window ended inside a batch; read that batch whole next time.
+            if damage.torn:
                 needed = batch_length(data[scan.end :]) or BATCH_HEADER_SIZE
-                window = max(window, needed)
-                continue
-            if not (damage.torn and segment.damage is not None):
-                # (A batch cut short at the readable end of a known-damaged copy is that same
-                # damage seen again, not a new finding.)
+                if (
+                    needed > len(data) - scan.end
+                    and window_start + len(data) < segment.readable_end
+                ):
+                    # The read window ended inside a batch; read that batch whole next time.
+                    window = max(window, needed)
+                    continue
+                # Every byte below the readable end was verified when it was written or
+                # recovered, so a frame that now looks cut short, or zeros, is rot: unless it
+                # is only the known damage of this copy, seen again at its readable end.
+                if segment.damage is None:
+                    damage = Damage(damage.position, DamageReason.HEADER)
+            if not damage.torn:
                 self._found_damage(segment, Damage(window_start + damage.position, damage.reason))
             # Records of the damaged batch that end before the damage still verify on their own.
             stop = min(len(data), segment.readable_end - window_start)
@@ -1011,15 +1050,3 @@ class RangeLog:
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:
             waiter.callback(None)
-
-
-def _guarded(start: Callable[[], Deferred[object]]) -> Callable[[], Deferred[object]]:
-    """Turn an exception raised while starting a control job into a failed Deferred."""
-
-    def run() -> Deferred[object]:
-        try:
-            return start()
-        except StorageError:
-            return fail()
-
-    return run

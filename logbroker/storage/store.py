@@ -79,7 +79,8 @@ class DataDirectory:
             if found > FORMAT_VERSION:
                 raise FormatTooNewError(path, found, FORMAT_VERSION)
             return cls(path, fs, cls._lock_for_writing(path, fs) if create else None)
-        if not create or (fs.exists(path) and fs.list_dir(path)):
+        # A LOCK alone is left by a first start that stopped before writing the marker.
+        if not create or (fs.exists(path) and set(fs.list_dir(path)) - {LOCK_FILE}):
             raise NotADataDirectoryError(
                 f"{path} holds files but no {FORMAT_FILE} marker: it is not a logbroker data "
                 "directory; refusing to write into it"

@@ -134,18 +134,120 @@ def test_appends_made_while_a_trim_is_pending_are_refused() -> None:
     assert offsets(log) == [0, 1, 2, 3]
 
 
-def test_trim_to_nothing_removes_the_copy_and_its_offsets_start_again_in_a_new_file() -> None:
+def test_trim_to_nothing_keeps_the_last_segment_empty_so_the_range_end_survives() -> None:
     fs = MemoryFileSystem()
     log = open_log(fs)
-    append_each(log, 0, 2)  # never sealed by a quorum: the sealed length is 0
+    append_each(log, 0, 3)
+    result_of(log.roll())
+    append_each(log, 3, 2)  # never sealed by a quorum: this copy's sealed length is 0
+    result_of(log.delete_segment(0))
 
-    trimmed = result_of(log.trim(0, 0))
+    trimmed = result_of(log.trim(3, 0))
 
     assert (trimmed.record_count, trimmed.byte_size) == (0, 0)
-    assert fs.files() == []
-    assert result_of(log.append([record(9)])).base_offset == 0
-    assert [stored.record for stored in log.read(0)] == [record(9)]
-    assert [s.base_offset for s in log.segments()] == [0]
+    assert fs.files() == [segment_path(3)]
+    assert fs.size(segment_path(3)) == 0
+    result_of(log.close())
+    reopened = open_log(fs)
+    assert reopened.end_offset == 3
+    assert result_of(reopened.append([record(9)])).base_offset == 3
+    assert [stored.record for stored in reopened.read(3)] == [record(9)]
+
+
+def test_trim_to_nothing_removes_a_copy_that_is_not_the_last() -> None:
+    fs = MemoryFileSystem()
+    fs.make_dirs(RANGE_DIR)
+    fs.write_atomic(segment_path(0), encode_batch(0, [record(0)]))  # a replica copy, no marker
+    fs.write_atomic(segment_path(1), encode_batch(1, [record(1)]))
+    log = open_log(fs)
+
+    result_of(log.trim(0, 0))
+
+    assert fs.files() == [segment_path(1)]
+    assert [s.base_offset for s in log.segments()] == [1]
+    assert offsets(log, 1) == [1]
+
+
+def test_a_refused_trim_changes_nothing() -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 4)
+    size = fs.size(segment_path(0))
+
+    assert failure_of(log.trim(0, size - 5)).check(SegmentStateError)
+
+    assert fs.size(segment_path(0)) == size
+    assert offsets(log) == [0, 1, 2, 3]
+    assert log.segments()[0].state is SegmentState.ACTIVE
+    assert result_of(log.append([record(4)])).base_offset == 4
+    assert offsets(log) == [0, 1, 2, 3, 4]
+
+
+def test_a_trim_whose_io_fails_takes_the_range_out_of_service(
+    logged_errors: list[dict[str, Any]], monkeypatch: Any
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 4)
+    boundary = scan_batches(fs.read_file(segment_path(0))).batches[2].position
+
+    def broken_truncate(path: str, size: int) -> None:
+        raise OSError(5, "Input/output error (injected)", path)
+
+    monkeypatch.setattr(fs, "truncate", broken_truncate)
+    assert failure_of(log.trim(0, boundary)).check(OSError)
+
+    assert log.failed
+    assert failure_of(log.append([record(4)])).check(LogFailedError)
+    assert len(logged_errors) == 1
+    logged_errors.clear()
+
+
+def test_a_failing_seal_hook_is_logged_and_never_wedges_the_range(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    def broken_hook(info: SegmentInfo) -> None:
+        raise RuntimeError("control plane unreachable")
+
+    log = result_of(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=MemoryFileSystem(),
+            clock=Clock(),
+            executor=ImmediateExecutor(),
+            config=LogConfig(roll_bytes=200),
+            on_sealed=broken_hook,
+        )
+    )
+    append_each(log, 0, 4)  # rolls, and the hook fails each time
+
+    assert offsets(log) == [0, 1, 2, 3]
+    assert logged_errors
+    assert all("storage hook failed" in str(e.get("log_format")) for e in logged_errors)
+    logged_errors.clear()
+    result_of(log.close())
+
+
+def test_an_operation_that_fails_to_start_fails_alone(monkeypatch: Any) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 2)
+    result_of(log.roll())
+    append_each(log, 2, 1)
+    offsets(log)  # opens readers
+    segment = log._segments[0]
+    assert segment.reader is not None
+
+    def broken_close() -> None:
+        raise OSError(5, "Input/output error (injected)")
+
+    monkeypatch.setattr(segment.reader, "close", broken_close)
+    assert failure_of(log.delete_segment(0)).check(OSError)
+
+    assert result_of(log.append([record(3)])).base_offset == 3
+    assert result_of(log.verify_segment(2)).verified
+    monkeypatch.undo()
+    result_of(log.close())
 
 
 def test_a_new_segment_never_reuses_an_existing_file(
@@ -242,3 +344,28 @@ def _rechecksummed_batch(frames: bytes, base_offset: int, count: int) -> bytes:
     body = frames[24:]
     head = struct.pack(">2sBBIQI", b"LB", 1, 0, 24 + len(body), base_offset, count)
     return struct.pack(">I", crc32c(head + body)) + head + body
+
+
+def test_a_run_of_zeros_inside_a_sealed_segment_is_reported_and_reads_return(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, LogConfig(roll_bytes=400_000))
+    for first in range(0, 3000, 100):
+        result_of(log.append([record(n) for n in range(first, first + 100)]))
+    result_of(log.roll())
+    result_of(log.close())
+    data = bytearray(fs.read_file(segment_path(0)))
+    batches = scan_batches(bytes(data)).batches
+    start, end = batches[10].position, batches[20].position  # well over one read window
+    data[start:end] = bytes(end - start)
+    fs.write_atomic(segment_path(0), bytes(data))
+    reopened = open_log(fs)
+
+    # The index sends this read straight into the zeros; it used to loop there for ever.
+    assert reopened.read(1500, max_records=10, max_bytes=100) == []
+
+    assert [event["reason"] for event in logged_errors] == ["header"]
+    logged_errors.clear()
+    stored = reopened.read(900, max_records=2000, max_bytes=10**6)
+    assert [s.offset for s in stored] == list(range(900, 1000))

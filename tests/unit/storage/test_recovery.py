@@ -418,3 +418,15 @@ def test_ranges_are_found_at_any_depth_and_stray_directories_are_skipped() -> No
     fs.make_dirs("/data/ranges/lost+found")
 
     assert data_dir.range_names() == ["audit/eu/1", "orders", "orders/0"]
+
+
+def test_a_first_start_that_failed_before_writing_the_marker_can_be_retried() -> None:
+    fs = MemoryFileSystem()
+    fs.failing_atomic_writes = 1  # the FORMAT marker cannot be written
+
+    with pytest.raises(OSError, match="No space left"):
+        DataDirectory.open("/data", fs)
+
+    assert fs.read_file(DataDirectory.open("/data", fs).path + "/FORMAT") == (
+        b"logbroker storage format 1\n"
+    )
