@@ -1,19 +1,20 @@
-"""The per-range log: durable appends, reads, rolling, sealing and verification.
+"""The per-range log: durable appends, reads, rolling, sealing, trimming and verification.
 
 A ``RangeLog`` owns one range directory. It lives in the reactor thread and never blocks: every
-write, fsync, seal and scan is a job on the injected ``Executor``, and at most one job per log is
-in flight, so the file sees appends in offset order. Appends queue up while a job runs and go
-out together in the next one: one write and one fsync cover all of them (group commit). An
-append's Deferred fires only after the fsync that covers it has returned.
+write, fsync, seal, trim, delete and verification is a job on the injected ``Executor``, and at
+most one job per log is in flight, so the file sees appends in offset order. Appends queue up
+while a job runs and go out together in the next one: one write and one fsync cover all of them,
+up to ``flush_max_records`` records. An append's Deferred fires only after the fsync that covers
+it has returned.
 
-With ``group_commit`` on, an append that finds the writer idle is parked for up to
-``group_commit_interval_ms`` so that more can join it; ``flush_max_records`` parked records
-flush at once. Whether on or off, an append that would take the parked and in-flight records past
-``max_inflight_records`` fails at once with ``OverloadedError``.
+With ``group_commit`` on, an append is parked for up to ``group_commit_interval_ms`` (counted from
+when it was queued, even behind a running job) so that more can join it; ``flush_max_records``
+parked records flush at once. Whether on or off, an append that would take the parked and
+in-flight records past ``max_inflight_records`` fails at once with ``OverloadedError``.
 
-A failed write or fsync fails every append it covered and every append queued behind it, and
-takes the log out of service (``LogFailedError``): after a failed fsync the kernel may already
-have dropped the dirty pages, so nothing more is trusted until recovery reopens the log.
+A failed write, fsync, seal or trim fails every append it covered and every append queued behind
+it, and takes the log out of service (``LogFailedError``): after a failed fsync the kernel may
+already have dropped the dirty pages, so nothing more is trusted until recovery reopens the log.
 """
 
 from __future__ import annotations
