@@ -3,8 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import tempfile
+from collections.abc import Iterator
 from typing import Any
+
+DEFAULT_WORK_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".work")
 
 
 def positive_int(text: str) -> int:
@@ -41,3 +47,21 @@ def emit(as_json: bool, kind: str, result: dict[str, Any], text: str, digits: in
         print(json.dumps({"bench": kind, **rounded}), flush=True)
     else:
         print(text, flush=True)
+
+
+@contextlib.contextmanager
+def work_directory(root: str | None, prefix: str) -> Iterator[str]:
+    """A scratch directory on the disk to measure, removed afterwards.
+
+    It is made in ``root`` when given, else under ``bench/.work`` (on the project's disk, not a
+    tmpfs), which is removed too once no other benchmark is using it.
+    """
+    if root is None:
+        os.makedirs(DEFAULT_WORK_ROOT, exist_ok=True)
+    try:
+        with tempfile.TemporaryDirectory(prefix=prefix, dir=root or DEFAULT_WORK_ROOT) as workdir:
+            yield workdir
+    finally:
+        if root is None:
+            with contextlib.suppress(OSError):
+                os.rmdir(DEFAULT_WORK_ROOT)

@@ -47,7 +47,6 @@ point it at tmpfs, where fdatasync costs nothing. Linux only (``os.fdatasync``).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import statistics
@@ -57,7 +56,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from _common import batch_sizes, emit, positive_float, positive_int
+from _common import batch_sizes, emit, positive_float, positive_int, work_directory
 from fsync_ceiling import measure_ceiling
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -68,7 +67,6 @@ from logbroker.storage._format import encode_batch
 from logbroker.storage._fs import AppendFile
 
 WARMUP_SECONDS = 0.3
-DEFAULT_WORK_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".work")
 TARGET_RATIO = 0.75
 TARGET_BATCH = 1000
 
@@ -416,22 +414,12 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    root = args.dir
-    if root is None:
-        os.makedirs(DEFAULT_WORK_ROOT, exist_ok=True)
-        root = DEFAULT_WORK_ROOT
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-append-", dir=root) as workdir:
+    with work_directory(args.dir, "bench-append-") as workdir:
 
-            def run(reactor: Any) -> Deferred[None]:
-                return ensureDeferred(_run(reactor, args, workdir))
+        def run(reactor: Any) -> Deferred[None]:
+            return ensureDeferred(_run(reactor, args, workdir))
 
-            task.react(run)
-    finally:
-        if args.dir is None:
-            # Left in place while another benchmark still uses it.
-            with contextlib.suppress(OSError):
-                os.rmdir(DEFAULT_WORK_ROOT)
+        task.react(run)
 
 
 if __name__ == "__main__":

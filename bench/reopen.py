@@ -41,18 +41,16 @@ system as the working tree; ``bench/.work`` itself is removed again when left em
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Any
 
-from _common import emit, positive_int
+from _common import emit, positive_int, work_directory
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
@@ -66,7 +64,6 @@ from logbroker.storage import (
     ThreadPoolExecutor,
 )
 
-DEFAULT_WORK_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".work")
 TARGET_SECONDS = 2.0
 WRITER_CONCURRENCY = 16
 POLL_SECONDS = 0.02
@@ -357,18 +354,8 @@ def main() -> None:
 
         task.react(reopen)
 
-    root = args.dir
-    if root is None:
-        os.makedirs(DEFAULT_WORK_ROOT, exist_ok=True)
-        root = DEFAULT_WORK_ROOT
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-reopen-", dir=root) as workdir:
-            run_parent(args, workdir)
-    finally:
-        if args.dir is None:
-            # Left in place while another benchmark still uses it.
-            with contextlib.suppress(OSError):
-                os.rmdir(DEFAULT_WORK_ROOT)
+    with work_directory(args.dir, "bench-reopen-") as workdir:
+        run_parent(args, workdir)
 
 
 if __name__ == "__main__":

@@ -36,22 +36,19 @@ system as the working tree; ``bench/.work`` itself is removed again when left em
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import positive_int
+from _common import positive_int, work_directory
 
 from logbroker.storage import OsFileSystem, Record, Seal
 from logbroker.storage._format import encode_batch, verify_records_only
 from logbroker.storage._segment import LOG_SUFFIX, segment_stem, verify_segment_bytes
 
-DEFAULT_WORK_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".work")
 TARGET_GB_PER_S = 1.0
 TARGET_PATH = "batch_crc_with_read"
 
@@ -155,19 +152,9 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args()
 
-    root = args.dir
-    if root is None:
-        os.makedirs(DEFAULT_WORK_ROOT, exist_ok=True)
-        root = DEFAULT_WORK_ROOT
-    try:
-        with tempfile.TemporaryDirectory(prefix="bench-verify-", dir=root) as workdir:
-            path, seal = build_segment(workdir, args.size_mib, args.batch, args.record_bytes)
-            results = measure(path, seal, args.repeat)
-    finally:
-        if args.dir is None:
-            # Left in place while another benchmark still uses it.
-            with contextlib.suppress(OSError):
-                os.rmdir(DEFAULT_WORK_ROOT)
+    with work_directory(args.dir, "bench-verify-") as workdir:
+        path, seal = build_segment(workdir, args.size_mib, args.batch, args.record_bytes)
+        results = measure(path, seal, args.repeat)
 
     segment: dict[str, Any] = {
         "bytes": seal.byte_size,
