@@ -267,19 +267,8 @@ def run_parent(args: argparse.Namespace, workdir: str) -> None:
         {"cache": "cold" if cold else "warm", "run": "first", **first},
         f"first open after SIGKILL ({'cold' if cold else 'warm'}): {_describe(first)}",
     )
-    cold_runs: list[dict[str, Any]] = []
-    if cold:
-        for number in range(1, args.repeat + 1):
-            drop_caches()
-            run = open_in_child(directory)
-            cold_runs.append(run)
-            emit(
-                args.json,
-                "reopen",
-                {"cache": "cold", "run": number, **run},
-                f"cold {number}: {_describe(run)}",
-            )
-    elif not args.no_cold:
+    cold_runs = _timed_opens(args, directory, "cold") if cold else []
+    if not cold and not args.no_cold:
         emit(
             args.json,
             "reopen_note",
@@ -287,21 +276,29 @@ def run_parent(args: argparse.Namespace, workdir: str) -> None:
             f"cannot write {DROP_CACHES}; cold figures skipped",
         )
     open_in_child(directory)  # warm the page cache
-    warm_runs: list[dict[str, Any]] = []
-    for number in range(1, args.repeat + 1):
-        run = open_in_child(directory)
-        warm_runs.append(run)
-        emit(
-            args.json,
-            "reopen",
-            {"cache": "warm", "run": number, **run},
-            f"warm {number}: {_describe(run)}",
-        )
+    warm_runs = _timed_opens(args, directory, "warm")
     if not args.json:
         print()
     if cold_runs:
         _summary(args, "cold", cold_runs)
     _summary(args, "warm", warm_runs)
+
+
+def _timed_opens(args: argparse.Namespace, directory: str, cache: str) -> list[dict[str, Any]]:
+    """Open the range ``--repeat`` times in fresh processes; for ``cold``, drop caches first."""
+    runs = []
+    for number in range(1, args.repeat + 1):
+        if cache == "cold":
+            drop_caches()
+        run = open_in_child(directory)
+        runs.append(run)
+        emit(
+            args.json,
+            "reopen",
+            {"cache": cache, "run": number, **run},
+            f"{cache} {number}: {_describe(run)}",
+        )
+    return runs
 
 
 def main() -> None:
