@@ -20,11 +20,9 @@ from logbroker.config import StorageSettings
 from logbroker.storage import (
     DataDirectory,
     FileSystem,
-    IntegrityEvent,
     LogConfig,
     OsFileSystem,
     RangeLog,
-    SegmentInfo,
     ThreadPoolExecutor,
 )
 
@@ -47,8 +45,6 @@ class StorageService(Service):
         self._log_config = log_config
         self._executor = ThreadPoolExecutor(reactor)
         self.logs: dict[str, RangeLog] = {}
-        self.integrity_events: list[IntegrityEvent] = []
-        self.sealed: list[SegmentInfo] = []
 
     def recover(self) -> None:
         """Recover every range of the data directory, in this thread. Blocking: call it before
@@ -61,8 +57,6 @@ class StorageService(Service):
                 clock=self._reactor,
                 executor=self._executor,
                 config=self._log_config,
-                on_integrity_event=self.integrity_events.append,
-                on_sealed=self.sealed.append,
             )
         log.info(
             "Storage recovered in {path}: {ranges} ranges in {seconds:.3f} s",
@@ -84,8 +78,6 @@ class StorageService(Service):
             clock=self._reactor,
             executor=self._executor,
             config=self._log_config,
-            on_integrity_event=self.integrity_events.append,
-            on_sealed=self.sealed.append,
         ).addCallback(opened)
 
     def startService(self) -> None:

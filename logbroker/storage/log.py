@@ -124,6 +124,10 @@ class Appended:
         return self.base_offset + self.record_count
 
 
+def _base(segment: Segment) -> int:
+    return segment.base_offset
+
+
 class _Append:
     __slots__ = ("base_offset", "data", "deferred", "record_count")
 
@@ -265,8 +269,8 @@ class RangeLog:
         self._config = config
         self._on_integrity_event = on_integrity_event
         self._on_sealed = on_sealed
+        #: In base-offset order; bisected by ``_base``.
         self._segments = recovered.segments
-        self._bases = [segment.base_offset for segment in self._segments]
         last = self._segments[-1] if self._segments else None
         self._active = last if last is not None and last.state is SegmentState.ACTIVE else None
         #: The offset the next append takes (appends in flight included).
@@ -592,7 +596,6 @@ class RangeLog:
         )
         segment.writer = writer
         self._segments.append(segment)
-        self._bases.append(base)
         self._active = segment
         return segment
 
@@ -730,8 +733,8 @@ class RangeLog:
         return self._run_control(start)  # type: ignore[return-value]
 
     def _find(self, base_offset: int) -> Segment:
-        slot = bisect.bisect_left(self._bases, base_offset)
-        if slot == len(self._bases) or self._bases[slot] != base_offset:
+        slot = bisect.bisect_left(self._segments, base_offset, key=_base)
+        if slot == len(self._segments) or self._segments[slot].base_offset != base_offset:
             raise SegmentNotFoundError(f"{self.directory} has no segment at offset {base_offset}")
         return self._segments[slot]
 
@@ -751,9 +754,7 @@ class RangeLog:
             if segment.reader is not None:
                 segment.reader.close()
                 segment.reader = None
-            slot = self._segments.index(segment)
-            del self._segments[slot]
-            del self._bases[slot]
+            self._segments.remove(segment)
             return self._executor.run(_delete_files, self._fs, self.directory, segment.stem)
 
         return self._run_control(start)  # type: ignore[return-value]
@@ -812,9 +813,7 @@ class RangeLog:
                     self._active = segment
                 info = segment.info()
                 if byte_size == 0 and not last:
-                    slot = self._segments.index(segment)
-                    del self._segments[slot]
-                    del self._bases[slot]
+                    self._segments.remove(segment)
                 return info
 
             def failed(failure: Failure) -> Failure:
@@ -984,7 +983,7 @@ class RangeLog:
             raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
         records: list[StoredRecord] = []
         budget = max_bytes
-        slot = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        slot = max(0, bisect.bisect_right(self._segments, offset, key=_base) - 1)
         for segment in self._segments[slot:]:
             if segment.next_offset <= offset and segment.damage is None:
                 continue
@@ -1013,7 +1012,7 @@ class RangeLog:
         """
         if offset < self.start_offset:
             raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
-        slot = max(0, bisect.bisect_right(self._bases, offset) - 1)
+        slot = max(0, bisect.bisect_right(self._segments, offset, key=_base) - 1)
         if slot >= len(self._segments):
             return b""
         parts: list[bytes] = []
