@@ -18,6 +18,7 @@ from twisted.logger import Logger
 
 from logbroker.config import StorageSettings
 from logbroker.storage import (
+    BATCH_ENCODER,
     DataDirectory,
     FileSystem,
     LogConfig,
@@ -85,8 +86,17 @@ class StorageService(Service):
         self._executor.start()
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
-            log.info, "Storage ready: {ranges} ranges open", ranges=len(self.logs)
+            log.info,
+            "Storage ready: {ranges} ranges open, {encoder} batch encoder",
+            ranges=len(self.logs),
+            encoder=BATCH_ENCODER,
         )
+        if BATCH_ENCODER != "native":
+            log.warn(
+                "The native batch encoder is not built, so produce throughput is limited by the"
+                " {encoder} one: install gcc and python3-dev and reinstall logbroker",
+                encoder=BATCH_ENCODER,
+            )
 
     def stopService(self) -> Deferred[None]:
         super().stopService()

@@ -5,6 +5,7 @@ See ``docs/storage-format.md`` for the bytes on disk and ``RangeLog`` for the AP
 
 from logbroker.storage._executor import Executor, ThreadPoolExecutor
 from logbroker.storage._format import (
+    BATCH_ENCODER,
     FORMAT_VERSION,
     Damage,
     DamageReason,
@@ -31,6 +32,7 @@ from logbroker.storage.log import Appended, LogConfig, RangeLog
 from logbroker.storage.store import DataDirectory
 
 __all__ = [
+    "BATCH_ENCODER",
     "FORMAT_VERSION",
     "Appended",
     "Damage",

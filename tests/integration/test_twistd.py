@@ -67,6 +67,7 @@ def test_twistd_recovers_the_data_directory_and_stops_cleanly(tmp_path: Path) ->
     assert broker.returncode == -signal.SIGTERM, output
     assert "Server Shut Down" in output
     assert "1 ranges in" in output
+    assert "native batch encoder" in output
     assert "Torn tail" in output
     assert "every range flushed and fsynced" in output
     assert (range_dir / f"{0:020d}.log").stat().st_size == 0
