@@ -24,6 +24,10 @@ framing (40 bytes of record frame and a share of the batch header: 140 bytes per
 at batch 1000), so ``MB/s`` is given for both, and ``--ceiling-framed`` makes the ceiling write
 as many bytes per record as logbroker stores.
 
+The process runs with the interpreter settings ``twistd logbroker`` uses
+(``logbroker.service.configure_interpreter``: a 0.5 ms GIL switch interval, so the writer
+threads get the GIL back promptly between their write and their fsync).
+
 The records are built once (``Record`` objects with random values, reused by every append), so
 only the log's own costs (encoding and checksums, the reactor, the writer thread, the write and
 the fsync, rolling and sealing every 64 MiB) are measured. ``--repeat`` rounds run the ceiling
@@ -62,6 +66,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
 
+from logbroker.service import configure_interpreter
 from logbroker.storage import LogConfig, OsFileSystem, RangeLog, Record, ThreadPoolExecutor
 from logbroker.storage._format import encode_batch
 from logbroker.storage._fs import AppendFile
@@ -414,6 +419,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
+    configure_interpreter()
     with work_directory(args.dir, "bench-append-") as workdir:
 
         def run(reactor: Any) -> Deferred[None]:

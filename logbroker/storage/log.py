@@ -638,15 +638,27 @@ class RangeLog:
                 "append was being written after it; the append was not stored readably, retry it"
             )
             outcomes = [error] * len(taken)
-        # Acknowledge while the writer still counts as busy: appends that callbacks issue all
-        # queue up and go out together in the next job, instead of the first one going alone.
+        # With a full job's worth of appends already queued, the next write starts before the
+        # acknowledgements run, so the disk is not idle while their callbacks (often new
+        # appends, each encoded on this thread) run. Otherwise acknowledge while the writer
+        # still counts as busy: appends that callbacks issue all queue up and go out together
+        # in the next job, instead of the first one going alone.
+        next_job_full = (
+            bool(self._queue)
+            and isinstance(self._queue[0], _Append)
+            and self._parked_records >= self._config.flush_max_records
+        )
+        if next_job_full:
+            self._job_running = False
+            self._after_job()
         for item, outcome in zip(taken, outcomes, strict=True):
             if isinstance(outcome, StorageError):
                 item.deferred.errback(outcome)
             else:
                 item.deferred.callback(outcome)
-        self._job_running = False
-        self._after_job()
+        if not next_job_full:
+            self._job_running = False
+            self._after_job()
 
     def _write_failed(self, failure: Failure, taken: list[_Append], records: int) -> None:
         self._inflight_records -= records

@@ -329,6 +329,54 @@ def test_one_fsync_carries_at_most_flush_max_records() -> None:
     assert offsets(log) == list(range(51))
 
 
+def _log_with_flush_max(
+    executor: ManualExecutor, flush_max_records: int, fs: MemoryFileSystem | None = None
+) -> RangeLog:
+    return result_of_running(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=fs or MemoryFileSystem(),
+            clock=Clock(),
+            executor=executor,
+            config=LogConfig(flush_max_records=flush_max_records),
+        ),
+        executor,
+    )
+
+
+def test_a_full_next_write_starts_before_the_acknowledgements_run() -> None:
+    executor = ManualExecutor()
+    log = _log_with_flush_max(executor, 2)
+    first = log.append([record(0)])
+    log.append([record(1)])
+    log.append([record(2)])  # with record 1, a full job waiting behind the running one
+    jobs_pending_at_ack: list[int] = []
+    first.addCallback(lambda _: jobs_pending_at_ack.append(len(executor.pending)))
+
+    executor.run_next()
+
+    assert jobs_pending_at_ack == [1]  # the disk was not left idle while the producer ran
+    executor.run_all()
+    assert offsets(log) == [0, 1, 2]
+
+
+def test_appends_issued_by_acknowledgements_join_a_next_write_that_is_not_full() -> None:
+    fs = MemoryFileSystem()
+    executor = ManualExecutor()
+    log = _log_with_flush_max(executor, 10, fs)
+    first = log.append([record(0)])
+    log.append([record(1)])
+    first.addCallback(lambda _: log.append([record(2)]))
+    syncs_before = sum(entry.operation == "sync" for entry in fs.journal)
+
+    executor.run_next()
+    executor.run_next()
+
+    assert executor.pending == []
+    assert sum(entry.operation == "sync" for entry in fs.journal) - syncs_before == 2
+    assert offsets(log) == [0, 1, 2]
+
+
 def test_peer_batches_are_checked_record_by_record() -> None:
     log = open_log(MemoryFileSystem())
     honest = encode_batch(0, [record(0), record(1)])
