@@ -3,16 +3,9 @@
 See ``docs/storage-format.md`` for the bytes on disk and ``RangeLog`` for the API.
 """
 
+from logbroker.records import Record, StoredRecord
 from logbroker.storage._executor import Executor, ThreadPoolExecutor
-from logbroker.storage._format import (
-    BATCH_ENCODER,
-    FORMAT_VERSION,
-    Damage,
-    DamageReason,
-    Record,
-    Seal,
-    StoredRecord,
-)
+from logbroker.storage._format import BATCH_ENCODER, FORMAT_VERSION, Damage, DamageReason, Seal
 from logbroker.storage._fs import FileSystem, OsFileSystem
 from logbroker.storage._segment import IntegrityEvent, SegmentInfo, SegmentState, Verification
 from logbroker.storage.errors import (

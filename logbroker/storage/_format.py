@@ -54,6 +54,8 @@ from enum import StrEnum
 import attrs
 from crc32c import crc32c
 
+from logbroker.records import Record, StoredRecord
+
 FORMAT_VERSION = 1
 
 BATCH_MAGIC = b"LB"
@@ -95,51 +97,6 @@ def _encode_headers(headers: tuple[tuple[bytes | None, bytes | None], ...]) -> b
             parts.append(_U32.pack(len(part)))
             parts.append(part)
     return b"".join(parts)
-
-
-def _check_nbytes(what: str, value: object, *, nullable: bool = True) -> None:
-    if value is None and nullable:
-        return
-    if not isinstance(value, bytes):
-        expected = "bytes or None" if nullable else "bytes"
-        raise TypeError(f"{what} must be {expected}, not {type(value).__name__}")
-    if len(value) >= _NULL_LENGTH:
-        raise ValueError(f"{what} of {len(value)} bytes is too long for a record")
-
-
-@attrs.frozen
-class Record:
-    """One record as a producer gives it and a consumer gets it back, byte for byte."""
-
-    value: bytes
-    key: bytes | None = None
-    timestamp_ms: int = 0
-    headers: tuple[tuple[bytes | None, bytes | None], ...] = ()
-
-    def __attrs_post_init__(self) -> None:
-        # Checked exactly, types included: both encoders rely on it (the native one reads the
-        # bytes objects' buffers directly).
-        if not isinstance(self.timestamp_ms, int):
-            raise TypeError(f"timestamp_ms must be an int, not {type(self.timestamp_ms).__name__}")
-        if not 0 <= self.timestamp_ms <= _MAX_U64:
-            raise ValueError(f"timestamp_ms {self.timestamp_ms} is outside 0..2**64-1")
-        _check_nbytes("key", self.key)
-        _check_nbytes("value", self.value, nullable=False)
-        if not isinstance(self.headers, tuple):
-            raise TypeError(f"headers must be a tuple, not {type(self.headers).__name__}")
-        for header in self.headers:
-            if not (isinstance(header, tuple) and len(header) == 2):
-                raise TypeError(f"each header must be a (name, value) tuple, not {header!r}")
-            _check_nbytes("header name", header[0])
-            _check_nbytes("header value", header[1])
-
-
-@attrs.frozen
-class StoredRecord:
-    """A record read back from a log, with the offset the log gave it."""
-
-    offset: int
-    record: Record
 
 
 def encode_batch_python(base_offset: int, records: Sequence[Record]) -> bytes:

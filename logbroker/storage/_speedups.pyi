@@ -1,6 +1,6 @@
 from collections.abc import Sequence
 
-from logbroker.storage._format import Record
+from logbroker.records import Record
 
 CRC32C_IMPLEMENTATION: str
 

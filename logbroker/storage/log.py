@@ -31,6 +31,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logbroker.records import Record, StoredRecord
 from logbroker.storage._executor import Executor
 from logbroker.storage._format import (
     BATCH_HEADER_SIZE,
@@ -39,9 +40,7 @@ from logbroker.storage._format import (
     Damage,
     DamageReason,
     IndexEntry,
-    Record,
     Seal,
-    StoredRecord,
     batch_length,
     check_batch_records,
     encode_batch,

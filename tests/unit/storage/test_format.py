@@ -14,16 +14,15 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from logbroker.records import Record, StoredRecord
 from logbroker.storage._format import (
     BATCH_HEADER_SIZE,
     BatchInfo,
     Damage,
     DamageReason,
     IndexEntry,
-    Record,
     Scan,
     Seal,
-    StoredRecord,
     decode_index,
     decode_seal,
     encode_batch,

@@ -26,15 +26,14 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
+from logbroker.records import Record, StoredRecord
 from logbroker.storage import _speedups
 from logbroker.storage._format import (
     FORMAT_VERSION,
     BatchInfo,
     IndexEntry,
-    Record,
     Scan,
     Seal,
-    StoredRecord,
     decode_index,
     decode_seal,
     encode_batch_python,

@@ -17,8 +17,9 @@ from crc32c import crc32c
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from logbroker.records import Record
 from logbroker.storage import _format, _speedups
-from logbroker.storage._format import Record, encode_batch_python
+from logbroker.storage._format import encode_batch_python
 
 MAX_U64 = 2**64 - 1
 
