@@ -14,7 +14,7 @@ MAX_U64 = 0xFFFFFFFFFFFFFFFF
 def _check_nbytes(what: str, value: object, *, nullable: bool = True) -> None:
     if value is None and nullable:
         return
-    if not isinstance(value, bytes):
+    if type(value) is not bytes:
         expected = "bytes or None" if nullable else "bytes"
         raise TypeError(f"{what} must be {expected}, not {type(value).__name__}")
     if len(value) >= NULL_LENGTH:
@@ -31,18 +31,19 @@ class Record:
     headers: tuple[tuple[bytes | None, bytes | None], ...] = ()
 
     def __attrs_post_init__(self) -> None:
-        # Checked exactly, types included: both encoders rely on it (the native one reads the
-        # bytes objects' buffers directly).
+        # Checked exactly, types included (subclasses of bytes and tuple are refused: they could
+        # report a length other than what they hold): both encoders rely on it, and the native
+        # one reads the bytes objects' buffers directly.
         if not isinstance(self.timestamp_ms, int):
             raise TypeError(f"timestamp_ms must be an int, not {type(self.timestamp_ms).__name__}")
         if not 0 <= self.timestamp_ms <= MAX_U64:
             raise ValueError(f"timestamp_ms {self.timestamp_ms} is outside 0..2**64-1")
         _check_nbytes("key", self.key)
         _check_nbytes("value", self.value, nullable=False)
-        if not isinstance(self.headers, tuple):
+        if type(self.headers) is not tuple:
             raise TypeError(f"headers must be a tuple, not {type(self.headers).__name__}")
         for header in self.headers:
-            if not (isinstance(header, tuple) and len(header) == 2):
+            if not (type(header) is tuple and len(header) == 2):
                 raise TypeError(f"each header must be a (name, value) tuple, not {header!r}")
             _check_nbytes("header name", header[0])
             _check_nbytes("header value", header[1])

@@ -142,7 +142,7 @@ measure_nbytes(PyObject *part, const char *what, int may_be_null, uint64_t *size
     if (part == Py_None && may_be_null) {
         return 0;
     }
-    if (!PyBytes_Check(part)) {
+    if (!PyBytes_CheckExact(part)) {
         PyErr_Format(PyExc_TypeError, "%s must be bytes%s, not %.100s", what,
                      may_be_null ? " or None" : "", Py_TYPE(part)->tp_name);
         return -1;
@@ -190,7 +190,7 @@ measure_record(PyObject *record, RecordFields *fields)
         measure_nbytes(fields->value, "value", 0, &length) < 0) {
         return -1;
     }
-    if (!PyTuple_Check(fields->headers)) {
+    if (!PyTuple_CheckExact(fields->headers)) {
         PyErr_Format(PyExc_TypeError, "headers must be a tuple, not %.100s",
                      Py_TYPE(fields->headers)->tp_name);
         return -1;
@@ -198,7 +198,7 @@ measure_record(PyObject *record, RecordFields *fields)
     count = PyTuple_GET_SIZE(fields->headers);
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *header = PyTuple_GET_ITEM(fields->headers, i);
-        if (!PyTuple_Check(header) || PyTuple_GET_SIZE(header) != 2) {
+        if (!PyTuple_CheckExact(header) || PyTuple_GET_SIZE(header) != 2) {
             PyErr_SetString(PyExc_TypeError, "each header must be a (name, value) tuple");
             return -1;
         }
@@ -317,11 +317,13 @@ encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
             goto done;
         }
         length += fields[measured].length;
-    }
-    if (length > MAX_FRAME_SIZE || length > (uint64_t)PY_SSIZE_T_MAX) {
-        PyErr_Format(PyExc_ValueError, "batch of %llu bytes is too large to store",
-                     (unsigned long long)length);
-        goto done;
+        /* Checked per record: each adds at most 0xFFFFFFFF, so the sum cannot wrap first. */
+        if (length > MAX_FRAME_SIZE || length > (uint64_t)PY_SSIZE_T_MAX) {
+            measured++;
+            PyErr_Format(PyExc_ValueError, "batch of %llu bytes or more is too large to store",
+                         (unsigned long long)length);
+            goto done;
+        }
     }
     result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
     if (result == NULL) {

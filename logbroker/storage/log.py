@@ -23,7 +23,7 @@ import bisect
 import posixpath
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
@@ -283,6 +283,9 @@ class RangeLog:
         self._parked_records = 0
         self._inflight_records = 0
         self._job_running = False
+        #: Append outcomes to deliver, in offset order (see ``_settle``).
+        self._outcomes: deque[tuple[Deferred[Any], Appended | Exception]] = deque()
+        self._settling = False
         self._timer: IDelayedCall | None = None
         self._timer_fired = False
         self._closing = False
@@ -647,17 +650,35 @@ class RangeLog:
             and isinstance(self._queue[0], _Append)
             and self._parked_records >= self._config.flush_max_records
         )
+        self._outcomes.extend(
+            (item.deferred, outcome) for item, outcome in zip(taken, outcomes, strict=True)
+        )
         if next_job_full:
             self._job_running = False
-            self._after_job()
-        for item, outcome in zip(taken, outcomes, strict=True):
-            if isinstance(outcome, StorageError):
-                item.deferred.errback(outcome)
-            else:
-                item.deferred.callback(outcome)
-        if not next_job_full:
+            try:
+                self._after_job()
+            finally:
+                self._settle()
+        else:
+            self._settle()
             self._job_running = False
             self._after_job()
+
+    def _settle(self) -> None:
+        """Fire queued append outcomes in order. Outcomes queued by a job that finished while
+        these callbacks ran (an executor may fire at once) wait their turn behind them."""
+        if self._settling:
+            return
+        self._settling = True
+        try:
+            while self._outcomes:
+                deferred, outcome = self._outcomes.popleft()
+                if isinstance(outcome, Exception):
+                    deferred.errback(outcome)
+                else:
+                    deferred.callback(outcome)
+        finally:
+            self._settling = False
 
     def _write_failed(self, failure: Failure, taken: list[_Append], records: int) -> None:
         self._inflight_records -= records
@@ -686,8 +707,8 @@ class RangeLog:
         error = LogFailedError(
             f"a write, fsync or seal failed in {self.directory}: {failure.getErrorMessage()}"
         )
-        for item in [*covered, *queued]:
-            item.deferred.errback(error)
+        self._outcomes.extend((item.deferred, error) for item in [*covered, *queued])
+        self._settle()
 
     def _control_done(self, result: object, control: _Control) -> None:
         if isinstance(result, Failure):

@@ -4,9 +4,11 @@ that shrank, and the range end surviving a restart."""
 from __future__ import annotations
 
 import struct
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from crc32c import crc32c
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker.storage import (
@@ -375,6 +377,61 @@ def test_appends_issued_by_acknowledgements_join_a_next_write_that_is_not_full()
     assert executor.pending == []
     assert sum(entry.operation == "sync" for entry in fs.journal) - syncs_before == 2
     assert offsets(log) == [0, 1, 2]
+
+
+_T = TypeVar("_T")
+
+
+class _HoldOneJobExecutor(ImmediateExecutor):
+    """Runs jobs at once, except the one after ``hold_next()``, which waits for ``release()``."""
+
+    def __init__(self) -> None:
+        self._hold = False
+        self._held: tuple[Callable[..., Any], tuple[Any, ...], Deferred[Any]] | None = None
+
+    def hold_next(self) -> None:
+        self._hold = True
+
+    def release(self) -> None:
+        assert self._held is not None
+        job, args, done = self._held
+        self._held = None
+        done.callback(job(*args))
+
+    def run(self, job: Callable[..., _T], *args: Any) -> Deferred[_T]:
+        if not self._hold:
+            return super().run(job, *args)
+        self._hold = False
+        done: Deferred[_T] = Deferred()
+        self._held = (job, args, done)
+        return done
+
+
+def test_acknowledgements_keep_offset_order_when_the_next_write_finishes_at_once() -> None:
+    # The next write starts before the acknowledgements of the one that finished; if it
+    # completes inside that call (an executor may fire at once), its appends must still be
+    # acknowledged after the earlier ones.
+    executor = _HoldOneJobExecutor()
+    log = result_of(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=MemoryFileSystem(),
+            clock=Clock(),
+            executor=executor,
+            config=LogConfig(flush_max_records=2),
+        )
+    )
+    executor.hold_next()
+    first = log.append([record(0)])
+    second = log.append([record(1), record(2), record(3)])  # a full job, queued behind
+    acknowledged: list[int] = []
+    for appended in (first, second):
+        appended.addCallback(lambda result: acknowledged.append(result.base_offset))
+
+    executor.release()
+
+    assert acknowledged == [0, 1]
+    assert offsets(log) == [0, 1, 2, 3]
 
 
 def test_peer_batches_are_checked_record_by_record() -> None:

@@ -105,6 +105,10 @@ def test_an_empty_batch_is_refused() -> None:
         _speedups.encode_batch(0, [])
 
 
+class BytesSubclass(bytes):
+    """A bytes subclass could report a length other than what it holds: refused."""
+
+
 @attrs.define
 class LooseRecord:
     """Record's shape without its validation, to reach the native encoder's own checks."""
@@ -121,6 +125,7 @@ class LooseRecord:
         (LooseRecord(value=None), TypeError, "value must be bytes, not NoneType"),
         (LooseRecord(value=bytearray(b"v")), TypeError, "value must be bytes, not bytearray"),
         (LooseRecord(key="k"), TypeError, "key must be bytes or None, not str"),
+        (LooseRecord(key=BytesSubclass(b"k")), TypeError, "not BytesSubclass"),
         (LooseRecord(timestamp_ms=1.5), TypeError, "timestamp_ms must be an int"),
         (LooseRecord(timestamp_ms=-1), OverflowError, "negative"),
         (LooseRecord(timestamp_ms=2**64), OverflowError, "too big"),
@@ -133,6 +138,7 @@ class LooseRecord:
         "null value",
         "bytearray value",
         "str key",
+        "bytes subclass key",
         "float timestamp",
         "negative timestamp",
         "timestamp past u64",
@@ -185,6 +191,7 @@ def test_a_record_that_empties_the_callers_list_cannot_corrupt_the_batch() -> No
         (lambda: Record(bytearray(b"v")), TypeError, "value must be bytes, not bytearray"),
         (lambda: Record(None), TypeError, "value must be bytes, not NoneType"),  # type: ignore[arg-type]
         (lambda: Record(b"v", key=memoryview(b"k")), TypeError, "key must be bytes or None"),
+        (lambda: Record(BytesSubclass(b"v")), TypeError, "not BytesSubclass"),
         (lambda: Record(b"v", timestamp_ms=1.0), TypeError, "timestamp_ms must be an int"),
         (lambda: Record(b"v", headers=[(b"h", b"v")]), TypeError, "headers must be a tuple"),
         (lambda: Record(b"v", headers=((b"h", b"v", b"x"),)), TypeError, "each header"),
@@ -194,6 +201,7 @@ def test_a_record_that_empties_the_callers_list_cannot_corrupt_the_batch() -> No
         "bytearray value",
         "null value",
         "memoryview key",
+        "bytes subclass value",
         "float timestamp",
         "headers as a list",
         "header of three parts",
