@@ -1,0 +1,140 @@
+"""The protocol's primitive fields: big-endian integers, nullable strings and records.
+
+``str = 0x00 (null) | 0x01 len:u32 bytes``: null and empty are distinct.
+``record = str(key) value_len:u32 value timestamp_ms:u64 header_count:u32 (str(k) str(v))*``.
+
+``Reader`` raises ``Truncated`` when a field runs past the payload or is invalid; the message
+decoders turn that into a ``malformed_request`` (or, on the client side, a protocol error).
+"""
+
+from __future__ import annotations
+
+import struct
+
+from logbroker.records import Record
+
+_U8 = struct.Struct(">B")
+_U16 = struct.Struct(">H")
+_U32 = struct.Struct(">I")
+_U64 = struct.Struct(">Q")
+_VALUE_HEAD = struct.Struct(">I")
+_NULL = b"\x00"
+_PRESENT = 0x01
+MAX_U32 = 0xFFFFFFFF
+
+
+class Truncated(ValueError):
+    """A field runs past the end of the payload, or its bytes are not a valid encoding."""
+
+
+class Reader:
+    """Reads fields from one payload, front to back."""
+
+    __slots__ = ("_data", "_position")
+
+    def __init__(self, data: bytes, position: int = 0) -> None:
+        self._data = data
+        self._position = position
+
+    @property
+    def remaining(self) -> int:
+        return len(self._data) - self._position
+
+    def _take(self, size: int) -> int:
+        start = self._position
+        if len(self._data) - start < size:
+            raise Truncated(f"needs {size} bytes at byte {start}, has {len(self._data) - start}")
+        self._position = start + size
+        return start
+
+    def u8(self) -> int:
+        return int(_U8.unpack_from(self._data, self._take(1))[0])
+
+    def u16(self) -> int:
+        return int(_U16.unpack_from(self._data, self._take(2))[0])
+
+    def u32(self) -> int:
+        return int(_U32.unpack_from(self._data, self._take(4))[0])
+
+    def u64(self) -> int:
+        return int(_U64.unpack_from(self._data, self._take(8))[0])
+
+    def raw(self, size: int) -> bytes:
+        start = self._take(size)
+        return self._data[start : start + size]
+
+    def string(self) -> bytes | None:
+        """A nullable byte string."""
+        marker = self.u8()
+        if marker == 0:
+            return None
+        if marker != _PRESENT:
+            raise Truncated(f"string marker {marker:#04x} is neither 0x00 (null) nor 0x01")
+        return self.raw(self.u32())
+
+    def text(self) -> str | None:
+        """A nullable string holding UTF-8 text."""
+        data = self.string()
+        if data is None:
+            return None
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise Truncated(f"text is not UTF-8: {error}") from None
+
+    def record(self) -> Record:
+        key = self.string()
+        value = self.raw(self.u32())
+        timestamp_ms = self.u64()
+        count = self.u32()
+        # Every header takes at least two bytes (two null strings): a count the payload cannot
+        # hold is refused before any list is built for it.
+        if count * 2 > self.remaining:
+            raise Truncated(f"{count} headers cannot fit in {self.remaining} bytes")
+        headers = tuple((self.string(), self.string()) for _ in range(count))
+        return Record(value, key, timestamp_ms, headers)
+
+    def end(self) -> None:
+        """The payload must be read exactly to its end."""
+        if self._position != len(self._data):
+            raise Truncated(f"{len(self._data) - self._position} bytes left after the payload")
+
+
+def u8(value: int) -> bytes:
+    return _U8.pack(value)
+
+
+def u16(value: int) -> bytes:
+    return _U16.pack(value)
+
+
+def u32(value: int) -> bytes:
+    return _U32.pack(value)
+
+
+def u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def string(value: bytes | None) -> bytes:
+    if value is None:
+        return _NULL
+    return b"\x01" + _U32.pack(len(value)) + value
+
+
+def text(value: str | None) -> bytes:
+    return string(None if value is None else value.encode("utf-8"))
+
+
+def record(value: Record) -> bytes:
+    parts = [
+        string(value.key),
+        _VALUE_HEAD.pack(len(value.value)),
+        value.value,
+        _U64.pack(value.timestamp_ms),
+        _U32.pack(len(value.headers)),
+    ]
+    for name, header_value in value.headers:
+        parts.append(string(name))
+        parts.append(string(header_value))
+    return b"".join(parts)

@@ -1,0 +1,520 @@
+"""Requests and responses of the client protocol, v1 (docs/protocol.md).
+
+``request  = api_key:u16 correlation_id:u32 payload``
+``response = correlation_id:u32 error_code:u16 payload`` (0 ok, 1 error: payload is str(reason))
+
+Each request type knows its API key and encodes and decodes its own payload. The server side
+uses ``decode_request`` and the ``encode_*_response`` functions; the client side uses
+``encode_request`` and ``decode_response`` plus the ``decode_*`` payload readers. Everything here
+is pure: bytes in, values out.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Sequence
+from enum import IntEnum
+from typing import ClassVar, Self, TypeVar
+
+import attrs
+
+from logbroker.records import Record
+from logbroker.wire import _primitives as p
+from logbroker.wire._primitives import Reader, Truncated
+from logbroker.wire.errors import Reason, WireError
+from logbroker.wire.frames import encode_frame
+
+_REQUEST_HEAD = struct.Struct(">HI")
+_RESPONSE_HEAD = struct.Struct(">IH")
+ERROR_CODE_OK = 0
+ERROR_CODE_ERROR = 1
+
+
+class ApiKey(IntEnum):
+    AUTH = 0
+    CREATE_TOPIC = 1
+    PRODUCE = 2
+    FETCH = 3
+    COMMIT = 4
+    SUBSCRIBE = 5
+    STREAM_ACK = 6
+    LEAVE_GROUP = 7
+    CREATE_USER = 8
+    DELETE_USER = 9
+    CHANGE_PASSWORD = 10
+    LIST_USERS = 11
+    GRANT_ACL = 14
+    REVOKE_ACL = 15
+    LIST_ACLS = 16
+
+
+class Request:
+    """Base of every request type: its API key, and its payload both ways."""
+
+    API_KEY: ClassVar[ApiKey]
+
+    def encode_payload(self) -> bytes:
+        raise NotImplementedError
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        raise NotImplementedError
+
+
+@attrs.frozen
+class Auth(Request):
+    API_KEY = ApiKey.AUTH
+    user: str | None
+    password: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.user) + p.text(self.password)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text())
+
+
+@attrs.frozen
+class CreateTopic(Request):
+    API_KEY = ApiKey.CREATE_TOPIC
+    topic: str | None
+    keyspace_bits: int
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.topic) + p.u8(self.keyspace_bits)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.u8())
+
+
+@attrs.frozen
+class Produce(Request):
+    API_KEY = ApiKey.PRODUCE
+    topic: str | None
+    records: tuple[Record, ...]
+
+    def encode_payload(self) -> bytes:
+        parts = [p.text(self.topic), p.u32(len(self.records))]
+        parts.extend(p.record(record) for record in self.records)
+        return b"".join(parts)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        topic = reader.text()
+        return cls(topic, _records(reader))
+
+
+@attrs.frozen
+class Fetch(Request):
+    API_KEY = ApiKey.FETCH
+    topic: str | None
+    cursor: str | None
+    group: str | None
+    member: str | None
+    max: int
+    wait_ms: int
+
+    def encode_payload(self) -> bytes:
+        return b"".join(
+            (
+                p.text(self.topic),
+                p.text(self.cursor),
+                p.text(self.group),
+                p.text(self.member),
+                p.u32(self.max),
+                p.u32(self.wait_ms),
+            )
+        )
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(
+            reader.text(), reader.text(), reader.text(), reader.text(), reader.u32(), reader.u32()
+        )
+
+
+@attrs.frozen
+class Commit(Request):
+    API_KEY = ApiKey.COMMIT
+    topic: str | None
+    group: str | None
+    cursor: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.topic) + p.text(self.group) + p.text(self.cursor)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text(), reader.text())
+
+
+@attrs.frozen
+class Subscribe(Request):
+    API_KEY = ApiKey.SUBSCRIBE
+    topic: str | None
+    group: str | None
+    member: str | None
+    window: int
+    max: int
+
+    def encode_payload(self) -> bytes:
+        return b"".join(
+            (
+                p.text(self.topic),
+                p.text(self.group),
+                p.text(self.member),
+                p.u32(self.window),
+                p.u32(self.max),
+            )
+        )
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text(), reader.text(), reader.u32(), reader.u32())
+
+
+@attrs.frozen
+class StreamAck(Request):
+    API_KEY = ApiKey.STREAM_ACK
+    topic: str | None
+    group: str | None
+    member: str | None
+    cursor: str | None
+    count: int
+
+    def encode_payload(self) -> bytes:
+        return b"".join(
+            (
+                p.text(self.topic),
+                p.text(self.group),
+                p.text(self.member),
+                p.text(self.cursor),
+                p.u32(self.count),
+            )
+        )
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text(), reader.text(), reader.text(), reader.u32())
+
+
+@attrs.frozen
+class LeaveGroup(Request):
+    API_KEY = ApiKey.LEAVE_GROUP
+    topic: str | None
+    group: str | None
+    member: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.topic) + p.text(self.group) + p.text(self.member)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text(), reader.text())
+
+
+@attrs.frozen
+class CreateUser(Request):
+    API_KEY = ApiKey.CREATE_USER
+    user: str | None
+    password: str | None
+    permissions: tuple[str | None, ...]
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.user) + p.text(self.password) + _encode_permissions(self.permissions)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text(), _permissions(reader))
+
+
+@attrs.frozen
+class DeleteUser(Request):
+    API_KEY = ApiKey.DELETE_USER
+    user: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.user)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text())
+
+
+@attrs.frozen
+class ChangePassword(Request):
+    API_KEY = ApiKey.CHANGE_PASSWORD
+    user: str | None
+    new_password: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.user) + p.text(self.new_password)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text())
+
+
+@attrs.frozen
+class ListUsers(Request):
+    API_KEY = ApiKey.LIST_USERS
+
+    def encode_payload(self) -> bytes:
+        return b""
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls()
+
+
+@attrs.frozen
+class GrantAcl(Request):
+    API_KEY = ApiKey.GRANT_ACL
+    user: str | None
+    operation: str | None
+    pattern: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.user) + p.text(self.operation) + p.text(self.pattern)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text(), reader.text(), reader.text())
+
+
+@attrs.frozen
+class RevokeAcl(GrantAcl):
+    API_KEY = ApiKey.REVOKE_ACL
+
+
+@attrs.frozen
+class ListAcls(Request):
+    API_KEY = ApiKey.LIST_ACLS
+    user: str | None
+
+    def encode_payload(self) -> bytes:
+        return p.text(self.user)
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls(reader.text())
+
+
+REQUEST_TYPES: dict[int, type[Request]] = {
+    kind.API_KEY: kind
+    for kind in (
+        Auth,
+        CreateTopic,
+        Produce,
+        Fetch,
+        Commit,
+        Subscribe,
+        StreamAck,
+        LeaveGroup,
+        CreateUser,
+        DeleteUser,
+        ChangePassword,
+        ListUsers,
+        GrantAcl,
+        RevokeAcl,
+        ListAcls,
+    )
+}
+
+
+def _records(reader: Reader) -> tuple[Record, ...]:
+    count = reader.u32()
+    # A record takes at least 17 bytes (null key, value length, timestamp, header count).
+    if count * 17 > reader.remaining:
+        raise Truncated(f"{count} records cannot fit in {reader.remaining} bytes")
+    return tuple(reader.record() for _ in range(count))
+
+
+def _permissions(reader: Reader) -> tuple[str | None, ...]:
+    count = reader.u32()
+    if count > reader.remaining:
+        raise Truncated(f"{count} permissions cannot fit in {reader.remaining} bytes")
+    return tuple(reader.text() for _ in range(count))
+
+
+def _encode_permissions(permissions: Sequence[str | None]) -> bytes:
+    return p.u32(len(permissions)) + b"".join(p.text(name) for name in permissions)
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+def encode_request(correlation_id: int, request: Request) -> bytes:
+    """A whole request frame, length prefix included."""
+    return encode_frame(
+        _REQUEST_HEAD.pack(request.API_KEY, correlation_id) + request.encode_payload()
+    )
+
+
+@attrs.frozen
+class ReceivedRequest:
+    correlation_id: int
+    request: Request
+
+
+def decode_request(body: bytes) -> ReceivedRequest:
+    """Decode one request frame body.
+
+    Raises ``WireError``: ``malformed_request`` (correlation id 0 if the header itself is cut
+    short) when the payload does not parse exactly to its end, ``unknown_api_key`` for a key
+    this version does not have.
+    """
+    if len(body) < _REQUEST_HEAD.size:
+        raise WireError(
+            Reason.MALFORMED_REQUEST, f"a request header takes 6 bytes, the frame has {len(body)}"
+        )
+    api_key, correlation_id = _REQUEST_HEAD.unpack_from(body, 0)
+    kind = REQUEST_TYPES.get(api_key)
+    if kind is None:
+        raise WireError(Reason.UNKNOWN_API_KEY, f"no operation has key {api_key}", correlation_id)
+    reader = Reader(body, _REQUEST_HEAD.size)
+    try:
+        request = kind.decode_payload(reader)
+        reader.end()
+    except (Truncated, ValueError) as error:
+        raise WireError(
+            Reason.MALFORMED_REQUEST, f"{kind.__name__}: {error}", correlation_id
+        ) from None
+    return ReceivedRequest(correlation_id, request)
+
+
+# -- responses -----------------------------------------------------------------------------
+
+
+def encode_ok(correlation_id: int, payload: bytes = b"") -> bytes:
+    """A whole ok response frame."""
+    return encode_frame(_RESPONSE_HEAD.pack(correlation_id, ERROR_CODE_OK) + payload)
+
+
+def encode_error(correlation_id: int, reason: Reason | str) -> bytes:
+    """A whole error response frame carrying ``reason``."""
+    return encode_frame(_RESPONSE_HEAD.pack(correlation_id, ERROR_CODE_ERROR) + p.text(str(reason)))
+
+
+def encode_token(token: str) -> bytes:
+    """The ok payload of ``auth``."""
+    return p.text(token)
+
+
+def encode_count(count: int) -> bytes:
+    """The ok payload of ``produce``."""
+    return p.u32(count)
+
+
+def encode_records(records: Sequence[Record], next_cursor: str) -> bytes:
+    """The ok payload of ``fetch`` and of every ``subscribe`` push."""
+    parts = [p.u32(len(records))]
+    parts.extend(p.record(record) for record in records)
+    parts.append(p.text(next_cursor))
+    return b"".join(parts)
+
+
+def encode_users(users: Sequence[tuple[str, Sequence[str]]]) -> bytes:
+    """The ok payload of ``list_users``: each user's name and permissions."""
+    parts = [p.u32(len(users))]
+    for name, permissions in users:
+        parts.append(p.text(name))
+        parts.append(_encode_permissions(list(permissions)))
+    return b"".join(parts)
+
+
+def encode_acls(grants: Sequence[tuple[str, str]]) -> bytes:
+    """The ok payload of ``list_acls``: each grant's operation and pattern."""
+    parts = [p.u32(len(grants))]
+    for operation, pattern in grants:
+        parts.append(p.text(operation))
+        parts.append(p.text(pattern))
+    return b"".join(parts)
+
+
+@attrs.frozen
+class Response:
+    """A response as the client reads it: ``reason`` set for an error, else the ok payload."""
+
+    correlation_id: int
+    payload: bytes
+    reason: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.reason is None
+
+
+class ProtocolViolation(ValueError):
+    """A response from the server that does not follow the protocol."""
+
+
+def decode_response(body: bytes) -> Response:
+    if len(body) < _RESPONSE_HEAD.size:
+        raise ProtocolViolation(f"a response header takes 6 bytes, the frame has {len(body)}")
+    correlation_id, error_code = _RESPONSE_HEAD.unpack_from(body, 0)
+    payload = body[_RESPONSE_HEAD.size :]
+    if error_code == ERROR_CODE_OK:
+        return Response(correlation_id, payload)
+    if error_code != ERROR_CODE_ERROR:
+        raise ProtocolViolation(f"unknown error code {error_code}")
+    reason = _read_exactly(payload, Reader.text)
+    return Response(correlation_id, b"", reason if reason is not None else "")
+
+
+_T = TypeVar("_T")
+
+
+def _read_exactly(payload: bytes, read: Callable[[Reader], _T]) -> _T:
+    reader = Reader(payload)
+    try:
+        value = read(reader)
+        reader.end()
+    except (Truncated, ValueError) as error:
+        raise ProtocolViolation(str(error)) from None
+    return value
+
+
+def decode_token(payload: bytes) -> str | None:
+    return _read_exactly(payload, Reader.text)
+
+
+def decode_count(payload: bytes) -> int:
+    return _read_exactly(payload, Reader.u32)
+
+
+@attrs.frozen
+class RecordsPayload:
+    records: tuple[Record, ...]
+    next_cursor: str | None
+
+
+def decode_records(payload: bytes) -> RecordsPayload:
+    return _read_exactly(payload, lambda reader: RecordsPayload(_records(reader), reader.text()))
+
+
+def decode_users(payload: bytes) -> list[tuple[str | None, tuple[str | None, ...]]]:
+    def read(reader: Reader) -> list[tuple[str | None, tuple[str | None, ...]]]:
+        count = reader.u32()
+        if count * 5 > reader.remaining:
+            raise Truncated(f"{count} users cannot fit in {reader.remaining} bytes")
+        return [(reader.text(), _permissions(reader)) for _ in range(count)]
+
+    return _read_exactly(payload, read)
+
+
+def decode_acls(payload: bytes) -> list[tuple[str | None, str | None]]:
+    def read(reader: Reader) -> list[tuple[str | None, str | None]]:
+        count = reader.u32()
+        if count * 2 > reader.remaining:
+            raise Truncated(f"{count} grants cannot fit in {reader.remaining} bytes")
+        return [(reader.text(), reader.text()) for _ in range(count)]
+
+    return _read_exactly(payload, read)
+
+
+def decode_empty(payload: bytes) -> None:
+    if payload:
+        raise ProtocolViolation(f"expected an empty payload, got {len(payload)} bytes")

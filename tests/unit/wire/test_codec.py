@@ -1,0 +1,321 @@
+"""The client protocol codec (``logbroker.wire``): exact bytes, round trips, refusals.
+
+The byte-level examples pin the layout of DESIGN section 4 (existing clients depend on it); the
+property tests check that every request and response round-trips through any chunking of the
+stream, one byte at a time included, and that bad input is refused with the right reason and the
+request's correlation id.
+"""
+
+from __future__ import annotations
+
+import itertools
+import struct
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from logbroker.records import Record
+from logbroker.wire import (
+    REQUEST_TYPES,
+    ApiKey,
+    Auth,
+    ChangePassword,
+    Commit,
+    CreateTopic,
+    CreateUser,
+    DeleteUser,
+    Fetch,
+    FrameDecoder,
+    FrameTooLargeError,
+    GrantAcl,
+    LeaveGroup,
+    ListAcls,
+    ListUsers,
+    Produce,
+    ProtocolViolation,
+    Reason,
+    ReceivedRequest,
+    RecordsPayload,
+    Request,
+    Response,
+    RevokeAcl,
+    StreamAck,
+    Subscribe,
+    WireError,
+    decode_acls,
+    decode_count,
+    decode_empty,
+    decode_records,
+    decode_request,
+    decode_response,
+    decode_token,
+    decode_users,
+    encode_acls,
+    encode_count,
+    encode_error,
+    encode_frame,
+    encode_ok,
+    encode_records,
+    encode_request,
+    encode_token,
+    encode_users,
+)
+
+U32 = st.integers(0, 2**32 - 1)
+texts = st.one_of(st.none(), st.text(max_size=20))
+nbytes = st.one_of(st.none(), st.binary(max_size=20))
+records = st.builds(
+    Record,
+    value=st.binary(max_size=40),
+    key=nbytes,
+    timestamp_ms=st.integers(0, 2**64 - 1),
+    headers=st.lists(st.tuples(nbytes, nbytes), max_size=3).map(tuple),
+)
+record_tuples = st.lists(records, max_size=5).map(tuple)
+
+requests: st.SearchStrategy[Request] = st.one_of(
+    st.builds(Auth, texts, texts),
+    st.builds(CreateTopic, texts, st.integers(0, 255)),
+    st.builds(Produce, texts, record_tuples),
+    st.builds(Fetch, texts, texts, texts, texts, U32, U32),
+    st.builds(Commit, texts, texts, texts),
+    st.builds(Subscribe, texts, texts, texts, U32, U32),
+    st.builds(StreamAck, texts, texts, texts, texts, U32),
+    st.builds(LeaveGroup, texts, texts, texts),
+    st.builds(CreateUser, texts, texts, st.lists(texts, max_size=4).map(tuple)),
+    st.builds(DeleteUser, texts),
+    st.builds(ChangePassword, texts, texts),
+    st.just(ListUsers()),
+    st.builds(GrantAcl, texts, texts, texts),
+    st.builds(RevokeAcl, texts, texts, texts),
+    st.builds(ListAcls, texts),
+)
+
+
+def body_of(frame: bytes) -> bytes:
+    (length,) = struct.unpack_from(">I", frame, 0)
+    assert length == len(frame) - 4
+    return frame[4:]
+
+
+@st.composite
+def chunkings(draw: st.DrawFn, data: bytes) -> list[bytes]:
+    """``data`` cut at arbitrary points (sometimes every byte)."""
+    if draw(st.booleans()) and len(data) < 400:
+        return [data[i : i + 1] for i in range(len(data))]
+    cuts = sorted(draw(st.sets(st.integers(0, len(data)), max_size=8)))
+    bounds = [0, *cuts, len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+# -- exact bytes ---------------------------------------------------------------------------
+
+
+def test_an_auth_request_has_the_documented_bytes() -> None:
+    frame = encode_request(7, Auth("admin", "admin123"))
+
+    assert frame == (
+        b"\x00\x00\x00\x1d"  # length 29: 2 + 4 + (1 + 4 + 5) + (1 + 4 + 8)
+        b"\x00\x00"  # api key 0: auth
+        b"\x00\x00\x00\x07"  # correlation id
+        b"\x01\x00\x00\x00\x05admin"
+        b"\x01\x00\x00\x00\x08admin123"
+    )
+
+
+def test_a_produce_request_has_the_documented_record_layout() -> None:
+    record = Record(b"v1", key=None, timestamp_ms=258, headers=((b"h", None),))
+
+    frame = encode_request(1, Produce("t", (record,)))
+
+    assert body_of(frame) == (
+        b"\x00\x02\x00\x00\x00\x01"
+        b"\x01\x00\x00\x00\x01t"
+        b"\x00\x00\x00\x01"  # record count
+        b"\x00"  # null key
+        b"\x00\x00\x00\x02v1"  # value
+        b"\x00\x00\x00\x00\x00\x00\x01\x02"  # timestamp_ms
+        b"\x00\x00\x00\x01"  # header count
+        b"\x01\x00\x00\x00\x01h\x00"  # header name, null value
+    )
+
+
+def test_ok_and_error_responses_have_the_documented_bytes() -> None:
+    assert (
+        encode_ok(9, encode_count(3)) == b"\x00\x00\x00\x0a\x00\x00\x00\x09\x00\x00\x00\x00\x00\x03"
+    )
+    assert encode_error(9, Reason.NO_SUCH_TOPIC) == (
+        b"\x00\x00\x00\x18\x00\x00\x00\x09\x00\x01\x01\x00\x00\x00\x0dno_such_topic"
+    )
+
+
+def test_api_keys_are_those_of_the_protocol_table() -> None:
+    assert {key.name.lower(): int(key) for key in ApiKey} == {
+        "auth": 0,
+        "create_topic": 1,
+        "produce": 2,
+        "fetch": 3,
+        "commit": 4,
+        "subscribe": 5,
+        "stream_ack": 6,
+        "leave_group": 7,
+        "create_user": 8,
+        "delete_user": 9,
+        "change_password": 10,
+        "list_users": 11,
+        "grant_acl": 14,
+        "revoke_acl": 15,
+        "list_acls": 16,
+    }
+    assert set(REQUEST_TYPES) == {int(key) for key in ApiKey}
+
+
+# -- round trips ---------------------------------------------------------------------------
+
+
+@given(st.lists(st.tuples(U32, requests), min_size=1, max_size=4), st.data())
+def test_requests_round_trip_through_any_chunking(
+    sent: list[tuple[int, Request]], data: st.DataObject
+) -> None:
+    stream = b"".join(encode_request(correlation_id, request) for correlation_id, request in sent)
+    decoder = FrameDecoder()
+
+    bodies = [body for chunk in data.draw(chunkings(stream)) for body in decoder.feed(chunk)]
+
+    assert [decode_request(body) for body in bodies] == [
+        ReceivedRequest(correlation_id, request) for correlation_id, request in sent
+    ]
+    assert decoder.buffered == 0
+
+
+@given(U32, st.lists(records, max_size=5), st.text(max_size=30))
+def test_record_batches_round_trip_in_responses(
+    correlation_id: int, batch: list[Record], cursor: str
+) -> None:
+    response = decode_response(body_of(encode_ok(correlation_id, encode_records(batch, cursor))))
+
+    assert response.ok
+    assert response.correlation_id == correlation_id
+    assert decode_records(response.payload) == RecordsPayload(tuple(batch), cursor)
+
+
+@given(U32, st.sampled_from(list(Reason)))
+def test_error_reasons_round_trip(correlation_id: int, reason: Reason) -> None:
+    assert decode_response(body_of(encode_error(correlation_id, reason))) == Response(
+        correlation_id, b"", str(reason)
+    )
+
+
+@given(
+    st.text(max_size=20),
+    U32,
+    st.lists(st.tuples(st.text(max_size=10), st.lists(st.text(max_size=8), max_size=3))),
+    st.lists(st.tuples(st.text(max_size=8), st.text(max_size=12))),
+)
+def test_the_other_ok_payloads_round_trip(
+    token: str,
+    count: int,
+    users: list[tuple[str, list[str]]],
+    grants: list[tuple[str, str]],
+) -> None:
+    assert decode_token(encode_token(token)) == token
+    assert decode_count(encode_count(count)) == count
+    assert decode_users(encode_users(users)) == [(name, tuple(perms)) for name, perms in users]
+    assert decode_acls(encode_acls(grants)) == grants
+    decode_empty(b"")
+
+
+# -- refusals ------------------------------------------------------------------------------
+
+
+def test_a_frame_over_the_maximum_is_refused_at_its_length_prefix() -> None:
+    decoder = FrameDecoder(max_frame_size=100)
+    good = encode_request(1, ListUsers())
+
+    with pytest.raises(FrameTooLargeError) as raised:
+        decoder.feed(good + struct.pack(">I", 101))  # no byte of the body has arrived
+
+    assert raised.value.reason is Reason.FRAME_TOO_LARGE
+    assert raised.value.correlation_id == 0
+    assert raised.value.complete_frames == [body_of(good)]
+    assert decoder.buffered == 0
+    with pytest.raises(FrameTooLargeError):
+        decoder.feed(good)
+
+
+def test_a_frame_of_exactly_the_maximum_is_accepted() -> None:
+    decoder = FrameDecoder(max_frame_size=10)
+
+    assert decoder.feed(encode_frame(bytes(10))) == [bytes(10)]
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00", b"\x00\x00\x00\x00\x00"])
+def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: bytes) -> None:
+    with pytest.raises(WireError) as raised:
+        decode_request(body)
+
+    assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
+
+
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 64, 0xFFFF])
+def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
+    with pytest.raises(WireError) as raised:
+        decode_request(struct.pack(">HI", api_key, 42))
+
+    assert (raised.value.reason, raised.value.correlation_id) == (Reason.UNKNOWN_API_KEY, 42)
+
+
+@given(U32, requests, st.data())
+def test_a_payload_cut_short_or_overlong_is_malformed_with_the_correlation_id(
+    correlation_id: int, request: Request, data: st.DataObject
+) -> None:
+    body = body_of(encode_request(correlation_id, request))
+    if len(body) > 6:
+        cut = data.draw(st.integers(6, len(body) - 1))
+        with pytest.raises(WireError) as short:
+            decode_request(body[:cut])
+        assert (short.value.reason, short.value.correlation_id) == (
+            Reason.MALFORMED_REQUEST,
+            correlation_id,
+        )
+    with pytest.raises(WireError) as long:
+        decode_request(body + data.draw(st.binary(min_size=1, max_size=4)))
+    assert (long.value.reason, long.value.correlation_id) == (
+        Reason.MALFORMED_REQUEST,
+        correlation_id,
+    )
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (b"\x02\x00\x00\x00\x00\x00", "string marker"),
+        (b"\x01\x00\x00\x00\x02\xff\xfe\x00", "not UTF-8"),
+        (b"\x01\x00\x00\x00\x01t\xff\xff\xff\xff", "records cannot fit"),
+    ],
+    ids=["bad string marker", "invalid UTF-8 topic", "record count beyond the payload"],
+)
+def test_invalid_fields_are_malformed(payload: bytes, why: str) -> None:
+    with pytest.raises(WireError, match=why) as raised:
+        decode_request(struct.pack(">HI", ApiKey.PRODUCE, 5) + payload)
+
+    assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 5)
+
+
+def test_a_header_count_beyond_the_payload_is_refused_before_reading_headers() -> None:
+    record = b"\x00" + b"\x00\x00\x00\x00" + bytes(8) + b"\xff\xff\xff\xff"
+    payload = b"\x01\x00\x00\x00\x01t" + b"\x00\x00\x00\x01" + record
+
+    with pytest.raises(WireError, match="headers cannot fit"):
+        decode_request(struct.pack(">HI", ApiKey.PRODUCE, 5) + payload)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"\x00\x00\x00", b"\x00\x00\x00\x01\x00\x02", b"\x00\x00\x00\x01\x00\x01\x01\x00"],
+    ids=["short header", "unknown error code", "truncated reason"],
+)
+def test_a_response_that_breaks_the_protocol_is_refused_by_the_client(body: bytes) -> None:
+    with pytest.raises(ProtocolViolation):
+        decode_response(body)
