@@ -34,11 +34,15 @@ class InvalidCursorError(ValueError):
     """The string is not a cursor this broker wrote."""
 
 
+def _sorted_positions(positions: Mapping[str, int]) -> dict[str, int]:
+    return dict(sorted(positions.items()))
+
+
 @attrs.frozen
 class Cursor:
     """The next offset to read in each range (ranges missing from it start at their start)."""
 
-    positions: Mapping[str, int] = attrs.field(converter=lambda items: dict(sorted(items.items())))
+    positions: Mapping[str, int] = attrs.field(converter=_sorted_positions)
 
     def encode(self) -> str:
         parts = [_HEAD.pack(CURSOR_VERSION, len(self.positions))]
