@@ -9,7 +9,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from logbroker import exitcodes
-from logbroker.config import ConfigError, StorageSettings
+from logbroker.config import BrokerConfig, ConfigError
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.store import DataDirectory
 
@@ -25,16 +25,23 @@ def _exit(status: int, message: str) -> SystemExit:
     return SystemExit(status)
 
 
+def _warn(lines: list[str]) -> None:
+    for line in lines:
+        print(f"logbroker: warning: {line}", file=sys.stderr)
+
+
 def makeService(options: Options) -> IService:
     env = dict(os.environ)
     if options["data-dir"] is not None:
         env["SVC_DATA_DIR"] = options["data-dir"]
     try:
-        settings = StorageSettings.from_env(env)
+        config, warnings = BrokerConfig.from_env(env)
     except ConfigError as error:
+        _warn(error.warnings)
         raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
+    _warn(warnings)
     try:
-        data_dir = DataDirectory.open(settings.data_dir, OsFileSystem())
+        data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
     except FormatTooNewError as error:
         raise _exit(exitcodes.FORMAT_TOO_NEW, str(error)) from None
     except (StorageError, OSError) as error:
@@ -45,6 +52,6 @@ def makeService(options: Options) -> IService:
     from logbroker.service import build_service
 
     try:
-        return build_service(reactor, settings, data_dir)
+        return build_service(reactor, config, data_dir)
     except (StorageError, OSError) as error:
         raise _exit(exitcodes.FAILURE, f"storage recovery failed: {error}") from None
