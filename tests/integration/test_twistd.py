@@ -113,6 +113,16 @@ def test_twistd_refuses_a_newer_format_with_exit_status_3(tmp_path: Path) -> Non
             [],
             "SVC_TCP_PORT='abc' is invalid: expected an integer from 0 to 65535",
         ),
+        (
+            {"SVC_TCP_PORT": "4040"},
+            ["--port", "abc"],
+            "SVC_TCP_PORT='abc' is invalid: expected an integer from 0 to 65535",
+        ),
+        (
+            {},
+            ["--env", "prod"],
+            "SVC_DATA_DIR is not set: expected an absolute path, which prod requires",
+        ),
     ],
 )
 def test_twistd_names_a_bad_setting_in_one_line_and_exits_with_status_2(
@@ -142,6 +152,27 @@ def test_twistd_warns_about_an_unknown_setting_by_name_and_still_starts(tmp_path
 
     warning = "logbroker: warning: unknown setting SVC_TYPO_PORT is ignored"
     assert f"{warning} (did you mean SVC_TCP_PORT?)\n" in seen, "".join(seen)
+
+
+def test_twistd_flags_override_the_environment(tmp_path: Path) -> None:
+    # A bad SVC_TCP_PORT would stop the boot (above); the flag's value replaces it.
+    broker = run_twistd(
+        tmp_path,
+        "--port",
+        "4040",
+        "--data-dir",
+        str(tmp_path / "elsewhere"),
+        settings={"SVC_TCP_PORT": "abc", "SVC_DATA_DIR": str(tmp_path / "from-env")},
+    )
+    try:
+        seen = wait_for_line(broker, "Storage ready")
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.communicate(timeout=30)
+
+    assert not any("logbroker: warning:" in line for line in seen), "".join(seen)
+    assert (tmp_path / "elsewhere" / "FORMAT").exists()
+    assert not (tmp_path / "from-env").exists()
 
 
 def test_twistd_exits_with_status_1_when_a_range_cannot_be_recovered(tmp_path: Path) -> None:

@@ -1,10 +1,13 @@
-"""docs/configuration.md lists exactly the variables the broker knows, as the registry has them."""
+"""docs/configuration.md lists exactly the variables the broker knows, as the registry has them,
+and the twistd flags with the variables they override."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from logbroker.config import VARIABLES, Variable
+from logbroker.tap import FLAG_VARIABLES
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 TABLE_HEADER = "| Variable | Default | Meaning |"
@@ -43,3 +46,11 @@ def test_the_parser_reads_sections_and_rows() -> None:
 
 def test_the_docs_list_every_variable_with_its_section_default_and_meaning() -> None:
     assert documented_variables(DOCS.read_text(encoding="utf-8")) == list(VARIABLES)
+
+
+def test_the_docs_list_every_flag_with_its_variable() -> None:
+    rows = re.findall(
+        r"^  \| `--([a-z-]+)[^|]*\| `(\w+)` \|$", DOCS.read_text(encoding="utf-8"), re.MULTILINE
+    )
+
+    assert dict(rows) == FLAG_VARIABLES
