@@ -351,7 +351,10 @@ def _dashboard(env: Mapping[str, str], bind_host: str) -> DashboardSettings:
         require_admin=parse_bool(env, "SVC_DASHBOARD_REQUIRE_ADMIN", True),
         metrics_require_auth=parse_bool(env, "SVC_METRICS_REQUIRE_AUTH", False),
         session_timeout_sec=parse_int(env, "SVC_SESSION_TIMEOUT_SEC", 3600, 1),
-        auth_rate_limit=_rate_limit(env, "SVC_DASHBOARD_AUTH_RATE", 10, 60_000),
+        auth_rate_limit=RateLimit(
+            limit=parse_int(env, "SVC_DASHBOARD_AUTH_RATE_LIMIT", 10, 1),
+            window_ms=parse_int(env, "SVC_DASHBOARD_AUTH_RATE_WINDOW_MS", 60_000, 1),
+        ),
     )
 
 
@@ -377,21 +380,22 @@ def _accounts(env: Mapping[str, str], mode: EnvMode) -> AccountSettings:
     return accounts
 
 
-def _rate_limit(env: Mapping[str, str], stem: str, limit: int, window_ms: int) -> RateLimit:
-    """``{stem}_LIMIT`` and ``{stem}_WINDOW_MS``, as every limit of the spec is named."""
-    return RateLimit(
-        limit=parse_int(env, f"{stem}_LIMIT", limit, 1),
-        window_ms=parse_int(env, f"{stem}_WINDOW_MS", window_ms, 1),
-    )
-
-
 def _rate_limits(env: Mapping[str, str], mode: EnvMode) -> RateLimitSettings:
     return RateLimitSettings(
         enabled=parse_bool(env, "SVC_RATE_LIMIT_ENABLED", mode is not EnvMode.TEST),
         cleanup_interval_ms=parse_int(env, "SVC_RATE_LIMIT_CLEANUP_INTERVAL", 300_000, 1),
-        auth=_rate_limit(env, "SVC_AUTH_RATE", 10, 60_000),
-        publish=_rate_limit(env, "SVC_PUBLISH_RATE", 1000, 1000),
-        subscribe=_rate_limit(env, "SVC_SUBSCRIBE_RATE", 100, 60_000),
+        auth=RateLimit(
+            limit=parse_int(env, "SVC_AUTH_RATE_LIMIT", 10, 1),
+            window_ms=parse_int(env, "SVC_AUTH_RATE_WINDOW_MS", 60_000, 1),
+        ),
+        publish=RateLimit(
+            limit=parse_int(env, "SVC_PUBLISH_RATE_LIMIT", 1000, 1),
+            window_ms=parse_int(env, "SVC_PUBLISH_RATE_WINDOW_MS", 1000, 1),
+        ),
+        subscribe=RateLimit(
+            limit=parse_int(env, "SVC_SUBSCRIBE_RATE_LIMIT", 100, 1),
+            window_ms=parse_int(env, "SVC_SUBSCRIBE_RATE_WINDOW_MS", 60_000, 1),
+        ),
     )
 
 
