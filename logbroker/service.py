@@ -17,7 +17,7 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 
-from logbroker.config import StorageSettings
+from logbroker.config import BrokerConfig
 from logbroker.storage import (
     BATCH_ENCODER,
     DataDirectory,
@@ -123,11 +123,12 @@ class StorageService(Service):
         return closing.addCallback(stop_threads)
 
 
-def build_service(reactor: Any, settings: StorageSettings, data_dir: DataDirectory) -> MultiService:
-    """Build the service tree, recovering storage first. Blocking; raises on recovery failure."""
+def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> MultiService:
+    """Build the service tree, recovering storage first. Blocking; raises on recovery failure.
+    ``data_dir`` is ``config.storage.data_dir`` already opened (and locked) by the caller."""
     configure_interpreter()
     root = MultiService()
-    storage = StorageService(reactor, data_dir, OsFileSystem(), settings.log)
+    storage = StorageService(reactor, data_dir, OsFileSystem(), config.storage.log)
     storage.recover()
     storage.setName("storage")
     storage.setServiceParent(root)

@@ -1,8 +1,53 @@
 """Configuration from ``SVC_*`` environment variables, validated once into frozen objects.
 
-Every bad value is a ``ConfigError`` naming the variable and the value.
+``BrokerConfig.from_env`` parses every setting of a node; every bad value is a ``ConfigError``
+naming the variable and the value, and unknown ``SVC_*`` names are warned about. ``VARIABLES``
+lists every variable as docs/configuration.md shows it.
 """
 
-from logbroker.config._env import ConfigError, StorageSettings, parse_bool, parse_int
+from logbroker.config._broker import (
+    AccountSettings,
+    BrokerConfig,
+    ClusterSettings,
+    ConnectionLimitSettings,
+    ControlPlane,
+    DashboardSettings,
+    EnvMode,
+    RateLimit,
+    RateLimitSettings,
+    RetentionSettings,
+    ScrubSettings,
+    ServerSettings,
+    SpreadPolicy,
+    StorageSettings,
+    TlsSettings,
+    TlsVerify,
+    TlsVersion,
+)
+from logbroker.config._env import ConfigError, parse_bool, parse_int
+from logbroker.config._variables import VARIABLES, Variable
 
-__all__ = ["ConfigError", "StorageSettings", "parse_bool", "parse_int"]
+__all__ = [
+    "VARIABLES",
+    "AccountSettings",
+    "BrokerConfig",
+    "ClusterSettings",
+    "ConfigError",
+    "ConnectionLimitSettings",
+    "ControlPlane",
+    "DashboardSettings",
+    "EnvMode",
+    "RateLimit",
+    "RateLimitSettings",
+    "RetentionSettings",
+    "ScrubSettings",
+    "ServerSettings",
+    "SpreadPolicy",
+    "StorageSettings",
+    "TlsSettings",
+    "TlsVerify",
+    "TlsVersion",
+    "Variable",
+    "parse_bool",
+    "parse_int",
+]

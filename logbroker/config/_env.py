@@ -1,40 +1,75 @@
-"""Parsing ``SVC_*`` environment variables: each bad value is a ``ConfigError`` that names the
-variable, the value and what was expected. (Warnings about unknown ``SVC_*`` names come with the
-full broker configuration, once every variable of the spec is parsed.)"""
+"""Parsing single ``SVC_*`` environment variables: each bad value is a ``ConfigError`` that names
+the variable, the value and what was expected. A blank value counts as unset everywhere, so an
+env file line ``SVC_X=`` means the default, as it does for most services operators know."""
 
 from __future__ import annotations
 
-import os
+import enum
+import ipaddress
 from collections.abc import Mapping
-
-import attrs
-
-from logbroker.storage import LogConfig
-from logbroker.storage.log import DEFAULT_SEGMENT_MAX_BYTES, MAX_SEGMENT_BYTES
+from typing import TypeVar, overload
 
 _TRUE = frozenset({"1", "true", "yes", "on"})
 _FALSE = frozenset({"0", "false", "no", "off"})
 
+_Choice = TypeVar("_Choice", bound=enum.Enum)
+
 
 class ConfigError(ValueError):
-    """A setting has a bad value; the message names the variable and the value."""
+    """A setting has a bad value, or a required one is missing; the message names the variable
+    and the value (``value`` is None when the variable is not set)."""
 
-    def __init__(self, variable: str, value: str, expected: str) -> None:
-        super().__init__(f"{variable}={value!r} is invalid: expected {expected}")
+    def __init__(self, variable: str, value: str | None, expected: str) -> None:
+        if value is None:
+            message = f"{variable} is not set: expected {expected}"
+        else:
+            message = f"{variable}={value!r} is invalid: expected {expected}"
+        super().__init__(message)
         self.variable = variable
         self.value = value
+        #: Warnings gathered before the error (``BrokerConfig.from_env`` fills them in): an
+        #: unknown name is often why a required setting is missing, so both are shown.
+        self.warnings: list[str] = []
+
+
+def parse_text(env: Mapping[str, str], variable: str) -> str | None:
+    """The value with surrounding blanks removed, or None when unset or blank."""
+    raw = env.get(variable)
+    if raw is None or raw.strip() == "":
+        return None
+    return raw.strip()
 
 
 def parse_bool(env: Mapping[str, str], variable: str, default: bool) -> bool:
-    raw = env.get(variable)
-    if raw is None or raw.strip() == "":
+    """``true``/``false`` and the usual spellings of both, in any case."""
+    word = parse_text(env, variable)
+    if word is None:
         return default
-    word = raw.strip().lower()
-    if word in _TRUE:
+    if word.lower() in _TRUE:
         return True
-    if word in _FALSE:
+    if word.lower() in _FALSE:
         return False
-    raise ConfigError(variable, raw, "true or false (also 1/0, yes/no, on/off)")
+    raise ConfigError(variable, env[variable], "true or false (also 1/0, yes/no, on/off)")
+
+
+@overload
+def parse_int(
+    env: Mapping[str, str],
+    variable: str,
+    default: int,
+    minimum: int = 0,
+    maximum: int | None = None,
+) -> int: ...
+
+
+@overload
+def parse_int(
+    env: Mapping[str, str],
+    variable: str,
+    default: None,
+    minimum: int = 0,
+    maximum: int | None = None,
+) -> int | None: ...
 
 
 def parse_int(
@@ -44,12 +79,14 @@ def parse_int(
     minimum: int = 0,
     maximum: int | None = None,
 ) -> int | None:
-    raw = env.get(variable)
-    if raw is None or raw.strip() == "":
+    """A decimal integer from ``minimum`` to ``maximum`` (None: no upper bound)."""
+    text = parse_text(env, variable)
+    if text is None:
         return default
+    raw = env[variable]
     bounds = f"an integer from {minimum}" + (f" to {maximum}" if maximum is not None else " up")
     try:
-        value = int(raw.strip(), 10)
+        value = int(text, 10)
     except ValueError:
         raise ConfigError(variable, raw, bounds) from None
     if value < minimum or (maximum is not None and value > maximum):
@@ -57,36 +94,34 @@ def parse_int(
     return value
 
 
-def _required_int(
-    env: Mapping[str, str], variable: str, default: int, minimum: int, maximum: int | None = None
-) -> int:
-    value = parse_int(env, variable, default, minimum, maximum)
-    assert value is not None
-    return value
+def parse_port(env: Mapping[str, str], variable: str, default: int) -> int:
+    """A TCP port; 0 asks the system for any free one (for tests that run many brokers)."""
+    return parse_int(env, variable, default, 0, 65535)
 
 
-@attrs.frozen
-class StorageSettings:
-    """Where data lives and how range logs roll and commit."""
+def parse_choice(
+    env: Mapping[str, str], variable: str, choices: type[_Choice], default: _Choice
+) -> _Choice:
+    """One of an enum's values, compared without regard to case."""
+    text = parse_text(env, variable)
+    if text is None:
+        return default
+    for choice in choices:
+        if choice.value == text.lower():
+            return choice
+    *others, last = (str(choice.value) for choice in choices)
+    raise ConfigError(variable, env[variable], f"{', '.join(others)} or {last}")
 
-    data_dir: str
-    log: LogConfig
 
-    @classmethod
-    def from_env(cls, env: Mapping[str, str], cwd: str | None = None) -> StorageSettings:
-        data_dir = env.get("SVC_DATA_DIR", "").strip() or "data"
-        data_dir = os.path.abspath(os.path.join(cwd or os.getcwd(), data_dir))
-        segment_max = _required_int(
-            env, "SVC_SEGMENT_MAX_BYTES", DEFAULT_SEGMENT_MAX_BYTES, 1024, MAX_SEGMENT_BYTES
-        )
-        roll_max = parse_int(env, "SVC_LOG_ROLL_MAX_BYTES", None, 1024, MAX_SEGMENT_BYTES)
-        log_config = LogConfig(
-            roll_bytes=min(segment_max, roll_max) if roll_max is not None else segment_max,
-            group_commit=parse_bool(env, "SVC_GROUP_COMMIT", False),
-            group_commit_interval_ms=_required_int(
-                env, "SVC_GROUP_COMMIT_INTERVAL_MS", 5, 1, 60_000
-            ),
-            flush_max_records=_required_int(env, "SVC_GROUP_COMMIT_FLUSH_MAX_RECORDS", 8000, 1),
-            max_inflight_records=_required_int(env, "SVC_GROUP_COMMIT_MAX_INFLIGHT", 200_000, 1),
-        )
-        return cls(data_dir, log_config)
+def parse_address(env: Mapping[str, str], variable: str, default: str) -> str:
+    """An IPv4 or IPv6 address literal to listen on (``0.0.0.0`` or ``::`` for every interface).
+    Host names are refused: which address a name resolves to at boot is not a setting."""
+    text = parse_text(env, variable)
+    if text is None:
+        return default
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise ConfigError(
+            variable, env[variable], "an IPv4 or IPv6 address, such as 0.0.0.0"
+        ) from None

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -24,10 +26,24 @@ def test_plugin_is_found_by_twisted() -> None:
     assert "log broker" in makers["logbroker"].description
 
 
-def run_twistd(cwd: Path, *args: str) -> subprocess.Popen[str]:
+def broker_env(settings: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without its broker settings, plus ``settings``: a variable
+    exported in the shell that runs the tests must not change what they see."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.upper().startswith("SVC_") and name != "MIX_ENV"
+    }
+    return {**env, **settings}
+
+
+def run_twistd(
+    cwd: Path, *args: str, settings: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker", *args],
         cwd=cwd,
+        env=broker_env(settings or {}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -84,19 +100,79 @@ def test_twistd_refuses_a_newer_format_with_exit_status_3(tmp_path: Path) -> Non
     assert "uses storage format 7" in output
 
 
-def test_twistd_names_a_bad_setting_and_exits_with_status_2(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("settings", "args", "line"),
+    [
+        (
+            {"SVC_SEGMENT_MAX_BYTES": "64MB"},
+            [],
+            "SVC_SEGMENT_MAX_BYTES='64MB' is invalid: expected an integer from 1024 to 4294967295",
+        ),
+        (
+            {"SVC_TCP_PORT": "abc"},
+            [],
+            "SVC_TCP_PORT='abc' is invalid: expected an integer from 0 to 65535",
+        ),
+        (
+            {"SVC_TCP_PORT": "4040"},
+            ["--port", "abc"],
+            "SVC_TCP_PORT='abc' is invalid: expected an integer from 0 to 65535",
+        ),
+        (
+            {},
+            ["--env", "prod"],
+            "SVC_DATA_DIR is not set: expected an absolute path, which prod requires",
+        ),
+    ],
+)
+def test_twistd_names_a_bad_setting_in_one_line_and_exits_with_status_2(
+    tmp_path: Path, settings: dict[str, str], args: list[str], line: str
+) -> None:
     broker = subprocess.run(
-        [TWISTD, "-n", "--pidfile=", "logbroker"],
+        [TWISTD, "-n", "--pidfile=", "logbroker", *args],
         cwd=tmp_path,
-        env={"PATH": "/usr/bin:/bin", "SVC_SEGMENT_MAX_BYTES": "64MB"},
+        env=broker_env(settings),
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
     )
 
-    assert broker.returncode == 2
-    assert "SVC_SEGMENT_MAX_BYTES='64MB' is invalid" in broker.stderr
+    assert broker.returncode == 2, broker.stderr
+    assert broker.stderr.splitlines() == [f"logbroker: {line}"]
+
+
+def test_twistd_warns_about_an_unknown_setting_by_name_and_still_starts(tmp_path: Path) -> None:
+    broker = run_twistd(tmp_path, settings={"SVC_TYPO_PORT": "4040"})
+    try:
+        seen = wait_for_line(broker, "Storage ready")
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.communicate(timeout=30)
+
+    warning = "logbroker: warning: unknown setting SVC_TYPO_PORT is ignored"
+    assert f"{warning} (did you mean SVC_TCP_PORT?)\n" in seen, "".join(seen)
+
+
+def test_twistd_flags_override_the_environment(tmp_path: Path) -> None:
+    # A bad SVC_TCP_PORT would stop the boot (above); the flag's value replaces it.
+    broker = run_twistd(
+        tmp_path,
+        "--port",
+        "4040",
+        "--data-dir",
+        str(tmp_path / "elsewhere"),
+        settings={"SVC_TCP_PORT": "abc", "SVC_DATA_DIR": str(tmp_path / "from-env")},
+    )
+    try:
+        seen = wait_for_line(broker, "Storage ready")
+    finally:
+        broker.send_signal(signal.SIGTERM)
+        broker.communicate(timeout=30)
+
+    assert not any("logbroker: warning:" in line for line in seen), "".join(seen)
+    assert (tmp_path / "elsewhere" / "FORMAT").exists()
+    assert not (tmp_path / "from-env").exists()
 
 
 def test_twistd_exits_with_status_1_when_a_range_cannot_be_recovered(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from twisted.internet.testing import MemoryReactorClock
 
-from logbroker.config import StorageSettings
+from logbroker.config import BrokerConfig
 from logbroker.service import GIL_SWITCH_INTERVAL_SECONDS, build_service
 from logbroker.storage import DataDirectory, OsFileSystem
 
@@ -29,10 +29,10 @@ def test_the_broker_hands_the_gil_to_its_writer_threads_within_half_a_millisecon
     tmp_path: Path,
 ) -> None:
     sys.setswitchinterval(0.005)
-    settings = StorageSettings.from_env({}, cwd=str(tmp_path))
-    data_dir = DataDirectory.open(settings.data_dir, OsFileSystem())
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
 
-    root = build_service(MemoryReactorClock(), settings, data_dir)
+    root = build_service(MemoryReactorClock(), config, data_dir)
 
     assert root.getServiceNamed("storage") is not None
     assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_SECONDS)
