@@ -86,9 +86,8 @@ def test_changes_asked_for_during_a_write_go_out_together_in_the_next_one() -> N
 
 
 def test_acknowledgements_fire_in_call_order_and_see_their_own_change() -> None:
-    control = started(MemoryFileSystem(), ManualExecutor())
-    executor = control._executor
-    assert isinstance(executor, ManualExecutor)
+    executor = ManualExecutor()
+    control = started(MemoryFileSystem(), executor)
     topic, ranges = make_topic()
     order: list[tuple[int, str | None]] = []
     d = control.create_topic(topic, ranges)
@@ -153,9 +152,8 @@ def test_a_long_chain_of_changes_does_not_recurse_with_an_executor_that_fires_at
 
 
 def test_changes_are_checked_against_the_queued_state_at_call_time() -> None:
-    control = started(MemoryFileSystem(), ManualExecutor())
-    executor = control._executor
-    assert isinstance(executor, ManualExecutor)
+    executor = ManualExecutor()
+    control = started(MemoryFileSystem(), executor)
 
     created = control.create_user(make_user("alice"))
     granted = control.grant_acl(AclGrant("alice", "produce", "orders"))
