@@ -3,7 +3,9 @@
 * ``MemoryFileSystem`` keeps what was written (the page cache) apart from what was fsynced (the
   disk), can simulate a power cut that keeps any prefix of the unsynced bytes, fails fsyncs on
   demand, and journals every write and sync so a test can check that nothing was acknowledged
-  before the fsync that covers it.
+  before the fsync that covers it. An atomic replace goes through the same steps as on a real
+  disk (temporary file, fsync, rename, directory fsync), and a test can take a crash image or
+  inject an error before any of them.
 * ``ImmediateExecutor`` runs storage jobs inline; ``ManualExecutor`` holds them until the test
   runs them, so a test decides exactly what is in flight.
 """
@@ -27,6 +29,8 @@ class _File:
     durable: bytes = b""
     #: Whether the file's directory entry survives a crash.
     linked: bool = False
+    #: The linked file a rename not yet made durable replaced: a crash may bring it back.
+    replaced: _File | None = None
 
 
 @attrs.frozen
@@ -97,6 +101,10 @@ class MemoryFileSystem:
         self.failing_syncs = 0
         #: While positive, each atomic replace (seal marker, index) fails with ENOSPC.
         self.failing_atomic_writes = 0
+        #: Called as ``(step, path)`` before each step of an atomic replace: ``write`` and
+        #: ``sync`` of the temporary file, ``rename`` onto the target, ``sync-dir``. It may take
+        #: a ``crash()`` image there, or raise ``OSError`` to fail the replace at that step.
+        self.on_atomic_step: Callable[[str, str], None] | None = None
 
     @staticmethod
     def _norm(path: str) -> str:
@@ -169,8 +177,27 @@ class MemoryFileSystem:
         if self.failing_atomic_writes > 0:
             self.failing_atomic_writes -= 1
             raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
-        self._files[path] = _File(bytearray(data), bytes(data), linked=True)
+        # The steps of OsFileSystem.write_atomic, each one a point a crash can hit.
+        temporary = path + ".tmp"
+        directory = posixpath.dirname(path)
+        self._atomic_step("write", temporary)
+        entry = _File(bytearray(data))
+        self._files[temporary] = entry
+        self._atomic_step("sync", temporary)
+        entry.durable = bytes(data)
+        self._atomic_step("rename", path)
+        del self._files[temporary]
+        old = self._files.get(path)
+        if old is not None:
+            entry.replaced = old if old.linked else old.replaced
+        self._files[path] = entry
+        self._atomic_step("sync-dir", directory)
+        self.sync_dir(directory)
         self.journal.append(JournalEntry("write-atomic", path, len(data)))
+
+    def _atomic_step(self, step: str, path: str) -> None:
+        if self.on_atomic_step is not None:
+            self.on_atomic_step(step, path)
 
     def truncate(self, path: str, size: int) -> None:
         entry = self._file(path)
@@ -188,6 +215,7 @@ class MemoryFileSystem:
         for name, entry in self._files.items():
             if posixpath.dirname(name) == path:
                 entry.linked = True
+                entry.replaced = None
 
     def lock(self, path: str) -> object:
         path = self._norm(path)
@@ -214,17 +242,25 @@ class MemoryFileSystem:
             durable[position] ^= xor
             entry.durable = bytes(durable)
 
-    def crash(self, keep: Callable[[str, int], int] = lambda path, unsynced: 0) -> MemoryFileSystem:
+    def crash(
+        self,
+        keep: Callable[[str, int], int] = lambda path, unsynced: 0,
+        entries: Callable[[str], bool] = lambda path: False,
+    ) -> MemoryFileSystem:
         """A power cut: the file system as the disk holds it afterwards.
 
         Each file keeps its fsynced bytes plus ``keep(path, unsynced)`` of the bytes written
         after them (the kernel may have written back any prefix). A file whose directory entry
-        was never synced is gone.
+        was never synced is gone, or back to the file a rename replaced, unless
+        ``entries(path)`` says the kernel wrote that entry back anyway.
         """
         after = MemoryFileSystem()
         after._dirs = set(self._dirs)
-        for path, entry in self._files.items():
-            if not entry.linked:
+        for path, found in self._files.items():
+            entry: _File | None = found
+            if not found.linked and not entries(path):
+                entry = found.replaced
+            if entry is None:
                 continue
             unsynced = len(entry.data) - len(entry.durable)
             kept = max(0, min(unsynced, keep(path, unsynced)))

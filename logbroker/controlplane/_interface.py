@@ -1,0 +1,89 @@
+"""The one interface the broker uses to reach its control plane (DESIGN section 7).
+
+Reads are synchronous and see the latest durable state: a change becomes visible once it is
+durable, never before. Changes return Deferreds that fire once the change is durable, in the
+order they were asked for; one that contradicts the state, as it will be once the changes
+asked for before it are durable, fails at once with a typed ``ControlPlaneError``. A change
+whose Deferred failed did not take effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from twisted.internet.defer import Deferred
+
+from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+
+
+class ControlPlane(Protocol):
+    def start(self) -> Deferred[None]:
+        """Load the state; reads and changes are refused until this has fired."""
+
+    def close(self) -> Deferred[None]:
+        """Refuse further changes; fire once every change asked for is settled."""
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> Topic | None: ...
+
+    def topics(self) -> list[Topic]:
+        """Every topic, by name."""
+
+    def range(self, range_id: str) -> Range | None: ...
+
+    def ranges(self, topic: str) -> list[Range]:
+        """The topic's ranges in the order the topic lists them; none for an unknown topic."""
+
+    def segments(self, range_id: str) -> list[SegmentMeta]:
+        """The range's segments by base offset."""
+
+    def user(self, name: str) -> User | None: ...
+
+    def users(self) -> list[User]:
+        """Every user, by name."""
+
+    def acls(self, user: str | None = None) -> list[AclGrant]:
+        """The grants of ``user``, or of every user, sorted."""
+
+    def group_position(self, topic: str, group: str) -> str | None:
+        """The cursor ``group`` last committed on ``topic``."""
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
+        """Create ``topic`` with ``ranges`` (listed in ``topic.range_ids``, tiling its
+        keyspace); ``AlreadyExistsError`` if the topic or a range id exists."""
+
+    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
+        """Record a segment or a change to it. ``NotFoundError`` for an unknown range;
+        ``InvalidChangeError`` for a lower epoch or a change to a sealed segment's counts."""
+
+    def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
+        """Forget a segment (retention); ``NotFoundError`` if it is not recorded."""
+
+    def create_user(self, user: User) -> Deferred[None]:
+        """``UserExistsError`` if the name is taken."""
+
+    def update_user(
+        self,
+        name: str,
+        *,
+        password_hash: str | None = None,
+        permissions: frozenset[str] | None = None,
+    ) -> Deferred[User]:
+        """Change what is given, keep the rest; fire with the user as updated.
+        ``UserNotFoundError`` for an unknown user."""
+
+    def delete_user(self, name: str) -> Deferred[None]:
+        """Remove the user and its ACL grants; ``UserNotFoundError`` for an unknown user."""
+
+    def grant_acl(self, grant: AclGrant) -> Deferred[None]:
+        """Add a grant (a no-op if present); ``UserNotFoundError`` for an unknown user."""
+
+    def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
+        """Remove a grant; ``NotFoundError`` if it is not present."""
+
+    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
+        """Record ``group``'s cursor on ``topic``; ``NotFoundError`` for an unknown topic."""

@@ -1,0 +1,258 @@
+"""The control plane's state as one immutable value, and the changes that make a new one.
+
+Pure: no files, no reactor. ``change.apply(state)`` checks the change against ``state`` (raising
+a typed ``ControlPlaneError``) and returns the new state; ``state`` itself is never touched, so
+a snapshot can be serialized on a writer thread while the reactor goes on applying changes.
+Each change copies only the mapping it touches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TypeVar
+
+import attrs
+
+from logbroker.controlplane._model import (
+    AclGrant,
+    Range,
+    RangeState,
+    SegmentMeta,
+    SegmentState,
+    Topic,
+    User,
+)
+from logbroker.controlplane.errors import (
+    AlreadyExistsError,
+    InvalidChangeError,
+    NotFoundError,
+    UserExistsError,
+    UserNotFoundError,
+)
+
+MAX_GROUP_NAME = 249
+
+_V = TypeVar("_V")
+
+
+@attrs.frozen
+class ControlState:
+    """Everything the control plane records. The mappings are never modified once built."""
+
+    topics: Mapping[str, Topic] = attrs.field(factory=dict)
+    ranges: Mapping[str, Range] = attrs.field(factory=dict)
+    #: range id -> base offset -> segment
+    segments: Mapping[str, Mapping[int, SegmentMeta]] = attrs.field(factory=dict)
+    users: Mapping[str, User] = attrs.field(factory=dict)
+    #: user name -> that user's grants (no entry for a user without any)
+    acls: Mapping[str, frozenset[AclGrant]] = attrs.field(factory=dict)
+    #: (topic, group) -> the group's committed cursor
+    positions: Mapping[tuple[str, str], str] = attrs.field(factory=dict)
+
+
+def _without(mapping: Mapping[str, _V], key: str) -> dict[str, _V]:
+    return {k: v for k, v in mapping.items() if k != key}
+
+
+@attrs.frozen
+class CreateTopic:
+    topic: Topic
+    ranges: tuple[Range, ...]
+
+    def apply(self, state: ControlState) -> ControlState:
+        topic = self.topic
+        if topic.name in state.topics:
+            raise AlreadyExistsError(f"topic {topic.name!r} exists already")
+        if tuple(r.range_id for r in self.ranges) != topic.range_ids:
+            raise InvalidChangeError(
+                f"topic {topic.name!r} lists ranges {topic.range_ids!r} but was given "
+                f"{tuple(r.range_id for r in self.ranges)!r}"
+            )
+        for range_ in self.ranges:
+            if range_.range_id in state.ranges:
+                # Range ids name storage directories, so they are unique across topics.
+                raise AlreadyExistsError(f"range {range_.range_id!r} exists already")
+            if range_.topic != topic.name or range_.state is not RangeState.ACTIVE:
+                raise InvalidChangeError(
+                    f"range {range_.range_id!r} of a new topic {topic.name!r} must belong to "
+                    "it and be active"
+                )
+            if range_.parent is not None:
+                raise InvalidChangeError(
+                    f"range {range_.range_id!r} of a new topic cannot have a parent"
+                )
+        # A new topic's ranges tile its keyspace: every key lands in exactly one range.
+        edge = 0
+        for range_ in sorted(self.ranges, key=lambda r: r.start):
+            if range_.start != edge:
+                break
+            edge = range_.end
+        if edge != topic.keyspace_size or sum(r.end - r.start for r in self.ranges) != edge:
+            raise InvalidChangeError(
+                f"the ranges of topic {topic.name!r} must cover its keyspace "
+                f"[0, {topic.keyspace_size}) without gaps or overlaps"
+            )
+        return attrs.evolve(
+            state,
+            topics={**state.topics, topic.name: topic},
+            ranges={**state.ranges, **{r.range_id: r for r in self.ranges}},
+        )
+
+
+@attrs.frozen
+class PutSegment:
+    """Record a new segment or a change to one (sealing, a new epoch, a new replica set)."""
+
+    meta: SegmentMeta
+
+    def apply(self, state: ControlState) -> ControlState:
+        meta = self.meta
+        if meta.range_id not in state.ranges:
+            raise NotFoundError(f"range {meta.range_id!r} does not exist")
+        segments = state.segments.get(meta.range_id, {})
+        old = segments.get(meta.base_offset)
+        where = f"segment {meta.range_id}@{meta.base_offset}"
+        if old is not None:
+            # These would let a stale primary back in or change what replicas trim to.
+            if meta.epoch < old.epoch:
+                raise InvalidChangeError(
+                    f"{where} is at epoch {old.epoch}; it cannot go back to {meta.epoch}"
+                )
+            if old.state is SegmentState.SEALED and (
+                meta.record_count,
+                meta.byte_size,
+            ) != (old.record_count, old.byte_size):
+                raise InvalidChangeError(
+                    f"{where} is sealed at {old.record_count} records, {old.byte_size} bytes; "
+                    "a sealed segment cannot be unsealed or resized"
+                )
+        return attrs.evolve(
+            state,
+            segments={**state.segments, meta.range_id: {**segments, meta.base_offset: meta}},
+        )
+
+
+@attrs.frozen
+class DeleteSegment:
+    range_id: str
+    base_offset: int
+
+    def apply(self, state: ControlState) -> ControlState:
+        segments = state.segments.get(self.range_id, {})
+        if self.base_offset not in segments:
+            raise NotFoundError(f"segment {self.range_id}@{self.base_offset} does not exist")
+        rest = {base: meta for base, meta in segments.items() if base != self.base_offset}
+        # No empty entries: the state file has none, and a reloaded state must compare equal.
+        others = _without(state.segments, self.range_id)
+        return attrs.evolve(state, segments={**others, self.range_id: rest} if rest else others)
+
+
+@attrs.frozen
+class CreateUser:
+    user: User
+
+    def apply(self, state: ControlState) -> ControlState:
+        if self.user.name in state.users:
+            raise UserExistsError(f"user {self.user.name!r} exists already")
+        return attrs.evolve(state, users={**state.users, self.user.name: self.user})
+
+
+def _existing_user(state: ControlState, name: str) -> User:
+    try:
+        return state.users[name]
+    except KeyError:
+        raise UserNotFoundError(f"user {name!r} does not exist") from None
+
+
+@attrs.frozen
+class UpdateUser:
+    """Change a user's password hash, permissions or both; what is ``None`` stays as it is.
+
+    Applied to the state as it will be once earlier changes are durable, so two updates of
+    different fields never undo each other.
+    """
+
+    name: str
+    password_hash: str | None = None
+    permissions: frozenset[str] | None = None
+
+    def apply(self, state: ControlState) -> ControlState:
+        user = _existing_user(state, self.name)
+        if self.password_hash is not None:
+            user = attrs.evolve(user, password_hash=self.password_hash)
+        if self.permissions is not None:
+            user = attrs.evolve(user, permissions=self.permissions)
+        return attrs.evolve(state, users={**state.users, self.name: user})
+
+
+@attrs.frozen
+class DeleteUser:
+    """Remove a user and every ACL grant naming it."""
+
+    name: str
+
+    def apply(self, state: ControlState) -> ControlState:
+        _existing_user(state, self.name)
+        return attrs.evolve(
+            state,
+            users=_without(state.users, self.name),
+            acls=_without(state.acls, self.name),
+        )
+
+
+@attrs.frozen
+class GrantAcl:
+    """Add a grant; granting one that exists changes nothing."""
+
+    grant: AclGrant
+
+    def apply(self, state: ControlState) -> ControlState:
+        user = self.grant.user
+        _existing_user(state, user)
+        grants = state.acls.get(user, frozenset()) | {self.grant}
+        return attrs.evolve(state, acls={**state.acls, user: grants})
+
+
+@attrs.frozen
+class RevokeAcl:
+    grant: AclGrant
+
+    def apply(self, state: ControlState) -> ControlState:
+        user = self.grant.user
+        grants = state.acls.get(user, frozenset())
+        if self.grant not in grants:
+            raise NotFoundError(f"no such ACL grant: {self.grant!r}")
+        rest = grants - {self.grant}
+        acls = {**state.acls, user: rest} if rest else _without(state.acls, user)
+        return attrs.evolve(state, acls=acls)
+
+
+@attrs.frozen
+class CommitGroupPosition:
+    topic: str
+    group: str = attrs.field()
+    cursor: str
+
+    @group.validator
+    def _check_group(self, attribute: attrs.Attribute[str], value: str) -> None:
+        if not 1 <= len(value) <= MAX_GROUP_NAME:
+            raise ValueError(f"a group name has 1 to {MAX_GROUP_NAME} characters, not {value!r}")
+
+    def apply(self, state: ControlState) -> ControlState:
+        if self.topic not in state.topics:
+            raise NotFoundError(f"topic {self.topic!r} does not exist")
+        key = (self.topic, self.group)
+        return attrs.evolve(state, positions={**state.positions, key: self.cursor})
+
+
+Change = (
+    CreateTopic
+    | PutSegment
+    | DeleteSegment
+    | CreateUser
+    | UpdateUser
+    | DeleteUser
+    | GrantAcl
+    | RevokeAcl
+    | CommitGroupPosition
+)

@@ -1,0 +1,312 @@
+"""The control plane of a single node: one state file in the data directory.
+
+The whole state lives in memory and in ``<directory>/state.json`` (see ``_format``). A change is
+applied to an immutable copy of the state; the copy is serialized and atomically replaces the
+file (temporary file, fsync, rename, directory fsync) in an executor job, so the reactor never
+waits on the disk, and a crash at any moment leaves either the old file or the new one. Only
+once that job has returned do reads see the new state and the change's Deferred fire.
+
+Group commit: at most one write is in flight. Changes asked for while it runs queue up, each
+checked against the state including those queued before it, and all go out in the next single
+write, so a burst of consumer group commits costs one fsync, not one each.
+
+A write that fails fails the changes it carried and every change queued behind it (they were
+checked against a state that never became durable); the durable state stays as it was and the
+next change starts from it. If the failure came after the rename (the directory fsync), the
+file may already hold the failed changes; the next write replaces it, and a crash before that
+write may bring them back, as after any write whose outcome was unknown.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import attrs
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.controlplane._format import decode_state, encode_state
+from logbroker.controlplane._interface import ControlPlane
+from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._state import (
+    Change,
+    CommitGroupPosition,
+    ControlState,
+    CreateTopic,
+    CreateUser,
+    DeleteSegment,
+    DeleteUser,
+    GrantAcl,
+    PutSegment,
+    RevokeAcl,
+    UpdateUser,
+)
+from logbroker.controlplane.errors import (
+    ControlPlaneClosedError,
+    ControlPlaneError,
+    ControlPlaneWriteError,
+)
+from logbroker.storage import Executor, FileSystem
+
+STATE_FILE = "state.json"
+LOCK_FILE = "LOCK"
+
+log = Logger()
+
+#: A change's Deferred, and the state as that change left it.
+_Queued = tuple[Deferred[ControlState], ControlState]
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+@attrs.frozen
+class _Loaded:
+    lock: object
+    state: ControlState
+    removed_temporary: bool
+
+
+def _load_job(fs: FileSystem, directory: str) -> _Loaded:
+    fs.make_dirs(directory)
+    try:
+        lock = fs.lock(f"{directory}/{LOCK_FILE}")
+    except BlockingIOError:
+        raise ControlPlaneError(
+            f"control plane directory {directory} is in use by another logbroker process; "
+            "stop it, or point SVC_DATA_DIR elsewhere"
+        ) from None
+    path = f"{directory}/{STATE_FILE}"
+    # A crash during a write leaves this behind; it is never the state.
+    temporary = path + ".tmp"
+    removed = fs.exists(temporary)
+    if removed:
+        fs.remove(temporary)
+        fs.sync_dir(directory)
+    state = decode_state(fs.read_file(path), path) if fs.exists(path) else ControlState()
+    return _Loaded(lock, state, removed)
+
+
+def _write_job(fs: FileSystem, path: str, state: ControlState) -> None:
+    fs.write_atomic(path, encode_state(state))
+
+
+class LocalControlPlane:
+    """A ``ControlPlane`` kept in one file under ``directory`` (created if missing)."""
+
+    def __init__(self, directory: str, *, fs: FileSystem, executor: Executor) -> None:
+        self.directory = directory
+        self.path = f"{directory}/{STATE_FILE}"
+        self._fs = fs
+        self._executor = executor
+        self._lock: object | None = None
+        #: What reads see: the state as last written. ``None`` until started.
+        self._durable: ControlState | None = None
+        #: The durable state with every change asked for since applied.
+        self._pending = ControlState()
+        #: Changes applied to ``_pending`` and not yet handed to a write.
+        self._queued: list[_Queued] = []
+        self._writing = False
+        self._kicking = False
+        self._closing = False
+        self._closed = False
+        self._close_waiters: list[Deferred[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> Deferred[None]:
+        return self._executor.run(_load_job, self._fs, self.directory).addCallback(self._loaded)
+
+    def _loaded(self, loaded: _Loaded) -> None:
+        self._lock = loaded.lock
+        self._durable = self._pending = loaded.state
+        if loaded.removed_temporary:
+            log.info("Removed {path}.tmp, left by an interrupted write", path=self.path)
+        log.info(
+            "Control plane loaded from {path}: {topics} topics, {users} users",
+            path=self.path,
+            topics=len(loaded.state.topics),
+            users=len(loaded.state.users),
+        )
+
+    def close(self) -> Deferred[None]:
+        if self._closed:
+            return succeed(None)
+        self._closing = True
+        closed: Deferred[None] = Deferred()
+        self._close_waiters.append(closed)
+        self._kick()
+        return closed
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _state(self) -> ControlState:
+        if self._durable is None:
+            raise ControlPlaneClosedError(f"the control plane in {self.directory} is not started")
+        return self._durable
+
+    def topic(self, name: str) -> Topic | None:
+        return self._state().topics.get(name)
+
+    def topics(self) -> list[Topic]:
+        return [topic for _, topic in sorted(self._state().topics.items())]
+
+    def range(self, range_id: str) -> Range | None:
+        return self._state().ranges.get(range_id)
+
+    def ranges(self, topic: str) -> list[Range]:
+        state = self._state()
+        found = state.topics.get(topic)
+        return [state.ranges[r] for r in found.range_ids] if found is not None else []
+
+    def segments(self, range_id: str) -> list[SegmentMeta]:
+        segments = self._state().segments.get(range_id, {})
+        return [meta for _, meta in sorted(segments.items())]
+
+    def user(self, name: str) -> User | None:
+        return self._state().users.get(name)
+
+    def users(self) -> list[User]:
+        return [user for _, user in sorted(self._state().users.items())]
+
+    def acls(self, user: str | None = None) -> list[AclGrant]:
+        acls = self._state().acls
+        grants = (
+            acls.get(user, frozenset()) if user is not None else frozenset().union(*acls.values())
+        )
+        return sorted(grants, key=lambda g: (g.user, g.operation, g.pattern))
+
+    def group_position(self, topic: str, group: str) -> str | None:
+        return self._state().positions.get((topic, group))
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
+        return self._change(CreateTopic(topic, tuple(ranges)))
+
+    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
+        return self._change(PutSegment(meta))
+
+    def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
+        return self._change(DeleteSegment(range_id, base_offset))
+
+    def create_user(self, user: User) -> Deferred[None]:
+        return self._change(CreateUser(user))
+
+    def update_user(
+        self,
+        name: str,
+        *,
+        password_hash: str | None = None,
+        permissions: frozenset[str] | None = None,
+    ) -> Deferred[User]:
+        updated = self._submit(UpdateUser(name, password_hash, permissions))
+        return updated.addCallback(lambda state: state.users[name])
+
+    def delete_user(self, name: str) -> Deferred[None]:
+        return self._change(DeleteUser(name))
+
+    def grant_acl(self, grant: AclGrant) -> Deferred[None]:
+        return self._change(GrantAcl(grant))
+
+    def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
+        return self._change(RevokeAcl(grant))
+
+    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
+        return self._change(CommitGroupPosition(topic, group, cursor))
+
+    # -- the writer ----------------------------------------------------------------------------
+
+    def _submit(self, change: Change) -> Deferred[ControlState]:
+        """Queue ``change``; fire, once it is durable, with the state as it left it."""
+        if self._durable is None or self._closing:
+            state = "closing" if self._closing else "not started"
+            return fail(
+                ControlPlaneClosedError(f"the control plane in {self.directory} is {state}")
+            )
+        try:
+            self._pending = change.apply(self._pending)
+        except ControlPlaneError:
+            return fail()
+        done: Deferred[ControlState] = Deferred()
+        self._queued.append((done, self._pending))
+        self._kick()
+        return done
+
+    def _change(self, change: Change) -> Deferred[None]:
+        return self._submit(change).addCallback(_nothing)
+
+    def _kick(self) -> None:
+        # A loop, not recursion: with an executor that fires at once, each write finishes
+        # inside _start_write, and its callbacks may queue the next changes.
+        if self._kicking:
+            return
+        self._kicking = True
+        try:
+            while self._queued and not self._writing:
+                self._start_write()
+        finally:
+            self._kicking = False
+        if self._closing and not self._writing and not self._queued and not self._closed:
+            self._finish_close()
+
+    def _start_write(self) -> None:
+        carried, self._queued = self._queued, []
+        state = self._pending
+        self._writing = True
+        self._executor.run(_write_job, self._fs, self.path, state).addCallbacks(
+            self._written,
+            self._write_failed,
+            callbackArgs=(state, carried),
+            errbackArgs=(carried,),
+        )
+
+    def _written(self, _: None, state: ControlState, carried: list[_Queued]) -> None:
+        self._durable = state
+        # Still counted as writing: changes the callbacks ask for queue up for one next write.
+        for done, after in carried:
+            done.callback(after)
+        self._writing = False
+        self._kick()
+
+    def _write_failed(self, failure: Failure, carried: list[_Queued]) -> None:
+        assert self._durable is not None
+        behind, self._queued = self._queued, []
+        self._pending = self._durable
+        log.failure(
+            "Could not write the control state to {path}; {count} changes did not take effect",
+            failure,
+            path=self.path,
+            count=len(carried) + len(behind),
+        )
+        reason = failure.getErrorMessage()
+        for done, _ in carried:
+            done.errback(
+                ControlPlaneWriteError(
+                    f"writing {self.path} failed ({reason}); the change did not take effect"
+                )
+            )
+        for done, _ in behind:
+            done.errback(
+                ControlPlaneWriteError(
+                    f"writing {self.path} failed ({reason}) for a change asked for before this "
+                    "one; this change did not take effect either, retry it"
+                )
+            )
+        self._writing = False
+        self._kick()
+
+    def _finish_close(self) -> None:
+        self._closed = True
+        self._lock = None
+        waiters, self._close_waiters = self._close_waiters, []
+        for closed in waiters:
+            closed.callback(None)
+
+
+if TYPE_CHECKING:
+    # mypy proves here that LocalControlPlane implements the whole ControlPlane interface.
+    _implements: type[ControlPlane] = LocalControlPlane
