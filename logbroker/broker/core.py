@@ -1,0 +1,384 @@
+"""The broker core: topics and their ranges, produce, fetch with long poll, commit, groups.
+
+Transport-free: ``logbroker.server`` turns requests into these calls and their results (or
+``BrokerError``'s reason) into response frames. Topics and ranges live in the control plane;
+each range's records live in its own ``RangeLog`` (range id = storage directory name).
+
+Routing: a keyed record goes to the range owning its key's slot (``keyspace.key_slot``), so
+records with one key stay in order. The keyless records of one produce go together to the
+topic's next active range in turn: one append (one write and fsync) per produce rather than one
+per range, spread over the ranges across produces.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Protocol
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.broker.cursor import Cursor, InvalidCursorError
+from logbroker.broker.groups import Group
+from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
+from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
+from logbroker.records import Record
+from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
+from logbroker.wire.errors import Reason
+
+log = Logger()
+
+DEFAULT_FETCH_MAX = 100
+MAX_FETCH_RECORDS = 1000
+MAX_WAIT_MS = 30_000
+#: About how many bytes of keys and values one fetch returns at most (at least one record).
+MAX_FETCH_BYTES = 4 * 1024 * 1024
+
+
+class BrokerError(Exception):
+    """A request the broker refuses; ``reason`` is the error frame's reason string."""
+
+    def __init__(self, reason: Reason, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class RangeLogs(Protocol):
+    """Where the broker finds each range's log (``logbroker.service.StorageService``)."""
+
+    @property
+    def logs(self) -> Mapping[str, RangeLog]: ...
+
+    def open_range(self, name: str) -> Deferred[RangeLog]: ...
+
+
+@attrs.frozen
+class BrokerSettings:
+    #: Ranges a new topic's keyspace is cut into (fewer if the keyspace has fewer slots).
+    initial_ranges: int = 4
+    #: A group member not seen for this long loses its share of the ranges.
+    group_session_timeout_ms: int = 30_000
+
+
+@attrs.frozen
+class FetchResult:
+    records: tuple[Record, ...]
+    next_cursor: str
+
+
+def fetch_limit(requested: int) -> int:
+    """Records one fetch or push may carry: 0 means 100, at most 1000."""
+    return DEFAULT_FETCH_MAX if requested == 0 else min(requested, MAX_FETCH_RECORDS)
+
+
+class Broker:
+    def __init__(
+        self,
+        control_plane: ControlPlane,
+        storage: RangeLogs,
+        clock: IReactorTime,
+        settings: BrokerSettings | None = None,
+    ) -> None:
+        self._control = control_plane
+        self._storage = storage
+        self._clock = clock
+        self._settings = settings or BrokerSettings()
+        self._keyless_turn: dict[str, itertools.count[int]] = {}
+        self._waiters: dict[str, set[_Wakeup]] = {}
+        self._groups: dict[tuple[str, str], Group] = {}
+
+    # -- topics --------------------------------------------------------------------------
+
+    def open(self) -> Deferred[None]:
+        """Open the log of every range the control plane knows (created if missing)."""
+        missing = [
+            range_.range_id
+            for topic in self._control.topics()
+            for range_ in self._control.ranges(topic.name)
+            if range_.range_id not in self._storage.logs
+        ]
+        opened = [self._storage.open_range(range_id) for range_id in missing]
+        return gatherResults(opened, consumeErrors=True).addCallback(lambda _: None)
+
+    def create_topic(self, name: str | None, requested_bits: int) -> Deferred[None]:
+        if not valid_topic_name(name):
+            return _fail(Reason.INVALID_TOPIC_NAME, f"invalid topic name {name!r}")
+        assert name is not None
+        bits = keyspace_bits(requested_bits)
+        if bits is None:
+            return _fail(
+                Reason.INVALID_KEYSPACE_BITS,
+                f"keyspace_bits {requested_bits} is not 0 (default 8) or 1 to 32",
+            )
+        if self._control.topic(name) is not None:
+            return _fail(Reason.ALREADY_EXISTS, f"topic {name!r} exists")
+        bounds = split_keyspace(bits, self._settings.initial_ranges)
+        ranges = [
+            Range(f"{name}.{index}", name, start, end, RangeState.ACTIVE)
+            for index, (start, end) in enumerate(bounds)
+        ]
+        topic = Topic(
+            name, bits, round(self._clock.seconds() * 1000), tuple(r.range_id for r in ranges)
+        )
+
+        def open_logs(_: object) -> Deferred[None]:
+            opened = [self._storage.open_range(range_.range_id) for range_ in ranges]
+            return gatherResults(opened, consumeErrors=True).addCallback(lambda _: None)
+
+        # The logs are opened once the topic is durable in the control plane: a crash between
+        # the two leaves a topic whose logs ``open`` creates at the next start.
+        created = self._control.create_topic(topic, ranges).addCallback(open_logs)
+        return created.addErrback(_translate_exists, name)
+
+    def _topic(self, name: str | None) -> Topic:
+        topic = self._control.topic(name) if name is not None else None
+        if topic is None:
+            raise BrokerError(Reason.NO_SUCH_TOPIC, f"no topic {name!r}")
+        return topic
+
+    def _log(self, range_id: str) -> RangeLog:
+        range_log = self._storage.logs.get(range_id)
+        if range_log is None:
+            raise BrokerError(Reason.UNREACHABLE, f"range {range_id} is not open on this node")
+        return range_log
+
+    # -- produce -------------------------------------------------------------------------
+
+    def produce(self, topic_name: str | None, records: Sequence[Record]) -> Deferred[int]:
+        """Append ``records``; fires with their count once every one of them is durable."""
+        try:
+            topic = self._topic(topic_name)
+            routed = self._route(topic, records)
+            appends = [self._append(range_id, batch) for range_id, batch in routed.items()]
+        except BrokerError as error:
+            return fail(error)
+        if not appends:
+            return succeed(0)
+        return gatherResults(appends, consumeErrors=True).addCallbacks(
+            lambda _: len(records), _first_error
+        )
+
+    def _route(self, topic: Topic, records: Sequence[Record]) -> dict[str, list[Record]]:
+        active = sorted(
+            (r for r in self._control.ranges(topic.name) if r.state is RangeState.ACTIVE),
+            key=lambda r: r.start,
+        )
+        if not active:
+            raise BrokerError(Reason.UNREACHABLE, f"topic {topic.name!r} has no active range")
+        starts = [r.start for r in active]
+        keyless = active[
+            next(self._keyless_turn.setdefault(topic.name, itertools.count())) % len(active)
+        ]
+        routed: dict[str, list[Record]] = {}
+        for record in records:
+            if record.key is None:
+                owner = keyless
+            else:
+                slot = key_slot(record.key, topic.keyspace_bits)
+                owner = active[bisect.bisect_right(starts, slot) - 1]
+            routed.setdefault(owner.range_id, []).append(record)
+        return routed
+
+    def _append(self, range_id: str, batch: list[Record]) -> Deferred[Appended]:
+        appended = self._log(range_id).append(batch)
+
+        def wake(result: Appended) -> Appended:
+            self._wake(range_id)
+            return result
+
+        return appended.addCallback(wake)
+
+    # -- fetch ---------------------------------------------------------------------------
+
+    def fetch(
+        self,
+        topic_name: str | None,
+        cursor: str | None,
+        group: str | None,
+        member: str | None,
+        max_records: int,
+        wait_ms: int,
+    ) -> Deferred[FetchResult]:
+        """Records after ``cursor`` (else the group's committed position, else the start), at
+        most ``max_records`` (0 means 100, at most 1000). With none to return, waits up to
+        ``wait_ms`` (at most 30 s) for a produce to one of the ranges read."""
+        try:
+            topic = self._topic(topic_name)
+            position = self._start_position(topic, cursor, group)
+            range_ids = self._share(topic, group, member)
+            limit = fetch_limit(max_records)
+            result = self._read(position, range_ids, limit)
+        except BrokerError as error:
+            return fail(error)
+        wait_ms = min(wait_ms, MAX_WAIT_MS)
+        if result.records or wait_ms == 0 or not range_ids:
+            return succeed(result)
+
+        def read_again(_: object) -> FetchResult:
+            # Ranges may have been opened or trimmed meanwhile: read from where the first read
+            # left off, over the same share.
+            return self._read(Cursor.decode(result.next_cursor), range_ids, limit)
+
+        return self._wait(range_ids, wait_ms).addCallback(read_again)
+
+    def _start_position(self, topic: Topic, cursor: str | None, group: str | None) -> Cursor:
+        if cursor is None and group is not None:
+            cursor = self._control.group_position(topic.name, group)
+        if cursor is None:
+            return Cursor({})
+        return self.decode_cursor(topic, cursor)
+
+    def decode_cursor(self, topic: Topic, text: str) -> Cursor:
+        try:
+            cursor = Cursor.decode(text)
+        except InvalidCursorError as error:
+            raise BrokerError(Reason.INVALID_CURSOR, str(error)) from None
+        foreign = set(cursor.positions) - set(topic.range_ids)
+        if foreign:
+            raise BrokerError(
+                Reason.INVALID_CURSOR,
+                f"cursor names ranges of another topic: {', '.join(sorted(foreign))}",
+            )
+        for range_id, offset in cursor.positions.items():
+            end = self._log(range_id).end_offset
+            if offset > end:
+                raise BrokerError(
+                    Reason.INVALID_CURSOR,
+                    f"cursor is past the end of {range_id} ({offset} > {end})",
+                )
+        return cursor
+
+    def _share(self, topic: Topic, group: str | None, member: str | None) -> list[str]:
+        if group is None or member is None:
+            return list(topic.range_ids)
+        state = self._group(topic.name, group)
+        state.touch(member, self._now())
+        return state.share(member, topic.range_ids)
+
+    def _group(self, topic: str, group: str) -> Group:
+        key = (topic, group)
+        state = self._groups.get(key)
+        if state is None:
+            state = self._groups[key] = Group(self._settings.group_session_timeout_ms)
+        state.expire(self._now())
+        return state
+
+    def _read(self, position: Cursor, range_ids: Sequence[str], limit: int) -> FetchResult:
+        positions = dict(position.positions)
+        records: list[Record] = []
+        budget = MAX_FETCH_BYTES
+        for range_id in range_ids:
+            if len(records) >= limit or budget <= 0:
+                break
+            range_log = self._log(range_id)
+            offset = max(positions.get(range_id, range_log.start_offset), range_log.start_offset)
+            stored = range_log.read(offset, max_records=limit - len(records), max_bytes=budget)
+            for item in stored:
+                records.append(item.record)
+                budget -= len(item.record.value) + len(item.record.key or b"")
+            positions[range_id] = stored[-1].offset + 1 if stored else offset
+        return FetchResult(tuple(records), Cursor(positions).encode())
+
+    # -- long poll -----------------------------------------------------------------------
+
+    def _wait(self, range_ids: Iterable[str], wait_ms: int) -> Deferred[None]:
+        wakeup = _Wakeup(self, list(range_ids))
+        for range_id in wakeup.range_ids:
+            self._waiters.setdefault(range_id, set()).add(wakeup)
+        wakeup.timer = self._clock.callLater(wait_ms / 1000.0, wakeup.fire)
+        return wakeup.deferred
+
+    def _wake(self, range_id: str) -> None:
+        for wakeup in list(self._waiters.get(range_id, ())):
+            wakeup.fire()
+
+    def _forget(self, wakeup: _Wakeup) -> None:
+        for range_id in wakeup.range_ids:
+            waiting = self._waiters.get(range_id)
+            if waiting is not None:
+                waiting.discard(wakeup)
+                if not waiting:
+                    del self._waiters[range_id]
+
+    # -- groups --------------------------------------------------------------------------
+
+    def commit(
+        self, topic_name: str | None, group: str | None, cursor: str | None
+    ) -> Deferred[None]:
+        """Store ``cursor`` as ``group``'s position in the topic (durable when this fires)."""
+        try:
+            topic = self._topic(topic_name)
+            if group is None:
+                raise BrokerError(Reason.INVALID_OPERATION, "commit needs a group")
+            if cursor is None:
+                raise BrokerError(Reason.INVALID_CURSOR, "commit needs a cursor")
+            self.decode_cursor(topic, cursor)
+        except BrokerError as error:
+            return fail(error)
+        return self._control.commit_group_position(topic.name, group, cursor)
+
+    def leave_group(self, topic_name: str | None, group: str | None, member: str | None) -> None:
+        topic = self._topic(topic_name)
+        if group is None or member is None:
+            raise BrokerError(Reason.INVALID_OPERATION, "leave_group needs a group and a member")
+        self._group(topic.name, group).leave(member)
+
+    def _now(self) -> int:
+        return round(self._clock.seconds() * 1000)
+
+
+class _Wakeup:
+    """One long poll waiting for a produce to any of its ranges, or for its timer."""
+
+    def __init__(self, broker: Broker, range_ids: list[str]) -> None:
+        self._broker = broker
+        self.range_ids = range_ids
+        self.timer: IDelayedCall | None = None
+        self.deferred: Deferred[None] = Deferred(self._cancel)
+
+    def fire(self) -> None:
+        self._settle()
+        self.deferred.callback(None)
+
+    def _cancel(self, _: Deferred[None]) -> None:
+        # The connection went away: stop waiting; the Deferred fails with CancelledError.
+        self._settle()
+
+    def _settle(self) -> None:
+        self._broker._forget(self)
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
+        self.timer = None
+
+
+def _fail(reason: Reason, detail: str) -> Deferred[None]:
+    return fail(BrokerError(reason, detail))
+
+
+def _translate_exists(failure: Failure, name: str) -> Failure:
+    if isinstance(failure.value, AlreadyExistsError):
+        raise BrokerError(Reason.ALREADY_EXISTS, f"topic {name!r} exists")
+    return failure
+
+
+def _first_error(failure: Failure) -> int:
+    """The error of a produce whose appends failed: ``overloaded`` when storage shed load."""
+    error = failure.value
+    # gatherResults wraps the first failure in a FirstError.
+    inner = getattr(error, "subFailure", None)
+    cause = inner.value if inner is not None else error
+    if isinstance(cause, OverloadedError):
+        raise BrokerError(Reason.OVERLOADED, str(cause))
+    if isinstance(cause, StorageError):
+        log.error("A produce failed in storage: {error}", error=cause)
+        raise BrokerError(Reason.UNREACHABLE, f"storage refused the append: {cause}")
+    if isinstance(cause, (BrokerError, CancelledError)):
+        raise cause
+    failure.raiseException()
+    raise AssertionError("unreachable")

@@ -1,0 +1,401 @@
+"""The client port: a thin Twisted protocol over the wire codec and the broker core.
+
+Connection lifecycle (``_State``):
+
+    AWAITING_AUTH --auth ok--> READY --connection lost / fatal error--> CLOSED
+
+In ``AWAITING_AUTH`` the only accepted frame is ``auth``; anything else is answered
+``auth_required`` and the connection is closed, as is a connection that has not authenticated
+within ``SVC_AUTH_TIMEOUT_MS`` (``timeout``, correlation id 0). Wrong credentials are answered
+``invalid_credentials`` and the client may try again within the same deadline. In ``READY`` every
+request is answered (pipelined requests may complete out of order; the correlation id says which
+is which), except ``stream_ack``, which is answered only when it fails. A connection is never
+dropped for being idle, so long polls and subscriptions can wait as long as they need to.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from enum import Enum, auto
+from typing import Any
+
+import attrs
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker import wire
+from logbroker.broker.core import Broker, BrokerError, FetchResult, fetch_limit
+from logbroker.controlplane import ControlPlaneError, User
+from logbroker.security import Operation, Permission, SecurityError, UserDirectory
+from logbroker.wire import Reason
+
+log = Logger()
+
+DEFAULT_WINDOW = 100
+MAX_WINDOW = 10_000
+#: A subscription's long polls end this often (at most), so its member's session stays fresh.
+_SUBSCRIPTION_POLL_MS = 10_000
+
+
+@attrs.frozen
+class ServerSettings:
+    auth_timeout_ms: int = 10_000
+    max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE
+    #: Enforce ACL grants (``SVC_ACL_STRICT``); otherwise the global permissions decide.
+    acl_strict: bool = False
+
+
+class _State(Enum):
+    AWAITING_AUTH = auto()
+    READY = auto()
+    CLOSED = auto()
+
+
+#: What each topic operation asks to do (``admin`` passes every check); the others are
+#: user and ACL management, for admins only.
+_TOPIC_OPERATIONS: dict[type[wire.Request], Operation] = {
+    wire.CreateTopic: Operation.CREATE_TOPIC,
+    wire.Produce: Operation.PRODUCE,
+    wire.Fetch: Operation.CONSUME,
+    wire.Commit: Operation.CONSUME,
+    wire.Subscribe: Operation.CONSUME,
+    wire.StreamAck: Operation.CONSUME,
+    wire.LeaveGroup: Operation.CONSUME,
+}
+
+
+class ClientProtocol(Protocol):
+    def __init__(
+        self,
+        broker: Broker,
+        users: UserDirectory,
+        clock: IReactorTime,
+        settings: ServerSettings,
+    ) -> None:
+        self._broker = broker
+        self._users = users
+        self._clock = clock
+        self._settings = settings
+        self._decoder = wire.FrameDecoder(settings.max_frame_size)
+        self._state = _State.AWAITING_AUTH
+        self._user: User | None = None
+        self._auth_timer: IDelayedCall | None = None
+        self._pending: set[Deferred[Any]] = set()
+        self._subscriptions: dict[int, _Subscription] = {}
+
+    # -- connection ----------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self._auth_timer = self._clock.callLater(
+            self._settings.auth_timeout_ms / 1000.0, self._auth_timed_out
+        )
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._state = _State.CLOSED
+        self._cancel_auth_timer()
+        for subscription in list(self._subscriptions.values()):
+            subscription.stop()
+        self._subscriptions.clear()
+        for pending in list(self._pending):
+            pending.cancel()
+
+    def _auth_timed_out(self) -> None:
+        self._auth_timer = None
+        if self._state is _State.AWAITING_AUTH:
+            self._fatal(0, Reason.TIMEOUT)
+
+    def _cancel_auth_timer(self) -> None:
+        if self._auth_timer is not None and self._auth_timer.active():
+            self._auth_timer.cancel()
+        self._auth_timer = None
+
+    def _fatal(self, correlation_id: int, reason: Reason) -> None:
+        """Answer with an error frame, then close: the connection cannot go on."""
+        self._send(wire.encode_error(correlation_id, reason))
+        self._state = _State.CLOSED
+        self.transport.loseConnection()  # type: ignore[union-attr]
+
+    def _closed(self) -> bool:
+        return self._state is _State.CLOSED
+
+    def _send(self, frame: bytes) -> None:
+        if self._state is not _State.CLOSED:
+            self.transport.write(frame)  # type: ignore[union-attr]
+
+    # -- frames --------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state is _State.CLOSED:
+            return
+        try:
+            bodies = self._decoder.feed(data)
+        except wire.FrameTooLargeError as error:
+            for body in error.complete_frames:
+                self._handle(body)
+            self._fatal(0, Reason.FRAME_TOO_LARGE)
+            return
+        for body in bodies:
+            if self._closed():
+                return
+            self._handle(body)
+
+    def _handle(self, body: bytes) -> None:
+        try:
+            received = wire.decode_request(body)
+        except wire.WireError as error:
+            if self._state is _State.AWAITING_AUTH:
+                self._fatal(error.correlation_id, Reason.AUTH_REQUIRED)
+            else:
+                self._send(wire.encode_error(error.correlation_id, error.reason))
+            return
+        correlation_id, request = received.correlation_id, received.request
+        if self._state is _State.AWAITING_AUTH:
+            if isinstance(request, wire.Auth):
+                self._authenticate(correlation_id, request)
+            else:
+                self._fatal(correlation_id, Reason.AUTH_REQUIRED)
+            return
+        if isinstance(request, wire.Auth):
+            self._send(wire.encode_error(correlation_id, Reason.UNEXPECTED_FRAME))
+            return
+        if not self._permitted(request):
+            self._send(wire.encode_error(correlation_id, Reason.PERMISSION_DENIED))
+            return
+        self._dispatch(correlation_id, request)
+
+    def _permitted(self, request: wire.Request) -> bool:
+        user = self._user
+        assert user is not None
+        operation = _TOPIC_OPERATIONS.get(type(request))
+        if operation is None:
+            return Permission.ADMIN in user.permissions
+        topic = getattr(request, "topic", None) or ""
+        return self._users.allows(user, operation, topic, strict=self._settings.acl_strict)
+
+    def _authenticate(self, correlation_id: int, request: wire.Auth) -> None:
+        def checked(user: User | None) -> None:
+            if self._state is not _State.AWAITING_AUTH:
+                return
+            if user is None:
+                self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
+                return
+            self._user = user
+            self._state = _State.READY
+            self._cancel_auth_timer()
+            token = secrets.token_urlsafe(24)
+            self._send(wire.encode_ok(correlation_id, wire.encode_token(token)))
+
+        if request.user is None or request.password is None:
+            self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
+            return
+        self._track(
+            correlation_id, self._users.authenticate(request.user, request.password), checked
+        )
+
+    # -- operations ----------------------------------------------------------------------
+
+    def _dispatch(self, correlation_id: int, request: wire.Request) -> None:
+        broker = self._broker
+        match request:
+            case wire.CreateTopic(topic, bits):
+                self._track(correlation_id, broker.create_topic(topic, bits), _empty)
+            case wire.Produce(topic, records):
+                self._track(correlation_id, broker.produce(topic, records), wire.encode_count)
+            case wire.Fetch(topic, cursor, group, member, max_records, wait_ms):
+                fetched = broker.fetch(topic, cursor, group, member, max_records, wait_ms)
+                self._track(correlation_id, fetched, _records_payload)
+            case wire.Commit(topic, group, cursor):
+                self._track(correlation_id, broker.commit(topic, group, cursor), _empty)
+            case wire.Subscribe():
+                self._subscribe(correlation_id, request)
+            case wire.StreamAck():
+                self._stream_ack(correlation_id, request)
+            case wire.LeaveGroup(topic, group, member):
+                try:
+                    broker.leave_group(topic, group, member)
+                except BrokerError as error:
+                    self._send(wire.encode_error(correlation_id, error.reason))
+                else:
+                    self._send(wire.encode_ok(correlation_id))
+            case _:
+                self._track(correlation_id, self._admin(request), lambda payload: payload)
+
+    def _admin(self, request: wire.Request) -> Deferred[bytes]:
+        users = self._users
+        match request:
+            case wire.CreateUser(name, password, permissions):
+                named = [permission or "" for permission in permissions]
+                return users.create_user(name or "", password or "", named).addCallback(_empty)
+            case wire.DeleteUser(name):
+                return users.delete_user(name or "").addCallback(_empty)
+            case wire.ChangePassword(name, password):
+                return users.change_password(name or "", password or "").addCallback(_empty)
+            case wire.ListUsers():
+                listed = [(user.name, sorted(user.permissions)) for user in users.list_users()]
+                return succeed(wire.encode_users(listed))
+            case wire.RevokeAcl(name, operation, pattern):
+                revoked = users.revoke_acl(name or "", operation or "", pattern or "")
+                return revoked.addCallback(_empty)
+            case wire.GrantAcl(name, operation, pattern):
+                granted = users.grant_acl(name or "", operation or "", pattern or "")
+                return granted.addCallback(_empty)
+            case wire.ListAcls(name):
+                grants = [(grant.operation, grant.pattern) for grant in users.list_acls(name)]
+                return succeed(wire.encode_acls(grants))
+        raise AssertionError(f"no handler for {request!r}")
+
+    def _track(
+        self, correlation_id: int, result: Deferred[Any], encode: Callable[[Any], bytes | None]
+    ) -> None:
+        """Answer ``correlation_id`` when ``result`` fires: ok with ``encode(result)``, or an
+        error frame with the reason the failure carries."""
+        self._pending.add(result)
+
+        def answered(value: object) -> None:
+            self._pending.discard(result)
+            payload = encode(value)
+            if payload is not None:
+                self._send(wire.encode_ok(correlation_id, payload))
+
+        def failed(failure: Failure) -> None:
+            self._pending.discard(result)
+            if isinstance(failure.value, CancelledError):
+                return
+            self._send(wire.encode_error(correlation_id, _reason(failure)))
+
+        result.addCallbacks(answered, failed)
+
+    # -- subscriptions -------------------------------------------------------------------
+
+    def _subscribe(self, correlation_id: int, request: wire.Subscribe) -> None:
+        if correlation_id in self._subscriptions:
+            self._send(wire.encode_error(correlation_id, Reason.UNEXPECTED_FRAME))
+            return
+        window = DEFAULT_WINDOW if request.window == 0 else min(request.window, MAX_WINDOW)
+        subscription = _Subscription(self, correlation_id, request, window)
+        self._subscriptions[correlation_id] = subscription
+        subscription.poll()
+
+    def _stream_ack(self, correlation_id: int, request: wire.StreamAck) -> None:
+        matching = [
+            s
+            for s in self._subscriptions.values()
+            if (s.request.topic, s.request.group, s.request.member)
+            == (request.topic, request.group, request.member)
+        ]
+        if not matching:
+            self._send(wire.encode_error(correlation_id, Reason.UNEXPECTED_FRAME))
+            return
+        subscription = matching[0]
+
+        def failed(failure: Failure) -> None:
+            if not isinstance(failure.value, CancelledError):
+                self._send(wire.encode_error(correlation_id, _reason(failure)))
+
+        subscription.ack(request.cursor, request.count).addErrback(failed)
+
+    def _subscription_failed(self, subscription: _Subscription, failure: Failure) -> None:
+        self._subscriptions.pop(subscription.correlation_id, None)
+        self._send(wire.encode_error(subscription.correlation_id, _reason(failure)))
+
+
+class _Subscription:
+    """Pushes records to one subscriber, never more than its credit window unacknowledged."""
+
+    def __init__(
+        self, owner: ClientProtocol, correlation_id: int, request: wire.Subscribe, window: int
+    ) -> None:
+        self._owner = owner
+        self.correlation_id = correlation_id
+        self.request = request
+        self._window = window
+        self._limit = fetch_limit(request.max)
+        self._in_flight = 0
+        self._cursor: str | None = None
+        self._polling: Deferred[FetchResult] | None = None
+        self._stopped = False
+
+    def poll(self) -> None:
+        credit = self._window - self._in_flight
+        if self._stopped or self._polling is not None or credit <= 0:
+            return
+        request = self.request
+        polling = self._owner._broker.fetch(
+            request.topic,
+            self._cursor,
+            request.group,
+            request.member,
+            min(self._limit, credit),
+            _SUBSCRIPTION_POLL_MS,
+        )
+        self._polling = polling
+        polling.addCallbacks(self._fetched, self._failed)
+
+    def _fetched(self, result: FetchResult) -> None:
+        self._polling = None
+        if self._stopped:
+            return
+        self._cursor = result.next_cursor
+        if result.records:
+            self._in_flight += len(result.records)
+            payload = wire.encode_records(result.records, result.next_cursor)
+            self._owner._send(wire.encode_ok(self.correlation_id, payload))
+        self.poll()
+
+    def _failed(self, failure: Failure) -> None:
+        self._polling = None
+        if not self._stopped and not isinstance(failure.value, CancelledError):
+            self._stopped = True
+            self._owner._subscription_failed(self, failure)
+
+    def ack(self, cursor: str | None, count: int) -> Deferred[None]:
+        """Return ``count`` credits and commit ``cursor`` as the group's position."""
+        self._in_flight = max(0, self._in_flight - count)
+        request = self.request
+        committed: Deferred[None] = (
+            self._owner._broker.commit(request.topic, request.group, cursor)
+            if request.group is not None and cursor is not None
+            else succeed(None)
+        )
+        self.poll()
+        return committed
+
+    def stop(self) -> None:
+        self._stopped = True
+        if self._polling is not None:
+            self._polling.cancel()
+
+
+def _empty(_: object) -> bytes:
+    return b""
+
+
+def _records_payload(result: FetchResult) -> bytes:
+    return wire.encode_records(result.records, result.next_cursor)
+
+
+def _reason(failure: Failure) -> Reason | str:
+    error = failure.value
+    if isinstance(error, (BrokerError, SecurityError, ControlPlaneError)):
+        return error.reason
+    log.failure("A request failed unexpectedly", failure)
+    return Reason.UNREACHABLE
+
+
+class ClientFactory(Factory):
+    protocol = ClientProtocol
+
+    def __init__(
+        self, broker: Broker, users: UserDirectory, clock: IReactorTime, settings: ServerSettings
+    ) -> None:
+        self._broker = broker
+        self._users = users
+        self._clock = clock
+        self._settings = settings
+
+    def buildProtocol(self, addr: object) -> ClientProtocol:
+        return ClientProtocol(self._broker, self._users, self._clock, self._settings)

@@ -1,0 +1,57 @@
+"""A broker over in-memory storage and control plane, for the core and protocol tests."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+
+from logbroker.broker.core import Broker, BrokerSettings
+from logbroker.controlplane import LocalControlPlane
+from logbroker.storage import LogConfig, RangeLog
+from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+from tests.unit.controlplane.helpers import started
+
+
+class MemoryRangeLogs:
+    """Range logs on a MemoryFileSystem, opened at once (``RangeLogs`` for the broker)."""
+
+    def __init__(self, fs: MemoryFileSystem, clock: Clock) -> None:
+        self._fs = fs
+        self._clock = clock
+        self._logs: dict[str, RangeLog] = {}
+
+    @property
+    def logs(self) -> Mapping[str, RangeLog]:
+        return self._logs
+
+    def open_range(self, name: str) -> Deferred[RangeLog]:
+        def opened(range_log: RangeLog) -> RangeLog:
+            self._logs[name] = range_log
+            return range_log
+
+        return RangeLog.open(
+            f"/data/ranges/{name}",
+            fs=self._fs,
+            clock=self._clock,
+            executor=ImmediateExecutor(),
+            config=LogConfig(),
+        ).addCallback(opened)
+
+
+def make_broker(
+    clock: Clock | None = None, settings: BrokerSettings | None = None
+) -> tuple[Broker, MemoryRangeLogs, Clock]:
+    broker, storage, clock, _ = make_broker_and_control(clock, settings)
+    return broker, storage, clock
+
+
+def make_broker_and_control(
+    clock: Clock | None = None, settings: BrokerSettings | None = None
+) -> tuple[Broker, MemoryRangeLogs, Clock, LocalControlPlane]:
+    clock = clock or Clock()
+    fs = MemoryFileSystem()
+    storage = MemoryRangeLogs(fs, clock)
+    control = started(fs)
+    return Broker(control, storage, clock, settings), storage, clock, control

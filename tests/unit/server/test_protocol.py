@@ -1,0 +1,364 @@
+"""The client protocol over a StringTransport: auth, dispatch, errors, long polls, subscribe."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from argon2 import PasswordHasher
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+
+from logbroker import wire
+from logbroker.broker.core import BrokerSettings
+from logbroker.records import Record
+from logbroker.security import UserDirectory, seed_accounts
+from logbroker.server.protocol import ClientProtocol, ServerSettings
+from logbroker.testing import ImmediateExecutor
+from tests.unit.broker.helpers import make_broker_and_control
+from tests.unit.storage.helpers import result_of
+
+CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+
+
+class Client:
+    """One connection: sends requests, reads back the responses the server wrote."""
+
+    def __init__(self, protocol: ClientProtocol, transport: StringTransport) -> None:
+        self.protocol = protocol
+        self.transport = transport
+        self._decoder = wire.FrameDecoder()
+        self._next = 1
+
+    def send(self, request: wire.Request, correlation_id: int | None = None) -> int:
+        if correlation_id is None:
+            correlation_id = self._next
+            self._next += 1
+        self.protocol.dataReceived(wire.encode_request(correlation_id, request))
+        return correlation_id
+
+    def responses(self) -> list[wire.Response]:
+        data = self.transport.value()
+        self.transport.clear()
+        return [wire.decode_response(body) for body in self._decoder.feed(data)]
+
+    def one(self) -> wire.Response:
+        [response] = self.responses()
+        return response
+
+    def login(self, user: str = "admin", password: str = "admin123") -> None:
+        self.send(wire.Auth(user, password))
+        assert self.one().ok
+
+
+@pytest.fixture
+def world() -> tuple[Clock, Server]:
+    clock = Clock()
+    broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=2))
+    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
+    result_of(seed_accounts(users, "dev", {}))
+    return clock, Server(broker, users, clock)
+
+
+class Server:
+    def __init__(self, broker: object, users: UserDirectory, clock: Clock) -> None:
+        self.broker = broker
+        self.users = users
+        self.clock = clock
+
+    def connect(self, settings: ServerSettings | None = None) -> Client:
+        protocol = ClientProtocol(
+            self.broker,  # type: ignore[arg-type]
+            self.users,
+            self.clock,
+            settings or ServerSettings(),
+        )
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        return Client(protocol, transport)
+
+
+World = tuple[Clock, Server]
+
+
+# -- authentication ------------------------------------------------------------------------
+
+
+def test_auth_returns_a_session_token(world: World) -> None:
+    _, server = world
+    client = server.connect()
+
+    correlation_id = client.send(wire.Auth("producer", "producer123"))
+
+    response = client.one()
+    assert response.ok
+    assert response.correlation_id == correlation_id
+    token = wire.decode_token(response.payload)
+    assert token
+    assert len(token) >= 24
+
+
+def test_wrong_credentials_are_refused_and_may_be_retried(world: World) -> None:
+    _, server = world
+    client = server.connect()
+
+    client.send(wire.Auth("admin", "wrong"), 5)
+    assert client.one() == wire.Response(5, b"", "invalid_credentials")
+    client.send(wire.Auth(None, None), 6)
+    assert client.one() == wire.Response(6, b"", "invalid_credentials")
+    client.login()
+    assert client.transport.connected
+
+
+def test_a_first_frame_other_than_auth_gets_auth_required_and_a_close(world: World) -> None:
+    _, server = world
+    client = server.connect()
+
+    client.send(wire.ListUsers(), 9)
+
+    assert client.one() == wire.Response(9, b"", "auth_required")
+    assert client.transport.disconnecting
+
+
+def test_no_auth_within_the_timeout_closes_with_timeout(world: World) -> None:
+    clock, server = world
+    client = server.connect(ServerSettings(auth_timeout_ms=10_000))
+
+    clock.advance(9.999)
+    assert not client.transport.disconnecting
+    clock.advance(0.001)
+
+    assert client.one() == wire.Response(0, b"", "timeout")
+    assert client.transport.disconnecting
+
+
+def test_an_authenticated_connection_is_not_timed_out(world: World) -> None:
+    clock, server = world
+    client = server.connect()
+    client.login()
+
+    clock.advance(3600)
+
+    assert not client.transport.disconnecting
+
+
+# -- framing errors ------------------------------------------------------------------------
+
+
+def test_a_frame_over_the_maximum_is_refused_at_its_prefix_with_correlation_id_0(
+    world: World,
+) -> None:
+    _, server = world
+    client = server.connect(ServerSettings(max_frame_size=1024))
+    client.login()
+
+    client.protocol.dataReceived(struct.pack(">I", 1025))
+
+    assert client.one() == wire.Response(0, b"", "frame_too_large")
+    assert client.transport.disconnecting
+
+
+def test_malformed_and_unknown_requests_get_errors_with_their_correlation_id(
+    world: World,
+) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.protocol.dataReceived(wire.encode_frame(struct.pack(">HI", 12, 77)))
+    client.protocol.dataReceived(wire.encode_frame(struct.pack(">HI", 2, 78) + b"\x07"))
+
+    assert client.responses() == [
+        wire.Response(77, b"", "unknown_api_key"),
+        wire.Response(78, b"", "malformed_request"),
+    ]
+    assert not client.transport.disconnecting
+
+
+def test_a_second_auth_is_an_unexpected_frame(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.send(wire.Auth("admin", "admin123"), 3)
+
+    assert client.one() == wire.Response(3, b"", "unexpected_frame")
+
+
+# -- operations ----------------------------------------------------------------------------
+
+
+def test_produce_and_fetch_round_trip_records_byte_for_byte(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login("app", "app123")
+    sent = (
+        Record(b"", key=None, timestamp_ms=1),
+        Record(b"\x00\xff", key=b"", timestamp_ms=2**64 - 1, headers=((b"h", None), (None, b""))),
+    )
+
+    client.send(wire.CreateTopic("t", 0))
+    assert client.one().ok
+    client.send(wire.Produce("t", sent))
+    assert wire.decode_count(client.one().payload) == 2
+    client.send(wire.Fetch("t", None, None, None, 0, 0))
+
+    fetched = wire.decode_records(client.one().payload)
+    assert sorted(fetched.records, key=repr) == sorted(sent, key=repr)
+    assert fetched.next_cursor
+
+
+def test_permissions_are_checked(world: World) -> None:
+    _, server = world
+    consumer = server.connect()
+    consumer.login("consumer", "consumer123")
+
+    consumer.send(wire.Produce("t", ()), 1)
+    consumer.send(wire.CreateTopic("t", 0), 2)
+    consumer.send(wire.ListUsers(), 3)
+
+    assert [r.reason for r in consumer.responses()] == ["permission_denied"] * 3
+
+
+def test_broker_errors_carry_their_reason(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.send(wire.Produce("missing", (Record(b"v"),)), 4)
+    client.send(wire.CreateTopic("t", 40), 5)
+    client.send(wire.CreateTopic("bad name", 0), 6)
+
+    assert client.responses() == [
+        wire.Response(4, b"", "no_such_topic"),
+        wire.Response(5, b"", "invalid_keyspace_bits"),
+        wire.Response(6, b"", "invalid_topic_name"),
+    ]
+
+
+def test_pipelined_requests_are_all_answered(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    frames = wire.encode_request(10, wire.CreateTopic("t", 0)) + b"".join(
+        wire.encode_request(11 + i, wire.Produce("t", (Record(bytes([i])),))) for i in range(5)
+    )
+
+    client.protocol.dataReceived(frames)
+
+    responses = client.responses()
+    assert sorted(r.correlation_id for r in responses) == list(range(10, 16))
+    assert all(r.ok for r in responses)
+
+
+def test_a_long_poll_is_answered_when_a_record_arrives(world: World) -> None:
+    clock, server = world
+    consumer = server.connect()
+    consumer.login()
+    producer = server.connect()
+    producer.login()
+    producer.send(wire.CreateTopic("t", 0))
+    producer.responses()
+
+    consumer.send(wire.Fetch("t", None, None, None, 0, 30_000), 8)
+    clock.advance(20)
+    assert consumer.responses() == []
+    producer.send(wire.Produce("t", (Record(b"wake"),)))
+
+    response = consumer.one()
+    assert response.correlation_id == 8
+    assert [r.value for r in wire.decode_records(response.payload).records] == [b"wake"]
+
+
+def test_user_and_acl_management(world: World) -> None:
+    _, server = world
+    admin = server.connect()
+    admin.login()
+
+    admin.send(wire.CreateUser("alice", "s3cret!", ("produce",)), 1)
+    admin.send(wire.CreateUser("alice", "s3cret!", ("produce",)), 2)
+    admin.send(wire.CreateUser("bob", "pw", ("root",)), 3)
+    admin.send(wire.GrantAcl("alice", "produce", "orders.*"), 4)
+    admin.send(wire.GrantAcl("alice", "delete", "orders"), 5)
+    admin.send(wire.ListAcls("alice"), 6)
+    admin.send(wire.DeleteUser("nobody"), 7)
+    responses = {r.correlation_id: r for r in admin.responses()}
+
+    assert responses[1].ok
+    assert responses[2].reason == "user_exists"
+    assert responses[3].reason == "invalid_permissions"
+    assert responses[4].ok
+    assert responses[5].reason == "invalid_operation"
+    assert wire.decode_acls(responses[6].payload) == [("produce", "orders.*")]
+    assert responses[7].reason == "user_not_found"
+    alice = server.connect()
+    alice.login("alice", "s3cret!")
+
+
+# -- subscribe -----------------------------------------------------------------------------
+
+
+def test_a_subscription_never_has_more_than_its_window_unacknowledged(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.send(wire.Produce("t", tuple(Record(bytes([i])) for i in range(25))))
+    client.responses()
+
+    client.send(wire.Subscribe("t", "g", "m", 10, 4), 50)
+    pushes = client.responses()
+
+    assert [r.correlation_id for r in pushes] == [50, 50, 50]
+    counts = [len(wire.decode_records(r.payload).records) for r in pushes]
+    assert counts == [4, 4, 2]  # min(max, window - unacked), window 10
+    last = wire.decode_records(pushes[-1].payload).next_cursor
+
+    client.send(wire.StreamAck("t", "g", "m", last, 10), 51)
+    more = client.responses()
+    assert sum(len(wire.decode_records(r.payload).records) for r in more) == 10
+    assert {r.correlation_id for r in more} == {50}
+
+
+def test_stream_ack_commits_the_group_position(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.send(wire.Produce("t", tuple(Record(bytes([i])) for i in range(3))))
+    client.responses()
+    client.send(wire.Subscribe("t", "g", "m", 100, 100), 60)
+    [push] = client.responses()
+    cursor = wire.decode_records(push.payload).next_cursor
+
+    client.send(wire.StreamAck("t", "g", "m", cursor, 3), 61)
+    assert client.responses() == []  # stream_ack has no reply when it succeeds
+
+    other = server.connect()
+    other.login()
+    other.send(wire.Fetch("t", None, "g", None, 0, 0), 1)
+    assert wire.decode_records(other.one().payload).records == ()
+
+
+def test_a_stream_ack_without_a_subscription_is_an_unexpected_frame(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.send(wire.StreamAck("t", "g", "m", None, 1), 70)
+
+    assert client.one() == wire.Response(70, b"", "unexpected_frame")
+
+
+def test_losing_the_connection_cancels_its_long_polls(world: World) -> None:
+    clock, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.responses()
+    client.send(wire.Fetch("t", None, None, None, 0, 30_000))
+    client.send(wire.Subscribe("t", "g", "m", 10, 10))
+
+    client.protocol.connectionLost()
+
+    assert clock.getDelayedCalls() == []
