@@ -1,23 +1,39 @@
 """The composition root: builds the service tree ``twistd logbroker`` runs.
 
-This is the only module (with the plugin's ``makeService``) that wires the real reactor. Start
-order: every range log is recovered before the reactor runs (``build_service``), so a range that
-cannot be recovered stops the broker before it serves; the storage writer threads start with
-the service; listeners (next milestones) start after storage. Stop order is the reverse: the
+This is the only module (with the plugin's ``makeService``) that wires the real reactor.
+
+Start order. Before the reactor runs (``build_service``): every range log is recovered and the
+control plane is loaded, so a broker whose data cannot be read never serves; the client port is
+bound (a port in use stops the boot with status 2 naming ``SVC_TCP_PORT``) but does not accept
+yet. Once the reactor runs: the writer threads start, the standard accounts are seeded, every
+range the control plane knows is opened, and only then are clients accepted.
+
+Stop order is the reverse: the client port stops accepting and its connections drain (requests
+in flight are answered, or failed after a grace period), then the control plane flushes, and the
 store closes last, after every queued append has been flushed and fsynced.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
 
 from twisted.application.service import MultiService, Service
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.error import CannotListenError
+from twisted.internet.interfaces import IListeningPort, IReadDescriptor
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
-from logbroker.config import BrokerConfig
+from logbroker import exitcodes
+from logbroker.broker.core import Broker, BrokerSettings
+from logbroker.config import BrokerConfig, ConfigError
+from logbroker.controlplane import LocalControlPlane
+from logbroker.security import UserDirectory, seed_accounts
+from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.storage import (
     BATCH_ENCODER,
     DataDirectory,
@@ -60,6 +76,11 @@ class StorageService(Service):
         self._log_config = log_config
         self._executor = ThreadPoolExecutor(reactor)
         self.logs: dict[str, RangeLog] = {}
+
+    @property
+    def executor(self) -> ThreadPoolExecutor:
+        """The writer threads (started and stopped with this service)."""
+        return self._executor
 
     def recover(self) -> None:
         """Recover every range of the data directory, in this thread. Blocking: call it before
@@ -123,13 +144,148 @@ class StorageService(Service):
         return closing.addCallback(stop_threads)
 
 
+class ControlPlaneService(Service):
+    """Flushes the control plane on stop (it is loaded before the reactor runs)."""
+
+    def __init__(self, control_plane: LocalControlPlane) -> None:
+        self.control_plane = control_plane
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        return self.control_plane.close()
+
+
+#: How long a stopping broker lets requests in flight finish before failing them.
+DRAIN_GRACE_SECONDS = 5.0
+
+
+class ClientPortService(Service):
+    """The client port: bound at build time, accepting once the broker is ready."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        config: BrokerConfig,
+        factory: ClientFactory,
+        prepare: Any,
+    ) -> None:
+        self._reactor = reactor
+        self._config = config
+        self._factory = factory
+        self._prepare = prepare
+        self._port: IListeningPort | None = None
+
+    def bind(self) -> None:
+        """Listen now, before the reactor runs, but accept nothing until ``startService`` has
+        readied the broker: connections wait in the kernel's backlog meanwhile."""
+        server = self._config.server
+        try:
+            port = self._reactor.listenTCP(
+                server.tcp_port, self._factory, interface=server.bind_host
+            )
+        except CannotListenError as error:
+            raise ConfigError(
+                "SVC_TCP_PORT",
+                str(server.tcp_port),
+                f"a port free to listen on at {server.bind_host} ({error.socketError})",
+            ) from None
+        # A listening socket is a read descriptor: out of the reactor's readers, it accepts
+        # nothing (test reactors give ports that are not descriptors at all).
+        if IReadDescriptor.providedBy(port):
+            self._reactor.removeReader(port)
+        self._port = port
+
+    def startService(self) -> None:
+        super().startService()
+        maybeDeferred(self._prepare).addCallbacks(self._accept, self._failed)
+
+    def _accept(self, _: object) -> None:
+        assert self._port is not None
+        if IReadDescriptor.providedBy(self._port):
+            self._reactor.addReader(self._port)
+        address = self._port.getHost()
+        assert isinstance(address, IPv4Address | IPv6Address)
+        log.info(
+            "Broker ready: listening for clients on {host}:{port}",
+            host=address.host,
+            port=address.port,
+        )
+
+    def _failed(self, failure: Failure) -> None:
+        log.failure("The broker could not get ready; stopping", failure)
+        # After the orderly stop (storage flushed), leave with a failure status, as a
+        # supervisor expects of a service that could not start.
+        self._reactor.addSystemEventTrigger("after", "shutdown", os._exit, exitcodes.FAILURE)
+        self._reactor.stop()
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        stopped = maybeDeferred(self._port.stopListening) if self._port else Deferred()
+        if self._port is None:
+            stopped.callback(None)
+        return stopped.addCallback(
+            lambda _: self._factory.drain(self._reactor, DRAIN_GRACE_SECONDS)
+        )
+
+
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> MultiService:
-    """Build the service tree, recovering storage first. Blocking; raises on recovery failure.
-    ``data_dir`` is ``config.storage.data_dir`` already opened (and locked) by the caller."""
+    """Build the service tree: recover storage, load the control plane and bind the client
+    port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
+    plane's errors) and ``ConfigError`` when the client port cannot be bound. ``data_dir`` is
+    ``config.storage.data_dir`` already opened (and locked) by the caller."""
     configure_interpreter()
     root = MultiService()
-    storage = StorageService(reactor, data_dir, OsFileSystem(), config.storage.log)
+    fs = OsFileSystem()
+    storage = StorageService(reactor, data_dir, fs, config.storage.log)
     storage.recover()
     storage.setName("storage")
     storage.setServiceParent(root)
+
+    control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
+    control.load()
+    control_service = ControlPlaneService(control)
+    control_service.setName("control-plane")
+    control_service.setServiceParent(root)
+
+    # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
+    # never wait behind fsyncs nor fsyncs behind logins.
+    auth_executor = ThreadPoolExecutor(reactor, threads=2, name="logbroker-auth")
+    users = UserDirectory(control, auth_executor)
+    broker = Broker(
+        control,
+        storage,
+        reactor,
+        BrokerSettings(
+            initial_ranges=config.topics.initial_ranges,
+            group_session_timeout_ms=config.topics.group_session_timeout_ms,
+        ),
+    )
+    accounts = config.accounts
+    passwords = {
+        "admin": accounts.admin_pass,
+        "producer": accounts.producer_pass,
+        "consumer": accounts.consumer_pass,
+        "app": accounts.app_pass,
+    }
+
+    def prepare() -> Deferred[None]:
+        auth_executor.start()
+        reactor.addSystemEventTrigger("after", "shutdown", auth_executor.stop)
+        seeding = seed_accounts(users, config.mode.value, passwords)
+        return seeding.addCallback(lambda _: broker.open())
+
+    factory = ClientFactory(
+        broker,
+        users,
+        reactor,
+        ProtocolSettings(
+            auth_timeout_ms=config.server.auth_timeout_ms,
+            max_frame_size=config.server.max_frame_size,
+            acl_strict=config.accounts.acl_strict,
+        ),
+    )
+    clients = ClientPortService(reactor, config, factory, prepare)
+    clients.bind()
+    clients.setName("clients")
+    clients.setServiceParent(root)
     return root

@@ -10,6 +10,7 @@ from twisted.python import usage
 
 from logbroker import exitcodes
 from logbroker.config import VARIABLES, BrokerConfig, ConfigError
+from logbroker.controlplane import ControlPlaneError
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.store import DataDirectory
 
@@ -76,5 +77,9 @@ def makeService(options: Options) -> IService:
 
     try:
         return build_service(reactor, config, data_dir)
+    except ConfigError as error:
+        raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
     except (StorageError, OSError) as error:
         raise _exit(exitcodes.FAILURE, f"storage recovery failed: {error}") from None
+    except ControlPlaneError as error:
+        raise _exit(exitcodes.FAILURE, f"the control plane could not be loaded: {error}") from None

@@ -23,6 +23,7 @@ from logbroker.config._broker import (
     TlsSettings,
     TlsVerify,
     TlsVersion,
+    TopicSettings,
 )
 from logbroker.config._env import ConfigError, parse_bool, parse_int
 from logbroker.config._variables import VARIABLES, Variable
@@ -47,6 +48,7 @@ __all__ = [
     "TlsSettings",
     "TlsVerify",
     "TlsVersion",
+    "TopicSettings",
     "Variable",
     "parse_bool",
     "parse_int",

@@ -101,6 +101,14 @@ class ServerSettings:
 
 
 @attrs.frozen
+class TopicSettings:
+    """New topics' ranges and consumer group sessions."""
+
+    initial_ranges: int
+    group_session_timeout_ms: int
+
+
+@attrs.frozen
 class RateLimit:
     """A token bucket: ``limit`` requests per ``window_ms`` per identifier."""
 
@@ -219,6 +227,7 @@ class BrokerConfig:
     mode: EnvMode
     storage: StorageSettings
     server: ServerSettings
+    topics: TopicSettings
     dashboard: DashboardSettings
     accounts: AccountSettings
     rate_limits: RateLimitSettings
@@ -255,6 +264,10 @@ class BrokerConfig:
             mode=mode,
             storage=storage,
             server=server,
+            topics=TopicSettings(
+                initial_ranges=parse_int(env, "SVC_TOPIC_RANGES", 4, 1, 1024),
+                group_session_timeout_ms=parse_int(env, "SVC_GROUP_SESSION_TIMEOUT_MS", 30_000, 1),
+            ),
             dashboard=_dashboard(env, server.bind_host),
             accounts=_accounts(env, mode),
             rate_limits=_rate_limits(env, mode),

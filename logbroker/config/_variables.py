@@ -79,6 +79,19 @@ VARIABLES: tuple[Variable, ...] = (
         ),
     ),
     *_section(
+        "Topics and consumer groups",
+        (
+            "SVC_TOPIC_RANGES",
+            "4",
+            "ranges a new topic's keyspace is cut into (fewer if its keyspace has fewer slots)",
+        ),
+        (
+            "SVC_GROUP_SESSION_TIMEOUT_MS",
+            "30000",
+            "a consumer group member not seen for this long loses its share of the ranges",
+        ),
+    ),
+    *_section(
         "Dashboard",
         (
             "SVC_DASHBOARD_BIND_HOST",

@@ -21,7 +21,7 @@ from enum import Enum, auto
 from typing import Any
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
@@ -42,7 +42,7 @@ _SUBSCRIPTION_POLL_MS = 10_000
 
 
 @attrs.frozen
-class ServerSettings:
+class ProtocolSettings:
     auth_timeout_ms: int = 10_000
     max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE
     #: Enforce ACL grants (``SVC_ACL_STRICT``); otherwise the global permissions decide.
@@ -74,7 +74,7 @@ class ClientProtocol(Protocol):
         broker: Broker,
         users: UserDirectory,
         clock: IReactorTime,
-        settings: ServerSettings,
+        settings: ProtocolSettings,
     ) -> None:
         self._broker = broker
         self._users = users
@@ -84,17 +84,20 @@ class ClientProtocol(Protocol):
         self._state = _State.AWAITING_AUTH
         self._user: User | None = None
         self._auth_timer: IDelayedCall | None = None
-        self._pending: set[Deferred[Any]] = set()
+        #: Requests in flight, with their correlation ids.
+        self._pending: dict[Deferred[Any], int] = {}
         self._subscriptions: dict[int, _Subscription] = {}
 
     # -- connection ----------------------------------------------------------------------
 
     def connectionMade(self) -> None:
+        self.factory.connections.add(self)
         self._auth_timer = self._clock.callLater(
             self._settings.auth_timeout_ms / 1000.0, self._auth_timed_out
         )
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.factory.connections.discard(self)
         self._state = _State.CLOSED
         self._cancel_auth_timer()
         for subscription in list(self._subscriptions.values()):
@@ -102,6 +105,35 @@ class ClientProtocol(Protocol):
         self._subscriptions.clear()
         for pending in list(self._pending):
             pending.cancel()
+
+    def drain(self) -> Deferred[None]:
+        """Stop pushing to subscriptions; fire once every request in flight is answered."""
+        for subscription in list(self._subscriptions.values()):
+            subscription.stop()
+        self._subscriptions.clear()
+        waiting = [pending for pending in self._pending if not pending.called]
+        finished: Deferred[None] = Deferred()
+        remaining = [len(waiting)]
+
+        def one_done(result: object) -> object:
+            remaining[0] -= 1
+            if remaining[0] == 0 and not finished.called:
+                finished.callback(None)
+            return result
+
+        for pending in waiting:
+            pending.addBoth(one_done)
+        if not waiting:
+            finished.callback(None)
+        return finished
+
+    def abort_requests(self) -> None:
+        """Fail what is still in flight (the broker is going away), then close."""
+        for pending, correlation_id in list(self._pending.items()):
+            self._send(wire.encode_error(correlation_id, Reason.UNREACHABLE))
+            pending.cancel()
+        if self.transport is not None:
+            self.transport.loseConnection()
 
     def _auth_timed_out(self) -> None:
         self._auth_timer = None
@@ -253,16 +285,16 @@ class ClientProtocol(Protocol):
     ) -> None:
         """Answer ``correlation_id`` when ``result`` fires: ok with ``encode(result)``, or an
         error frame with the reason the failure carries."""
-        self._pending.add(result)
+        self._pending[result] = correlation_id
 
         def answered(value: object) -> None:
-            self._pending.discard(result)
+            self._pending.pop(result, None)
             payload = encode(value)
             if payload is not None:
                 self._send(wire.encode_ok(correlation_id, payload))
 
         def failed(failure: Failure) -> None:
-            self._pending.discard(result)
+            self._pending.pop(result, None)
             if isinstance(failure.value, CancelledError):
                 return
             self._send(wire.encode_error(correlation_id, _reason(failure)))
@@ -390,12 +422,35 @@ class ClientFactory(Factory):
     protocol = ClientProtocol
 
     def __init__(
-        self, broker: Broker, users: UserDirectory, clock: IReactorTime, settings: ServerSettings
+        self, broker: Broker, users: UserDirectory, clock: IReactorTime, settings: ProtocolSettings
     ) -> None:
         self._broker = broker
         self._users = users
         self._clock = clock
         self._settings = settings
+        #: The open connections, for draining at shutdown.
+        self.connections: set[ClientProtocol] = set()
 
     def buildProtocol(self, addr: object) -> ClientProtocol:
-        return ClientProtocol(self._broker, self._users, self._clock, self._settings)
+        protocol = ClientProtocol(self._broker, self._users, self._clock, self._settings)
+        protocol.factory = self
+        return protocol
+
+    def drain(self, clock: IReactorTime, grace_seconds: float) -> Deferred[None]:
+        """Let every connection's requests in flight finish (produces become durable and are
+        acknowledged), for at most ``grace_seconds``; then fail what is left and close them."""
+        connections = list(self.connections)
+        drained = gatherResults([c.drain() for c in connections], consumeErrors=True)
+        finished: Deferred[None] = Deferred()
+
+        def close(_: object) -> None:
+            if timer.active():
+                timer.cancel()
+            for connection in list(self.connections):
+                connection.abort_requests()
+            if not finished.called:
+                finished.callback(None)
+
+        timer = clock.callLater(grace_seconds, close, None)
+        drained.addBoth(close)
+        return finished

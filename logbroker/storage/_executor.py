@@ -33,9 +33,11 @@ class ThreadPoolExecutor:
     The pool is started and stopped by the service that owns it (see ``logbroker.service``).
     """
 
-    def __init__(self, reactor: IReactorFromThreads, threads: int = 4) -> None:
+    def __init__(
+        self, reactor: IReactorFromThreads, threads: int = 4, name: str = "logbroker-storage"
+    ) -> None:
         self._reactor = reactor
-        self._pool = ThreadPool(minthreads=1, maxthreads=threads, name="logbroker-storage")
+        self._pool = ThreadPool(minthreads=1, maxthreads=threads, name=name)
 
     def start(self) -> None:
         self._pool.start()

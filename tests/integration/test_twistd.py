@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
-import time
-from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 from twisted.application.service import IServiceMaker
 from twisted.plugin import getPlugins
 
-pytestmark = pytest.mark.integration
+from tests.integration.twistd import TWISTD, broker_env, run_twistd, wait_for_line
 
-TWISTD = str(Path(sys.executable).with_name("twistd"))
+pytestmark = pytest.mark.integration
 
 
 def test_plugin_is_found_by_twisted() -> None:
@@ -24,42 +20,6 @@ def test_plugin_is_found_by_twisted() -> None:
 
     assert "logbroker" in makers
     assert "log broker" in makers["logbroker"].description
-
-
-def broker_env(settings: Mapping[str, str]) -> dict[str, str]:
-    """This process's environment without its broker settings, plus ``settings``: a variable
-    exported in the shell that runs the tests must not change what they see."""
-    env = {
-        name: value
-        for name, value in os.environ.items()
-        if not name.upper().startswith("SVC_") and name != "MIX_ENV"
-    }
-    return {**env, **settings}
-
-
-def run_twistd(
-    cwd: Path, *args: str, settings: Mapping[str, str] | None = None
-) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker", *args],
-        cwd=cwd,
-        env=broker_env(settings or {}),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-def wait_for_line(process: subprocess.Popen[str], needle: str, seconds: float = 30) -> list[str]:
-    assert process.stdout is not None
-    seen = []
-    deadline = time.monotonic() + seconds
-    for line in process.stdout:
-        seen.append(line)
-        if needle in line or time.monotonic() > deadline:
-            break
-    assert any(needle in line for line in seen), "".join(seen)
-    return seen
 
 
 def test_twistd_recovers_the_data_directory_and_stops_cleanly(tmp_path: Path) -> None:

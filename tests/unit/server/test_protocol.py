@@ -6,6 +6,7 @@ import struct
 
 import pytest
 from argon2 import PasswordHasher
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
@@ -13,7 +14,7 @@ from logbroker import wire
 from logbroker.broker.core import BrokerSettings
 from logbroker.records import Record
 from logbroker.security import UserDirectory, seed_accounts
-from logbroker.server.protocol import ClientProtocol, ServerSettings
+from logbroker.server.protocol import ClientFactory, ClientProtocol, ProtocolSettings
 from logbroker.testing import ImmediateExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.storage.helpers import result_of
@@ -65,14 +66,17 @@ class Server:
         self.broker = broker
         self.users = users
         self.clock = clock
+        self.factories: list[ClientFactory] = []
 
-    def connect(self, settings: ServerSettings | None = None) -> Client:
-        protocol = ClientProtocol(
+    def connect(self, settings: ProtocolSettings | None = None) -> Client:
+        factory = ClientFactory(
             self.broker,  # type: ignore[arg-type]
             self.users,
             self.clock,
-            settings or ServerSettings(),
+            settings or ProtocolSettings(),
         )
+        self.factories.append(factory)
+        protocol = factory.buildProtocol(None)
         transport = StringTransport()
         protocol.makeConnection(transport)
         return Client(protocol, transport)
@@ -122,7 +126,7 @@ def test_a_first_frame_other_than_auth_gets_auth_required_and_a_close(world: Wor
 
 def test_no_auth_within_the_timeout_closes_with_timeout(world: World) -> None:
     clock, server = world
-    client = server.connect(ServerSettings(auth_timeout_ms=10_000))
+    client = server.connect(ProtocolSettings(auth_timeout_ms=10_000))
 
     clock.advance(9.999)
     assert not client.transport.disconnecting
@@ -149,7 +153,7 @@ def test_a_frame_over_the_maximum_is_refused_at_its_prefix_with_correlation_id_0
     world: World,
 ) -> None:
     _, server = world
-    client = server.connect(ServerSettings(max_frame_size=1024))
+    client = server.connect(ProtocolSettings(max_frame_size=1024))
     client.login()
 
     client.protocol.dataReceived(struct.pack(">I", 1025))
@@ -361,4 +365,57 @@ def test_losing_the_connection_cancels_its_long_polls(world: World) -> None:
 
     client.protocol.connectionLost()
 
+    assert clock.getDelayedCalls() == []
+
+
+def test_draining_fails_the_requests_left_after_the_grace_period_then_closes(
+    world: World,
+) -> None:
+    clock, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.responses()
+    client.send(wire.Fetch("t", None, None, None, 0, 30_000), 90)
+    [factory] = server.factories
+
+    drained = factory.drain(clock, 5.0)
+    assert not drained.called
+    clock.advance(5.0)
+
+    assert drained.called
+    assert client.transport.disconnecting
+    assert client.responses() == [wire.Response(90, b"", "unreachable")]
+    assert clock.getDelayedCalls() == []
+
+
+def test_draining_waits_for_a_produce_to_be_acknowledged(world: World) -> None:
+    clock, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.responses()
+    [factory] = server.factories
+    pending: Deferred[int] = Deferred()
+    client.protocol._track(91, pending, wire.encode_count)
+
+    drained = factory.drain(clock, 5.0)
+    assert not drained.called
+    pending.callback(1)
+
+    assert drained.called
+    assert client.responses() == [wire.Response(91, wire.encode_count(1))]
+    assert client.transport.disconnecting
+
+
+def test_draining_with_nothing_in_flight_closes_at_once(world: World) -> None:
+    clock, server = world
+    client = server.connect()
+    client.login()
+    [factory] = server.factories
+
+    drained = factory.drain(clock, 5.0)
+
+    assert drained.called
+    assert client.transport.disconnecting
     assert clock.getDelayedCalls() == []

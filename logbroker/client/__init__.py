@@ -1,0 +1,1 @@
+"""Clients of the broker: ``blocking`` (scripts and tools)."""

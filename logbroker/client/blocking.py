@@ -1,0 +1,154 @@
+"""A small blocking client for scripts and tools, on the same codec as the broker.
+
+One request at a time over one socket::
+
+    from logbroker.client.blocking import BlockingClient
+    from logbroker.records import Record
+
+    with BlockingClient.connect("localhost", 4040, "app", "app123") as client:
+        client.create_topic("orders")
+        client.produce("orders", [Record(b"hello", key=b"customer-1")])
+        batch = client.fetch("orders", max_records=10)
+        for record in batch.records:
+            print(record.key, record.value)
+        client.commit("orders", "billing", batch.next_cursor)
+
+Every error frame raises ``BrokerRefused`` carrying the server's reason.
+"""
+
+from __future__ import annotations
+
+import itertools
+import socket
+from collections.abc import Iterable, Sequence
+from types import TracebackType
+
+from logbroker import wire
+from logbroker.records import Record
+
+
+class BrokerRefused(Exception):
+    """The broker answered with an error frame."""
+
+    def __init__(self, reason: str, correlation_id: int) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.correlation_id = correlation_id
+
+
+class ConnectionClosed(ConnectionError):
+    """The broker closed the connection."""
+
+
+class BlockingClient:
+    def __init__(self, sock: socket.socket) -> None:
+        self._socket = sock
+        self._decoder = wire.FrameDecoder(2**31)
+        self._frames: list[bytes] = []
+        self._ids = itertools.count(1)
+
+    @classmethod
+    def connect(
+        cls, host: str, port: int, user: str, password: str, timeout: float | None = 60.0
+    ) -> BlockingClient:
+        """Connect and authenticate (raises ``BrokerRefused`` on bad credentials)."""
+        client = cls(socket.create_connection((host, port), timeout=timeout))
+        try:
+            client.auth(user, password)
+        except BaseException:
+            client.close()
+            raise
+        return client
+
+    def __enter__(self) -> BlockingClient:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._socket.close()
+
+    # -- plumbing ------------------------------------------------------------------------
+
+    def send(self, request: wire.Request) -> int:
+        """Send ``request`` without waiting; return its correlation id."""
+        correlation_id = next(self._ids)
+        self._socket.sendall(wire.encode_request(correlation_id, request))
+        return correlation_id
+
+    def receive(self) -> wire.Response:
+        """The next response frame, whatever its correlation id."""
+        while not self._frames:
+            data = self._socket.recv(1 << 16)
+            if not data:
+                raise ConnectionClosed("the broker closed the connection")
+            self._frames.extend(self._decoder.feed(data))
+        return wire.decode_response(self._frames.pop(0))
+
+    def call(self, request: wire.Request) -> bytes:
+        """Send ``request`` and return its ok payload (raise ``BrokerRefused`` on an error)."""
+        correlation_id = self.send(request)
+        while True:
+            response = self.receive()
+            if response.correlation_id == correlation_id:
+                break
+        if response.reason is not None:
+            raise BrokerRefused(response.reason, correlation_id)
+        return response.payload
+
+    # -- operations ----------------------------------------------------------------------
+
+    def auth(self, user: str, password: str) -> str:
+        token = wire.decode_token(self.call(wire.Auth(user, password)))
+        return token or ""
+
+    def create_topic(self, topic: str, keyspace_bits: int = 0) -> None:
+        wire.decode_empty(self.call(wire.CreateTopic(topic, keyspace_bits)))
+
+    def produce(self, topic: str, records: Iterable[Record]) -> int:
+        return wire.decode_count(self.call(wire.Produce(topic, tuple(records))))
+
+    def fetch(
+        self,
+        topic: str,
+        cursor: str | None = None,
+        group: str | None = None,
+        member: str | None = None,
+        max_records: int = 0,
+        wait_ms: int = 0,
+    ) -> wire.RecordsPayload:
+        request = wire.Fetch(topic, cursor, group, member, max_records, wait_ms)
+        return wire.decode_records(self.call(request))
+
+    def commit(self, topic: str, group: str, cursor: str) -> None:
+        wire.decode_empty(self.call(wire.Commit(topic, group, cursor)))
+
+    def leave_group(self, topic: str, group: str, member: str) -> None:
+        wire.decode_empty(self.call(wire.LeaveGroup(topic, group, member)))
+
+    def create_user(self, user: str, password: str, permissions: Sequence[str]) -> None:
+        wire.decode_empty(self.call(wire.CreateUser(user, password, tuple(permissions))))
+
+    def delete_user(self, user: str) -> None:
+        wire.decode_empty(self.call(wire.DeleteUser(user)))
+
+    def change_password(self, user: str, password: str) -> None:
+        wire.decode_empty(self.call(wire.ChangePassword(user, password)))
+
+    def list_users(self) -> list[tuple[str | None, tuple[str | None, ...]]]:
+        return wire.decode_users(self.call(wire.ListUsers()))
+
+    def grant_acl(self, user: str, operation: str, pattern: str) -> None:
+        wire.decode_empty(self.call(wire.GrantAcl(user, operation, pattern)))
+
+    def revoke_acl(self, user: str, operation: str, pattern: str) -> None:
+        wire.decode_empty(self.call(wire.RevokeAcl(user, operation, pattern)))
+
+    def list_acls(self, user: str) -> list[tuple[str | None, str | None]]:
+        return wire.decode_acls(self.call(wire.ListAcls(user)))

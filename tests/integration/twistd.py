@@ -1,0 +1,92 @@
+"""Running the real ``twistd logbroker`` in a subprocess, for the integration tests."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+import attrs
+
+TWISTD = str(Path(sys.executable).with_name("twistd"))
+_LISTENING = re.compile(r"listening for clients on (\S+):(\d+)")
+
+
+def broker_env(settings: Mapping[str, str]) -> dict[str, str]:
+    """This process's environment without its broker settings, plus ``settings``: a variable
+    exported in the shell that runs the tests must not change what they see."""
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.upper().startswith("SVC_") and name != "MIX_ENV"
+    }
+    return {**env, **settings}
+
+
+def run_twistd(
+    cwd: Path, *args: str, settings: Mapping[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """Start ``twistd -n logbroker`` in ``cwd``; the client port is a free one unless
+    ``settings`` names it, so tests never collide on 4040."""
+    return subprocess.Popen(
+        [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker", *args],
+        cwd=cwd,
+        env=broker_env({"SVC_TCP_PORT": "0", **(settings or {})}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_for_line(process: subprocess.Popen[str], needle: str, seconds: float = 30) -> list[str]:
+    assert process.stdout is not None
+    seen = []
+    deadline = time.monotonic() + seconds
+    for line in process.stdout:
+        seen.append(line)
+        if needle in line or time.monotonic() > deadline:
+            break
+    assert any(needle in line for line in seen), "".join(seen)
+    return seen
+
+
+@attrs.define
+class RunningBroker:
+    process: subprocess.Popen[str]
+    port: int
+    output: list[str]
+
+    def stop(self) -> str:
+        """SIGTERM, wait for the clean stop; the whole output."""
+        self.process.send_signal(signal.SIGTERM)
+        rest, _ = self.process.communicate(timeout=60)
+        self.output.append(rest)
+        return "".join(self.output)
+
+    def kill(self) -> None:
+        self.process.kill()
+        rest, _ = self.process.communicate(timeout=60)
+        self.output.append(rest)
+
+
+@contextmanager
+def running_broker(
+    cwd: Path, *args: str, settings: Mapping[str, str] | None = None
+) -> Iterator[RunningBroker]:
+    """A broker in env mode ``test`` (development accounts seeded) that is ready for clients."""
+    process = run_twistd(cwd, *args, settings={"SVC_ENV": "test", **(settings or {})})
+    try:
+        seen = wait_for_line(process, "listening for clients on", seconds=60)
+        match = _LISTENING.search(seen[-1])
+        assert match is not None, "".join(seen)
+        yield RunningBroker(process, int(match.group(2)), seen)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.communicate(timeout=60)
