@@ -1,0 +1,296 @@
+"""Load generation for ``logbroker bench produce|consume`` (and the peer comparisons in bench/).
+
+Produce: ``connections`` TCP connections each keep ``in_flight`` produce requests of ``batch``
+records of ``size`` bytes outstanding for ``seconds``. A request's latency runs from the moment
+it was due, not from when it was written: in the closed loop a request is due the moment the
+slot it takes was freed by the previous response, and with ``rate`` (requests per second, open
+loop) it is due at its place on a fixed schedule, however late the generator gets to send it.
+Measuring from the due time keeps the generator's own stalls in the figures instead of hiding
+them (coordinated omission). Only acknowledged records count; requests answered with an error
+are counted apart.
+
+Consume: one consumer fetches a topic from the start, ``max`` 1000 records per fetch, until it
+has read everything that was there when it started, and reports records/s and MB/s.
+
+The request frames are encoded once and reused with fresh correlation ids, so the generator
+spends its time on the network, not on encoding.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
+from twisted.python.failure import Failure
+
+from logbroker import wire
+from logbroker.records import Record
+
+_CORRELATION = struct.Struct(">I")
+#: Byte offset of the correlation id in a request frame: length (4) and API key (2) first.
+_CORRELATION_AT = 6
+
+
+@attrs.frozen
+class ProduceLoad:
+    topic: str
+    connections: int = 4
+    in_flight: int = 8
+    batch: int = 100
+    size: int = 100
+    seconds: float = 10.0
+    #: Requests per second over all connections (open loop); ``None`` for a closed loop.
+    rate: float | None = None
+    #: Keyed records (a key per record, spread over the keyspace) or keyless ones.
+    keyed: bool = False
+
+
+@attrs.frozen
+class ProduceReport:
+    records: int
+    requests: int
+    errors: int
+    seconds: float
+    record_bytes: int
+    latencies_ms: tuple[float, ...]
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def megabytes_per_second(self) -> float:
+        return self.records * self.record_bytes / self.seconds / 1e6 if self.seconds else 0.0
+
+    def percentile(self, percent: float) -> float:
+        """The latency (ms) at ``percent`` (nearest rank); NaN with no samples."""
+        if not self.latencies_ms:
+            return float("nan")
+        ordered = sorted(self.latencies_ms)
+        rank = max(1, round(percent / 100 * len(ordered)))
+        return ordered[min(rank, len(ordered)) - 1]
+
+
+def produce_frame(load: ProduceLoad) -> bytes:
+    """One produce request frame (correlation id 0, patched per send)."""
+    payload = os.urandom(load.size)
+    records = tuple(
+        Record(payload, key=f"key-{index}".encode() if load.keyed else None)
+        for index in range(load.batch)
+    )
+    return wire.encode_request(0, wire.Produce(load.topic, records))
+
+
+class _LoadConnection(Protocol):
+    """Authenticates, then keeps sending the prepared frame as the driver says."""
+
+    def __init__(self, user: str, password: str, ready: Deferred[_LoadConnection]) -> None:
+        self._auth = wire.encode_request(0, wire.Auth(user, password))
+        self._ready = ready
+        self._decoder = wire.FrameDecoder(1 << 30)
+        self._authenticated = False
+        self._next_id = 1
+        #: correlation id -> (due time, answered callback)
+        self.outstanding: dict[int, tuple[float, Callable[[wire.Response, float], None]]] = {}
+        self.lost: Failure | None = None
+
+    def connectionMade(self) -> None:
+        self.transport.write(self._auth)  # type: ignore[union-attr]
+
+    def send(
+        self, frame: bytes, due: float, answered: Callable[[wire.Response, float], None]
+    ) -> None:
+        correlation_id = self._next_id
+        self._next_id += 1
+        self.outstanding[correlation_id] = (due, answered)
+        data = bytearray(frame)
+        _CORRELATION.pack_into(data, _CORRELATION_AT, correlation_id)
+        self.transport.write(bytes(data))  # type: ignore[union-attr]
+
+    def dataReceived(self, data: bytes) -> None:
+        for body in self._decoder.feed(data):
+            response = wire.decode_response(body)
+            if not self._authenticated:
+                self._authenticated = True
+                if response.reason is not None:
+                    self._ready.errback(ConnectionError(f"auth: {response.reason}"))
+                else:
+                    self._ready.callback(self)
+                continue
+            due, answered = self.outstanding.pop(response.correlation_id)
+            answered(response, due)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.lost = reason
+        if not self._ready.called:
+            self._ready.errback(reason)
+
+
+class _Factory(ClientFactory):
+    def __init__(self, user: str, password: str) -> None:
+        self._user = user
+        self._password = password
+        self.ready: Deferred[_LoadConnection] = Deferred()
+
+    def buildProtocol(self, addr: Any) -> _LoadConnection:
+        return _LoadConnection(self._user, self._password, self.ready)
+
+    def clientConnectionFailed(self, connector: Any, reason: Failure) -> None:
+        self.ready.errback(reason)
+
+
+def connect(
+    reactor: IReactorTCP, host: str, port: int, user: str, password: str
+) -> Deferred[_LoadConnection]:
+    factory = _Factory(user, password)
+    reactor.connectTCP(host, port, factory)
+    return factory.ready
+
+
+async def run_produce(
+    reactor: Any, host: str, port: int, user: str, password: str, load: ProduceLoad
+) -> ProduceReport:
+    """Drive ``load`` against the broker at ``host:port``; the topic must exist."""
+    connections = [
+        await connect(reactor, host, port, user, password) for _ in range(load.connections)
+    ]
+    driver = _ProduceDriver(reactor, connections, produce_frame(load), load)
+    return await driver.run()
+
+
+class _ProduceDriver:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        connections: list[_LoadConnection],
+        frame: bytes,
+        load: ProduceLoad,
+    ) -> None:
+        self._clock = clock
+        self._connections = connections
+        self._frame = frame
+        self._load = load
+        self._records = 0
+        self._requests = 0
+        self._errors = 0
+        self._latencies: list[float] = []
+        self._end = 0.0
+        self._done: Deferred[ProduceReport] = Deferred()
+        self._started = 0.0
+        self._outstanding = 0
+
+    def run(self) -> Deferred[ProduceReport]:
+        self._started = time.perf_counter()
+        self._end = self._started + self._load.seconds
+        if self._load.rate is None:
+            for connection in self._connections:
+                for _ in range(self._load.in_flight):
+                    self._send(connection, time.perf_counter())
+        else:
+            self._schedule(0)
+        return self._done
+
+    def _send(self, connection: _LoadConnection, due: float) -> None:
+        self._outstanding += 1
+        connection.send(
+            self._frame, due, lambda response, due: self._answered(connection, response, due)
+        )
+
+    def _schedule(self, index: int) -> None:
+        assert self._load.rate is not None
+        due = self._started + index / self._load.rate
+        now = time.perf_counter()
+        if due >= self._end:
+            self._maybe_finish()
+            return
+        if due > now:
+            self._clock.callLater(due - now, self._schedule, index)
+            return
+        connection = self._connections[index % len(self._connections)]
+        self._send(connection, due)
+        self._schedule(index + 1)
+
+    def _answered(self, connection: _LoadConnection, response: wire.Response, due: float) -> None:
+        now = time.perf_counter()
+        self._outstanding -= 1
+        if now <= self._end:
+            self._requests += 1
+            if response.reason is None:
+                self._records += self._load.batch
+                self._latencies.append((now - due) * 1000)
+            else:
+                self._errors += 1
+        if self._load.rate is None and now < self._end:
+            # The slot is free now: the next request is due now, whenever it gets written.
+            self._send(connection, now)
+        else:
+            self._maybe_finish()
+
+    def _maybe_finish(self) -> None:
+        if self._outstanding or self._done.called:
+            return
+        for connection in self._connections:
+            connection.transport.loseConnection()  # type: ignore[union-attr]
+        self._done.callback(
+            ProduceReport(
+                self._records,
+                self._requests,
+                self._errors,
+                self._load.seconds,
+                self._load.size,
+                tuple(self._latencies),
+            )
+        )
+
+
+@attrs.frozen
+class ConsumeReport:
+    records: int
+    value_bytes: int
+    seconds: float
+
+    @property
+    def records_per_second(self) -> float:
+        return self.records / self.seconds if self.seconds else 0.0
+
+    @property
+    def megabytes_per_second(self) -> float:
+        return self.value_bytes / self.seconds / 1e6 if self.seconds else 0.0
+
+
+def _call(connection: _LoadConnection, frame: bytes) -> Deferred[wire.Response]:
+    answered: Deferred[wire.Response] = Deferred()
+    connection.send(frame, 0.0, lambda response, _: answered.callback(response))
+    return answered
+
+
+async def run_consume(
+    reactor: Any, host: str, port: int, user: str, password: str, topic: str
+) -> ConsumeReport:
+    """Read ``topic`` from the start until a fetch comes back empty."""
+    connection = await connect(reactor, host, port, user, password)
+    records = value_bytes = 0
+    cursor: str | None = None
+    started = time.perf_counter()
+    try:
+        while True:
+            frame = wire.encode_request(0, wire.Fetch(topic, cursor, None, None, 1000, 0))
+            response = await _call(connection, frame)
+            if response.reason is not None:
+                raise ConnectionError(f"fetch refused: {response.reason}")
+            batch = wire.decode_records(response.payload)
+            if not batch.records:
+                break
+            records += len(batch.records)
+            value_bytes += sum(len(record.value) for record in batch.records)
+            cursor = batch.next_cursor
+    finally:
+        connection.transport.loseConnection()  # type: ignore[union-attr]
+    return ConsumeReport(records, value_bytes, time.perf_counter() - started)
