@@ -22,7 +22,7 @@ from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.defer import Deferred, DeferredList, maybeDeferred
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, maybeDeferred
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReadDescriptor
 from twisted.logger import Logger
@@ -228,13 +228,27 @@ class ClientPortService(Service):
         )
 
 
+class OrderedServices(MultiService):
+    """Starts its services in the order they were added and stops them one after another in
+    the reverse order, each once the one after it has finished stopping (``MultiService``
+    stops them all at once: the store could close while connections still drain into it)."""
+
+    def stopService(self) -> Deferred[None]:
+        Service.stopService(self)
+        return ensureDeferred(self._stop_in_reverse())
+
+    async def _stop_in_reverse(self) -> None:
+        for service in reversed(list(self)):
+            await maybeDeferred(service.stopService)
+
+
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> MultiService:
     """Build the service tree: recover storage, load the control plane and bind the client
     port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
     plane's errors) and ``ConfigError`` when the client port cannot be bound. ``data_dir`` is
     ``config.storage.data_dir`` already opened (and locked) by the caller."""
     configure_interpreter()
-    root = MultiService()
+    root = OrderedServices()
     fs = OsFileSystem()
     storage = StorageService(reactor, data_dir, fs, config.storage.log)
     storage.recover()

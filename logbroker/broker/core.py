@@ -38,6 +38,8 @@ MAX_FETCH_RECORDS = 1000
 MAX_WAIT_MS = 30_000
 #: About how many bytes of keys and values one fetch returns at most (at least one record).
 MAX_FETCH_BYTES = 4 * 1024 * 1024
+#: Longest consumer group or member name.
+MAX_NAME_LENGTH = 249
 
 
 class BrokerError(Exception):
@@ -90,8 +92,11 @@ class Broker:
         self._clock = clock
         self._settings = settings or BrokerSettings()
         self._keyless_turn: dict[str, itertools.count[int]] = {}
+        self._read_turn: dict[str, itertools.count[int]] = {}
         self._waiters: dict[str, set[_Wakeup]] = {}
+        self._sleepers: set[_Wakeup] = set()
         self._groups: dict[tuple[str, str], Group] = {}
+        self._commits: dict[tuple[str, str], dict[str, int]] = {}
 
     # -- topics --------------------------------------------------------------------------
 
@@ -151,18 +156,32 @@ class Broker:
     # -- produce -------------------------------------------------------------------------
 
     def produce(self, topic_name: str | None, records: Sequence[Record]) -> Deferred[int]:
-        """Append ``records``; fires with their count once every one of them is durable."""
+        """Append ``records``; fires with their count once every one of them is durable.
+
+        Every range the records go to must take its share before any is written, so a refusal
+        (``overloaded``, a range out of service) stores nothing. A failure during the writes
+        themselves (a disk error) can leave some ranges' records stored: a produce is
+        at-least-once, and a client that retries after an error may store records twice.
+        """
         try:
             topic = self._topic(topic_name)
             routed = self._route(topic, records)
-            appends = [self._append(range_id, batch) for range_id, batch in routed.items()]
+            logs = {range_id: self._log(range_id) for range_id in routed}
+            for range_id, batch in routed.items():
+                refusal = logs[range_id].refusal(len(batch))
+                if refusal is not None:
+                    raise _storage_error(refusal)
         except BrokerError as error:
             return fail(error)
-        if not appends:
+        if not routed:
             return succeed(0)
-        return gatherResults(appends, consumeErrors=True).addCallbacks(
+        appends = [self._append(logs[range_id], range_id, b) for range_id, b in routed.items()]
+        stored = gatherResults(appends, consumeErrors=True).addCallbacks(
             lambda _: len(records), _first_error
         )
+        # The caller may cancel its wait (its connection went away); the writes go on, and
+        # their completion must still wake long polls, so cancelling stops here.
+        return _detached(stored)
 
     def _route(self, topic: Topic, records: Sequence[Record]) -> dict[str, list[Record]]:
         active = sorted(
@@ -172,9 +191,8 @@ class Broker:
         if not active:
             raise BrokerError(Reason.UNREACHABLE, f"topic {topic.name!r} has no active range")
         starts = [r.start for r in active]
-        keyless = active[
-            next(self._keyless_turn.setdefault(topic.name, itertools.count())) % len(active)
-        ]
+        turn = next(self._keyless_turn.setdefault(topic.name, itertools.count()))
+        keyless = active[turn % len(active)]
         routed: dict[str, list[Record]] = {}
         for record in records:
             if record.key is None:
@@ -185,14 +203,14 @@ class Broker:
             routed.setdefault(owner.range_id, []).append(record)
         return routed
 
-    def _append(self, range_id: str, batch: list[Record]) -> Deferred[Appended]:
-        appended = self._log(range_id).append(batch)
-
+    def _append(
+        self, range_log: RangeLog, range_id: str, batch: list[Record]
+    ) -> Deferred[Appended]:
         def wake(result: Appended) -> Appended:
             self._wake(range_id)
             return result
 
-        return appended.addCallback(wake)
+        return range_log.append(batch).addCallback(wake)
 
     # -- fetch ---------------------------------------------------------------------------
 
@@ -205,36 +223,33 @@ class Broker:
         max_records: int,
         wait_ms: int,
     ) -> Deferred[FetchResult]:
-        """Records after ``cursor`` (else the group's committed position, else the start), at
-        most ``max_records`` (0 means 100, at most 1000). With none to return, waits up to
+        """Records after ``cursor``, at most ``max_records`` (0 means 100, at most 1000). A
+        range the cursor does not name starts at the group's committed position, else at the
+        range's start. With a group and a member, only the member's share of the ranges is
+        read, and ``next_cursor`` names only those. With nothing to return, waits up to
         ``wait_ms`` (at most 30 s) for a produce to one of the ranges read."""
         try:
             topic = self._topic(topic_name)
-            position = self._start_position(topic, cursor, group)
+            _check_name("group", group)
+            _check_name("member", member)
+            start = self._cursor(topic, cursor) if cursor is not None else {}
             range_ids = self._share(topic, group, member)
+            positions = self._positions(topic, start, group, range_ids)
             limit = fetch_limit(max_records)
-            result = self._read(position, range_ids, limit)
+            result = self._read(topic.name, positions, limit)
         except BrokerError as error:
             return fail(error)
         wait_ms = min(wait_ms, MAX_WAIT_MS)
-        if result.records or wait_ms == 0 or not range_ids:
+        if result.records or wait_ms == 0:
             return succeed(result)
 
         def read_again(_: object) -> FetchResult:
-            # Ranges may have been opened or trimmed meanwhile: read from where the first read
-            # left off, over the same share.
-            return self._read(Cursor.decode(result.next_cursor), range_ids, limit)
+            # From where the first read left off, over the same share.
+            return self._read(topic.name, Cursor.decode(result.next_cursor).positions, limit)
 
         return self._wait(range_ids, wait_ms).addCallback(read_again)
 
-    def _start_position(self, topic: Topic, cursor: str | None, group: str | None) -> Cursor:
-        if cursor is None and group is not None:
-            cursor = self._control.group_position(topic.name, group)
-        if cursor is None:
-            return Cursor({})
-        return self.decode_cursor(topic, cursor)
-
-    def decode_cursor(self, topic: Topic, text: str) -> Cursor:
+    def _cursor(self, topic: Topic, text: str) -> dict[str, int]:
         try:
             cursor = Cursor.decode(text)
         except InvalidCursorError as error:
@@ -252,7 +267,29 @@ class Broker:
                     Reason.INVALID_CURSOR,
                     f"cursor is past the end of {range_id} ({offset} > {end})",
                 )
-        return cursor
+        return dict(cursor.positions)
+
+    def _positions(
+        self, topic: Topic, start: dict[str, int], group: str | None, range_ids: list[str]
+    ) -> dict[str, int]:
+        committed = self._committed(topic.name, group) if group is not None else {}
+        positions = {}
+        for range_id in range_ids:
+            range_log = self._log(range_id)
+            offset = start.get(range_id, committed.get(range_id, range_log.start_offset))
+            # Records below the start were removed by retention: go on from the oldest kept.
+            positions[range_id] = max(offset, range_log.start_offset)
+        return positions
+
+    def _committed(self, topic: str, group: str) -> dict[str, int]:
+        """The group's committed position per range, including commits still being written."""
+        key = (topic, group)
+        committed = self._commits.get(key)
+        if committed is None:
+            text = self._control.group_position(topic, group)
+            committed = dict(Cursor.decode(text).positions) if text is not None else {}
+            self._commits[key] = committed
+        return committed
 
     def _share(self, topic: Topic, group: str | None, member: str | None) -> list[str]:
         if group is None or member is None:
@@ -269,21 +306,27 @@ class Broker:
         state.expire(self._now())
         return state
 
-    def _read(self, position: Cursor, range_ids: Sequence[str], limit: int) -> FetchResult:
-        positions = dict(position.positions)
+    def _read(self, topic: str, positions: Mapping[str, int], limit: int) -> FetchResult:
+        """Read from the ranges of ``positions``, starting with a different range each time so
+        that a busy range cannot starve the others."""
+        range_ids = list(positions)
+        if range_ids:
+            turn = next(self._read_turn.setdefault(topic, itertools.count())) % len(range_ids)
+            range_ids = range_ids[turn:] + range_ids[:turn]
+        next_positions = dict(positions)
         records: list[Record] = []
         budget = MAX_FETCH_BYTES
         for range_id in range_ids:
             if len(records) >= limit or budget <= 0:
                 break
             range_log = self._log(range_id)
-            offset = max(positions.get(range_id, range_log.start_offset), range_log.start_offset)
+            offset = max(next_positions[range_id], range_log.start_offset)
             stored = range_log.read(offset, max_records=limit - len(records), max_bytes=budget)
             for item in stored:
                 records.append(item.record)
                 budget -= len(item.record.value) + len(item.record.key or b"")
-            positions[range_id] = stored[-1].offset + 1 if stored else offset
-        return FetchResult(tuple(records), Cursor(positions).encode())
+            next_positions[range_id] = stored[-1].offset + 1 if stored else offset
+        return FetchResult(tuple(records), Cursor(next_positions).encode())
 
     # -- long poll -----------------------------------------------------------------------
 
@@ -291,6 +334,7 @@ class Broker:
         wakeup = _Wakeup(self, list(range_ids))
         for range_id in wakeup.range_ids:
             self._waiters.setdefault(range_id, set()).add(wakeup)
+        self._sleepers.add(wakeup)
         wakeup.timer = self._clock.callLater(wait_ms / 1000.0, wakeup.fire)
         return wakeup.deferred
 
@@ -298,7 +342,13 @@ class Broker:
         for wakeup in list(self._waiters.get(range_id, ())):
             wakeup.fire()
 
+    def wake_all(self) -> None:
+        """End every long poll now (each answers with what it has): the broker is stopping."""
+        for wakeup in list(self._sleepers):
+            wakeup.fire()
+
     def _forget(self, wakeup: _Wakeup) -> None:
+        self._sleepers.discard(wakeup)
         for range_id in wakeup.range_ids:
             waiting = self._waiters.get(range_id)
             if waiting is not None:
@@ -311,23 +361,39 @@ class Broker:
     def commit(
         self, topic_name: str | None, group: str | None, cursor: str | None
     ) -> Deferred[None]:
-        """Store ``cursor`` as ``group``'s position in the topic (durable when this fires)."""
+        """Record the positions ``cursor`` names as ``group``'s (durable when this fires).
+        Ranges the cursor does not name keep their committed positions, so members committing
+        their own shares never undo each other."""
         try:
             topic = self._topic(topic_name)
             if group is None:
                 raise BrokerError(Reason.INVALID_OPERATION, "commit needs a group")
+            _check_name("group", group)
             if cursor is None:
                 raise BrokerError(Reason.INVALID_CURSOR, "commit needs a cursor")
-            self.decode_cursor(topic, cursor)
+            positions = self._cursor(topic, cursor)
         except BrokerError as error:
             return fail(error)
-        return self._control.commit_group_position(topic.name, group, cursor)
+        committed = self._committed(topic.name, group)
+        committed.update(positions)
+        merged = Cursor(committed).encode()
+        return self._control.commit_group_position(topic.name, group, merged)
+
+    def touch_member(self, topic: str, group: str, member: str) -> None:
+        """``member`` is alive (it holds a subscription), whether or not it is fetching."""
+        self._group(topic, group).touch(member, self._now())
 
     def leave_group(self, topic_name: str | None, group: str | None, member: str | None) -> None:
         topic = self._topic(topic_name)
         if group is None or member is None:
             raise BrokerError(Reason.INVALID_OPERATION, "leave_group needs a group and a member")
-        self._group(topic.name, group).leave(member)
+        key = (topic.name, group)
+        state = self._groups.get(key)
+        if state is not None:
+            state.leave(member)
+            if not state.members:
+                # Forget empty groups: names clients made up must not accumulate.
+                del self._groups[key]
 
     def _now(self) -> int:
         return round(self._clock.seconds() * 1000)
@@ -343,6 +409,8 @@ class _Wakeup:
         self.deferred: Deferred[None] = Deferred(self._cancel)
 
     def fire(self) -> None:
+        if self.deferred.called:
+            return
         self._settle()
         self.deferred.callback(None)
 
@@ -367,17 +435,45 @@ def _translate_exists(failure: Failure, name: str) -> Failure:
     return failure
 
 
+def _check_name(what: str, name: str | None) -> None:
+    if name is not None and not 1 <= len(name) <= MAX_NAME_LENGTH:
+        raise BrokerError(
+            Reason.INVALID_OPERATION, f"a {what} name takes 1 to {MAX_NAME_LENGTH} characters"
+        )
+
+
+def _detached(source: Deferred[int]) -> Deferred[int]:
+    """A Deferred with ``source``'s result whose cancellation does not reach ``source``."""
+    result: Deferred[int] = Deferred()
+
+    def forward(outcome: object) -> None:
+        if not result.called:
+            if isinstance(outcome, Failure):
+                result.errback(outcome)
+            else:
+                assert isinstance(outcome, int)
+                result.callback(outcome)
+
+    source.addBoth(forward)
+    return result
+
+
+def _storage_error(error: StorageError) -> BrokerError:
+    if isinstance(error, OverloadedError):
+        return BrokerError(Reason.OVERLOADED, str(error))
+    return BrokerError(Reason.UNREACHABLE, f"storage refused the append: {error}")
+
+
 def _first_error(failure: Failure) -> int:
     """The error of a produce whose appends failed: ``overloaded`` when storage shed load."""
     error = failure.value
     # gatherResults wraps the first failure in a FirstError.
     inner = getattr(error, "subFailure", None)
     cause = inner.value if inner is not None else error
-    if isinstance(cause, OverloadedError):
-        raise BrokerError(Reason.OVERLOADED, str(cause))
     if isinstance(cause, StorageError):
-        log.error("A produce failed in storage: {error}", error=cause)
-        raise BrokerError(Reason.UNREACHABLE, f"storage refused the append: {cause}")
+        if not isinstance(cause, OverloadedError):
+            log.error("A produce failed in storage: {error}", error=cause)
+        raise _storage_error(cause)
     if isinstance(cause, (BrokerError, CancelledError)):
         raise cause
     failure.raiseException()

@@ -22,8 +22,9 @@ from collections.abc import Mapping
 import attrs
 
 CURSOR_VERSION = 1
-#: Characters of an encoded cursor; about 300 ranges of 20-character ids.
-MAX_CURSOR_LENGTH = 12288
+#: Characters of an encoded cursor: enough for the most a topic can have, 64 ranges with ids of
+#: 254 characters (a 249-character topic name, a dot and a range number), about 22,600.
+MAX_CURSOR_LENGTH = 32768
 _HEAD = struct.Struct(">BH")
 _OFFSET = struct.Struct(">Q")
 _NAME_LENGTH = struct.Struct(">H")

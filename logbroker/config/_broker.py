@@ -100,6 +100,10 @@ class ServerSettings:
     max_frame_size: int
 
 
+#: Ranges a topic may be created with: keeps every cursor under ``MAX_CURSOR_LENGTH``.
+MAX_TOPIC_RANGES = 64
+
+
 @attrs.frozen
 class TopicSettings:
     """New topics' ranges and consumer group sessions."""
@@ -265,7 +269,7 @@ class BrokerConfig:
             storage=storage,
             server=server,
             topics=TopicSettings(
-                initial_ranges=parse_int(env, "SVC_TOPIC_RANGES", 4, 1, 1024),
+                initial_ranges=parse_int(env, "SVC_TOPIC_RANGES", 4, 1, MAX_TOPIC_RANGES),
                 group_session_timeout_ms=parse_int(env, "SVC_GROUP_SESSION_TIMEOUT_MS", 30_000, 1),
             ),
             dashboard=_dashboard(env, server.bind_host),

@@ -83,7 +83,8 @@ VARIABLES: tuple[Variable, ...] = (
         (
             "SVC_TOPIC_RANGES",
             "4",
-            "ranges a new topic's keyspace is cut into (fewer if its keyspace has fewer slots)",
+            "ranges a new topic's keyspace is cut into, 1 to 64 (fewer if its keyspace has fewer"
+            " slots)",
         ),
         (
             "SVC_GROUP_SESSION_TIMEOUT_MS",

@@ -22,6 +22,15 @@ GRANT_OPERATIONS = frozenset({"produce", "consume"})
 _WILDCARD = ".*"
 
 
+#: Range ids are the topic's name, a dot and a number: up to 255 characters, a file name's limit.
+_RANGE_ID = re.compile(r"[A-Za-z0-9._-]{1,255}")
+
+
+def valid_range_id(range_id: str) -> bool:
+    """Whether ``range_id`` may name a range (and its storage directory)."""
+    return _RANGE_ID.fullmatch(range_id) is not None and range_id not in (".", "..")
+
+
 def valid_name(name: str) -> bool:
     """Whether ``name`` is a valid topic name or range id: it may become a directory name."""
     return _NAME.fullmatch(name) is not None and name not in (".", "..")
@@ -42,6 +51,16 @@ def pattern_matches(pattern: str, topic: str) -> bool:
     if pattern.endswith(_WILDCARD):
         return topic.startswith(pattern[:-1])
     return topic == pattern
+
+
+def _check_range_id(what: str) -> Callable[[object, attrs.Attribute[str], str], None]:
+    def check(_: object, attribute: attrs.Attribute[str], value: str) -> None:
+        if not valid_range_id(value):
+            raise ValueError(
+                f"invalid {what} {value!r}: use 1 to 255 of A-Z a-z 0-9 . _ -, not . or .."
+            )
+
+    return check
 
 
 def _check_name(what: str) -> Callable[[object, attrs.Attribute[str], str], None]:
@@ -98,7 +117,7 @@ class Topic:
         if len(set(value)) != len(value):
             raise ValueError(f"topic {self.name!r} lists a range id twice: {value!r}")
         for range_id in value:
-            if not isinstance(range_id, str) or not valid_name(range_id):
+            if not isinstance(range_id, str) or not valid_range_id(range_id):
                 raise ValueError(f"topic {self.name!r} lists an invalid range id {range_id!r}")
 
     @property
@@ -110,14 +129,14 @@ class Topic:
 class Range:
     """The keyspace interval ``[start, end)`` of one topic; its id names its storage directory."""
 
-    range_id: str = attrs.field(validator=_check_name("range id"))
+    range_id: str = attrs.field(validator=_check_range_id("range id"))
     topic: str = attrs.field(validator=_check_name("topic name"))
     start: int = attrs.field(validator=_not_negative)
     end: int = attrs.field()
     state: RangeState = attrs.field(validator=attrs.validators.instance_of(RangeState))
     #: The range this one was split from.
     parent: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_check_name("parent range id"))
+        default=None, validator=attrs.validators.optional(_check_range_id("parent range id"))
     )
 
     @end.validator
@@ -128,7 +147,7 @@ class Range:
 
 @attrs.frozen
 class SegmentMeta:
-    range_id: str = attrs.field(validator=_check_name("range id"))
+    range_id: str = attrs.field(validator=_check_range_id("range id"))
     base_offset: int = attrs.field(validator=_not_negative)
     state: SegmentState = attrs.field(validator=attrs.validators.instance_of(SegmentState))
     #: Recorded at sealing; ``None`` while active.

@@ -15,7 +15,9 @@ dropped for being idle, so long polls and subscriptions can wait as long as they
 
 from __future__ import annotations
 
+import contextlib
 import secrets
+from collections import deque
 from collections.abc import Callable
 from enum import Enum, auto
 from typing import Any
@@ -47,6 +49,9 @@ class ProtocolSettings:
     max_frame_size: int = wire.DEFAULT_MAX_FRAME_SIZE
     #: Enforce ACL grants (``SVC_ACL_STRICT``); otherwise the global permissions decide.
     acl_strict: bool = False
+    #: Requests one connection may have in flight; past it, its socket is not read until
+    #: half of them are answered.
+    max_in_flight: int = 1024
 
 
 class _State(Enum):
@@ -87,11 +92,22 @@ class ClientProtocol(Protocol):
         #: Requests in flight, with their correlation ids.
         self._pending: dict[Deferred[Any], int] = {}
         self._subscriptions: dict[int, _Subscription] = {}
+        #: Frames received and not handled yet: they wait while ``auth`` is being checked or
+        #: while the connection has as many requests in flight as it may.
+        self._inbox: deque[bytes] = deque()
+        self._authenticating = False
+        self._too_large: wire.FrameTooLargeError | None = None
+        #: Why reading from the socket is paused: the client does not read its responses
+        #: (the transport's buffer is full), or it has too many requests in flight.
+        self._writes_blocked = False
+        self._requests_blocked = False
 
     # -- connection ----------------------------------------------------------------------
 
     def connectionMade(self) -> None:
         self.factory.connections.add(self)
+        # Streaming producer: the transport pauses us when the client stops reading.
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         self._auth_timer = self._clock.callLater(
             self._settings.auth_timeout_ms / 1000.0, self._auth_timed_out
         )
@@ -99,12 +115,45 @@ class ClientProtocol(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self.factory.connections.discard(self)
         self._state = _State.CLOSED
+        self._inbox.clear()
         self._cancel_auth_timer()
         for subscription in list(self._subscriptions.values()):
             subscription.stop()
+            # The member is gone with its connection: hand its share over now, not after
+            # the session timeout.
+            subscription.leave()
         self._subscriptions.clear()
         for pending in list(self._pending):
             pending.cancel()
+
+    # -- flow control (IPushProducer) ----------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._writes_blocked = True
+        self._update_reading()
+
+    def resumeProducing(self) -> None:
+        self._writes_blocked = False
+        self._update_reading()
+        for subscription in list(self._subscriptions.values()):
+            subscription.poll()
+        self._process()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; ``connectionLost`` cleans up."""
+
+    @property
+    def writes_blocked(self) -> bool:
+        return self._writes_blocked
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self._closed():
+            return
+        if self._writes_blocked or self._requests_blocked:
+            transport.pauseProducing()  # type: ignore[attr-defined]
+        else:
+            transport.resumeProducing()  # type: ignore[attr-defined]
 
     def drain(self) -> Deferred[None]:
         """Stop pushing to subscriptions; fire once every request in flight is answered."""
@@ -161,26 +210,35 @@ class ClientProtocol(Protocol):
     # -- frames --------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
-        if self._state is _State.CLOSED:
+        if self._closed() or self._too_large is not None:
             return
         try:
-            bodies = self._decoder.feed(data)
+            self._inbox.extend(self._decoder.feed(data))
         except wire.FrameTooLargeError as error:
-            for body in error.complete_frames:
-                self._handle(body)
-            self._fatal(0, Reason.FRAME_TOO_LARGE)
-            return
-        for body in bodies:
-            if self._closed():
+            # The frames ahead of the oversized one are answered first.
+            self._inbox.extend(error.complete_frames)
+            self._too_large = error
+        self._process()
+
+    def _process(self) -> None:
+        """Handle queued frames in order while nothing holds them back."""
+        while self._inbox and not self._closed() and not self._authenticating:
+            if len(self._pending) >= self._settings.max_in_flight:
+                self._requests_blocked = True
+                self._update_reading()
                 return
-            self._handle(body)
+            self._handle(self._inbox.popleft())
+        done = not self._inbox and not self._authenticating and not self._closed()
+        if self._too_large is not None and done:
+            self._fatal(0, Reason.FRAME_TOO_LARGE)
 
     def _handle(self, body: bytes) -> None:
         try:
             received = wire.decode_request(body)
         except wire.WireError as error:
             if self._state is _State.AWAITING_AUTH:
-                self._fatal(error.correlation_id, Reason.AUTH_REQUIRED)
+                # Garbage before authenticating: say what was wrong with it, then close.
+                self._fatal(error.correlation_id, error.reason)
             else:
                 self._send(wire.encode_error(error.correlation_id, error.reason))
             return
@@ -197,7 +255,13 @@ class ClientProtocol(Protocol):
         if not self._permitted(request):
             self._send(wire.encode_error(correlation_id, Reason.PERMISSION_DENIED))
             return
-        self._dispatch(correlation_id, request)
+        try:
+            self._dispatch(correlation_id, request)
+        except Exception as error:
+            # Whatever a handler raises fails that request, never the connection.
+            if not isinstance(error, _EXPECTED):
+                log.failure("A request failed unexpectedly")
+            self._send(wire.encode_error(correlation_id, _reason_of(error)))
 
     def _permitted(self, request: wire.Request) -> bool:
         user = self._user
@@ -209,24 +273,39 @@ class ClientProtocol(Protocol):
         return self._users.allows(user, operation, topic, strict=self._settings.acl_strict)
 
     def _authenticate(self, correlation_id: int, request: wire.Auth) -> None:
-        def checked(user: User | None) -> None:
-            if self._state is not _State.AWAITING_AUTH:
-                return
-            if user is None:
-                self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
-                return
-            self._user = user
-            self._state = _State.READY
-            self._cancel_auth_timer()
-            token = secrets.token_urlsafe(24)
-            self._send(wire.encode_ok(correlation_id, wire.encode_token(token)))
-
         if request.user is None or request.password is None:
             self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
             return
-        self._track(
-            correlation_id, self._users.authenticate(request.user, request.password), checked
-        )
+        # Frames behind this one wait until the password is checked (on a thread): a client
+        # may pipeline its first requests right after its auth.
+        self._authenticating = True
+        checking = self._users.authenticate(request.user, request.password)
+        self._pending[checking] = correlation_id
+
+        def checked(user: User | None) -> None:
+            self._pending.pop(checking, None)
+            self._authenticating = False
+            if self._closed():
+                return
+            if user is None:
+                self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
+            else:
+                self._user = user
+                self._state = _State.READY
+                self._cancel_auth_timer()
+                token = secrets.token_urlsafe(24)
+                self._send(wire.encode_ok(correlation_id, wire.encode_token(token)))
+            self._process()
+
+        def failed(failure: Failure) -> None:
+            self._pending.pop(checking, None)
+            self._authenticating = False
+            if isinstance(failure.value, CancelledError) or self._closed():
+                return
+            self._send(wire.encode_error(correlation_id, _reason(failure)))
+            self._process()
+
+        checking.addCallbacks(checked, failed)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -292,14 +371,21 @@ class ClientProtocol(Protocol):
             payload = encode(value)
             if payload is not None:
                 self._send(wire.encode_ok(correlation_id, payload))
+            self._request_finished()
 
         def failed(failure: Failure) -> None:
             self._pending.pop(result, None)
-            if isinstance(failure.value, CancelledError):
-                return
-            self._send(wire.encode_error(correlation_id, _reason(failure)))
+            if not isinstance(failure.value, CancelledError):
+                self._send(wire.encode_error(correlation_id, _reason(failure)))
+            self._request_finished()
 
         result.addCallbacks(answered, failed)
+
+    def _request_finished(self) -> None:
+        if self._requests_blocked and len(self._pending) <= self._settings.max_in_flight // 2:
+            self._requests_blocked = False
+            self._update_reading()
+            self._process()
 
     # -- subscriptions -------------------------------------------------------------------
 
@@ -352,10 +438,16 @@ class _Subscription:
         self._stopped = False
 
     def poll(self) -> None:
-        credit = self._window - self._in_flight
-        if self._stopped or self._polling is not None or credit <= 0:
+        if self._stopped or self._polling is not None or self._owner.writes_blocked:
+            # Resumed when the client reads again (``resumeProducing``).
             return
         request = self.request
+        credit = self._window - self._in_flight
+        if credit <= 0:
+            # Waiting for acknowledgements is not idleness: the member stays in its group.
+            if request.topic is not None and request.group is not None and request.member:
+                self._owner._broker.touch_member(request.topic, request.group, request.member)
+            return
         polling = self._owner._broker.fetch(
             request.topic,
             self._cursor,
@@ -376,7 +468,9 @@ class _Subscription:
             self._in_flight += len(result.records)
             payload = wire.encode_records(result.records, result.next_cursor)
             self._owner._send(wire.encode_ok(self.correlation_id, payload))
-        self.poll()
+        # On the next turn of the reactor, not from inside this callback: a stream of fetches
+        # that complete at once must not recurse.
+        self._owner._clock.callLater(0, self.poll)
 
     def _failed(self, failure: Failure) -> None:
         self._polling = None
@@ -401,6 +495,14 @@ class _Subscription:
         if self._polling is not None:
             self._polling.cancel()
 
+    def leave(self) -> None:
+        """Give the member's share of the group up."""
+        request = self.request
+        if request.group is not None and request.member is not None:
+            # A topic that is gone or names that were invalid leave nothing to give up.
+            with contextlib.suppress(BrokerError):
+                self._owner._broker.leave_group(request.topic, request.group, request.member)
+
 
 def _empty(_: object) -> bytes:
     return b""
@@ -410,12 +512,22 @@ def _records_payload(result: FetchResult) -> bytes:
     return wire.encode_records(result.records, result.next_cursor)
 
 
+#: Errors that carry the reason a client is told.
+_EXPECTED = (BrokerError, SecurityError, ControlPlaneError)
+
+
+def _reason_of(error: BaseException) -> Reason | str:
+    if isinstance(error, _EXPECTED):
+        return error.reason
+    return Reason.UNREACHABLE
+
+
 def _reason(failure: Failure) -> Reason | str:
     error = failure.value
-    if isinstance(error, (BrokerError, SecurityError, ControlPlaneError)):
-        return error.reason
-    log.failure("A request failed unexpectedly", failure)
-    return Reason.UNREACHABLE
+    assert error is not None
+    if not isinstance(error, _EXPECTED):
+        log.failure("A request failed unexpectedly", failure)
+    return _reason_of(error)
 
 
 class ClientFactory(Factory):
@@ -440,7 +552,10 @@ class ClientFactory(Factory):
         """Let every connection's requests in flight finish (produces become durable and are
         acknowledged), for at most ``grace_seconds``; then fail what is left and close them."""
         connections = list(self.connections)
-        drained = gatherResults([c.drain() for c in connections], consumeErrors=True)
+        draining = [connection.drain() for connection in connections]
+        # Long polls answer now with what they have, rather than at the end of the grace.
+        self._broker.wake_all()
+        drained = gatherResults(draining, consumeErrors=True)
         finished: Deferred[None] = Deferred()
 
         def close(_: object) -> None:

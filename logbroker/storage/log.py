@@ -396,6 +396,11 @@ class RangeLog:
 
     # -- appends -----------------------------------------------------------------------------
 
+    def refusal(self, count: int) -> StorageError | None:
+        """The error an append of ``count`` records would fail with at once, if any: lets a
+        caller writing to several logs refuse the whole write before any part of it is stored."""
+        return self._refuse_append(count)
+
     def _refuse_append(self, count: int) -> StorageError | None:
         if self._failure is not None:
             return LogFailedError(

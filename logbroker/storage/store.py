@@ -28,7 +28,8 @@ FORMAT_FILE = "FORMAT"
 LOCK_FILE = "LOCK"
 RANGES_DIR = "ranges"
 _MARKER = re.compile(rb"^logbroker storage format (\d+)\n$")
-_NAME_PART = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+#: A directory name: at most 255 characters, the file system's limit.
+_NAME_PART = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 
 log = Logger()
 

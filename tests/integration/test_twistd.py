@@ -119,7 +119,7 @@ def test_twistd_flags_override_the_environment(tmp_path: Path) -> None:
     broker = run_twistd(
         tmp_path,
         "--port",
-        "4040",
+        "0",
         "--data-dir",
         str(tmp_path / "elsewhere"),
         settings={"SVC_TCP_PORT": "abc", "SVC_DATA_DIR": str(tmp_path / "from-env")},

@@ -266,3 +266,123 @@ def test_commit_needs_a_group_and_a_cursor() -> None:
 
     assert reason_of(broker.commit("t", None, Cursor({}).encode())) is Reason.INVALID_OPERATION
     assert reason_of(broker.commit("t", "g", None)) is Reason.INVALID_CURSOR
+
+
+# -- found in review -----------------------------------------------------------------------
+
+
+def test_members_committing_their_own_shares_never_undo_each_other() -> None:
+    broker, _, _ = make_broker(settings=BrokerSettings(initial_ranges=4))
+    result_of(broker.create_topic("t", 0))
+    for i in range(40):
+        result_of(broker.produce("t", [Record(bytes([i]))]))
+    broker.fetch("t", None, "g", "a", 0, 0)
+    broker.fetch("t", None, "g", "b", 0, 0)
+    a = result_of(broker.fetch("t", None, "g", "a", 1000, 0))
+    b = result_of(broker.fetch("t", None, "g", "b", 1000, 0))
+
+    result_of(broker.commit("t", "g", a.next_cursor))
+    result_of(broker.commit("t", "g", b.next_cursor))
+
+    broker.leave_group("t", "g", "a")
+    broker.leave_group("t", "g", "b")
+    assert result_of(broker.fetch("t", None, "g", None, 1000, 0)).records == ()
+
+
+def test_a_group_members_cursor_names_only_its_share() -> None:
+    broker, _, _ = make_broker(settings=BrokerSettings(initial_ranges=4))
+    result_of(broker.create_topic("t", 0))
+    broker.fetch("t", None, "g", "a", 0, 0)
+    broker.fetch("t", None, "g", "b", 0, 0)
+
+    a = result_of(broker.fetch("t", None, "g", "a", 1000, 0))
+    b = result_of(broker.fetch("t", None, "g", "b", 1000, 0))
+
+    shares = [set(Cursor.decode(r.next_cursor).positions) for r in (a, b)]
+    assert not shares[0] & shares[1]
+    assert shares[0] | shares[1] == {"t.0", "t.1", "t.2", "t.3"}
+
+
+def test_a_refused_range_stores_nothing_of_the_produce() -> None:
+    broker, storage, _ = make_broker(settings=BrokerSettings(initial_ranges=4))
+    result_of(broker.create_topic("t", 8))
+    keys = [b"k%d" % i for i in range(40)]  # spread over every range
+    result_of(storage.logs["t.3"].close())
+
+    failure = failure_of(broker.produce("t", [Record(b"v", key=key) for key in keys]))
+
+    assert isinstance(failure.value, BrokerError)
+    assert failure.value.reason is Reason.UNREACHABLE
+    assert [storage.logs[f"t.{i}"].end_offset for i in range(3)] == [0, 0, 0]
+
+
+def test_a_busy_range_does_not_starve_the_others() -> None:
+    broker, storage, _ = make_broker(settings=BrokerSettings(initial_ranges=2))
+    result_of(broker.create_topic("t", 1))
+    result_of(storage.logs["t.0"].append([Record(b"busy")] * 50))
+    result_of(storage.logs["t.1"].append([Record(b"quiet")]))
+
+    seen = [
+        result_of(broker.fetch("t", None, None, None, 10, 0)).records[0].value for _ in range(4)
+    ]
+
+    assert b"quiet" in seen
+
+
+def test_the_largest_cursor_a_topic_can_have_is_accepted_back() -> None:
+    broker, _, _ = make_broker(settings=BrokerSettings(initial_ranges=64))
+    name = "t" * 249
+    result_of(broker.create_topic(name, 16))
+    result_of(broker.produce(name, [Record(b"v")]))
+
+    cursor = result_of(broker.fetch(name, None, None, None, 0, 0)).next_cursor
+
+    assert len(Cursor.decode(cursor).positions) == 64
+    assert result_of(broker.fetch(name, cursor, None, None, 0, 0)).records == ()
+
+
+@pytest.mark.parametrize("group", ["", "g" * 250])
+def test_bad_group_names_are_refused(group: str) -> None:
+    broker, _, _ = make_broker()
+    result_of(broker.create_topic("t", 0))
+    cursor = result_of(broker.fetch("t", None, None, None, 0, 0)).next_cursor
+
+    assert reason_of(broker.commit("t", group, cursor)) is Reason.INVALID_OPERATION
+    assert reason_of(broker.fetch("t", None, group, "m", 0, 0)) is Reason.INVALID_OPERATION
+
+
+def test_a_produce_whose_caller_went_away_still_wakes_long_polls() -> None:
+    broker, _, _ = make_broker(settings=BrokerSettings(initial_ranges=1))
+    result_of(broker.create_topic("t", 0))
+    polling = broker.fetch("t", None, None, None, 0, 30_000)
+
+    producing = broker.produce("t", [Record(b"v")])
+    producing.cancel()
+
+    assert [r.value for r in result_of(polling).records] == [b"v"]
+
+
+def test_a_member_whose_share_is_empty_waits_instead_of_spinning() -> None:
+    broker, _, clock = make_broker(settings=BrokerSettings(initial_ranges=1))
+    result_of(broker.create_topic("t", 0))
+    members = [f"m{i}" for i in range(5)]
+    for member in members:
+        broker.fetch("t", None, "g", member, 0, 0)
+    idle = next(m for m in members if not broker._share(broker._topic("t"), "g", m))
+
+    polling = broker.fetch("t", None, "g", idle, 0, 1000)
+
+    assert not polling.called
+    clock.advance(1)
+    assert result_of(polling).records == ()
+
+
+def test_wake_all_answers_every_long_poll_at_once() -> None:
+    broker, _, clock = make_broker(settings=BrokerSettings(initial_ranges=1))
+    result_of(broker.create_topic("t", 0))
+    polls = [broker.fetch("t", None, None, None, 0, 30_000) for _ in range(3)]
+
+    broker.wake_all()
+
+    assert [result_of(p).records for p in polls] == [(), (), ()]
+    assert clock.getDelayedCalls() == []

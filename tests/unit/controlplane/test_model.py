@@ -27,7 +27,7 @@ def test_valid_names(name: str) -> None:
     Range(name, "t", 0, 1, RangeState.ACTIVE)
 
 
-@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 250, "ordérs", "a b", "a*"])
+@pytest.mark.parametrize("name", ["", ".", "..", "a/b", "x" * 256, "ordérs", "a b", "a*"])
 def test_invalid_names_are_refused_as_topic_and_range_ids(name: str) -> None:
     assert not valid_name(name)
     with pytest.raises(ValueError, match="invalid topic name"):
@@ -125,3 +125,13 @@ def test_a_grant_names_produce_or_consume() -> None:
     for operation in ["admin", "create_topic", "PRODUCE", ""]:
         with pytest.raises(ValueError, match="ACL operation"):
             AclGrant("alice", operation, "orders")
+
+
+def test_a_range_id_may_be_a_longest_topic_name_with_its_range_number() -> None:
+    # A directory name may take 255 characters: the topic name (249), a dot and the number.
+    longest = "t" * 249 + ".63"
+
+    assert not valid_name("x" * 250)
+    Range(longest, "t" * 249, 0, 1, RangeState.ACTIVE)
+    with pytest.raises(ValueError, match="invalid range id"):
+        Range("x" * 256, "t", 0, 1, RangeState.ACTIVE)

@@ -15,7 +15,7 @@ from logbroker.broker.core import BrokerSettings
 from logbroker.records import Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import ClientFactory, ClientProtocol, ProtocolSettings
-from logbroker.testing import ImmediateExecutor
+from logbroker.testing import ImmediateExecutor, ManualExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.storage.helpers import result_of
 
@@ -303,7 +303,7 @@ def test_user_and_acl_management(world: World) -> None:
 
 
 def test_a_subscription_never_has_more_than_its_window_unacknowledged(world: World) -> None:
-    _, server = world
+    clock, server = world
     client = server.connect()
     client.login()
     client.send(wire.CreateTopic("t", 0))
@@ -311,6 +311,8 @@ def test_a_subscription_never_has_more_than_its_window_unacknowledged(world: Wor
     client.responses()
 
     client.send(wire.Subscribe("t", "g", "m", 10, 4), 50)
+    clock.advance(0)
+    clock.advance(0)
     pushes = client.responses()
 
     assert [r.correlation_id for r in pushes] == [50, 50, 50]
@@ -319,6 +321,8 @@ def test_a_subscription_never_has_more_than_its_window_unacknowledged(world: Wor
     last = wire.decode_records(pushes[-1].payload).next_cursor
 
     client.send(wire.StreamAck("t", "g", "m", last, 10), 51)
+    for _ in range(5):
+        clock.advance(0)
     more = client.responses()
     assert sum(len(wire.decode_records(r.payload).records) for r in more) == 10
     assert {r.correlation_id for r in more} == {50}
@@ -368,7 +372,7 @@ def test_losing_the_connection_cancels_its_long_polls(world: World) -> None:
     assert clock.getDelayedCalls() == []
 
 
-def test_draining_fails_the_requests_left_after_the_grace_period_then_closes(
+def test_draining_answers_long_polls_at_once_and_fails_what_is_left_after_the_grace(
     world: World,
 ) -> None:
     clock, server = world
@@ -377,15 +381,20 @@ def test_draining_fails_the_requests_left_after_the_grace_period_then_closes(
     client.send(wire.CreateTopic("t", 0))
     client.responses()
     client.send(wire.Fetch("t", None, None, None, 0, 30_000), 90)
+    stuck: Deferred[int] = Deferred()
+    client.protocol._track(91, stuck, wire.encode_count)
     [factory] = server.factories
 
     drained = factory.drain(clock, 5.0)
+
+    [poll] = client.responses()
+    assert poll.correlation_id == 90
+    assert wire.decode_records(poll.payload).records == ()
     assert not drained.called
     clock.advance(5.0)
-
     assert drained.called
+    assert client.responses() == [wire.Response(91, b"", "unreachable")]
     assert client.transport.disconnecting
-    assert client.responses() == [wire.Response(90, b"", "unreachable")]
     assert clock.getDelayedCalls() == []
 
 
@@ -419,3 +428,135 @@ def test_draining_with_nothing_in_flight_closes_at_once(world: World) -> None:
     assert drained.called
     assert client.transport.disconnecting
     assert clock.getDelayedCalls() == []
+
+
+# -- found in review -----------------------------------------------------------------------
+
+
+def test_requests_pipelined_behind_auth_wait_for_it(world: World) -> None:
+    _, server = world
+    executor = ManualExecutor()
+    server.users = UserDirectory(server.users._control, executor, CHEAP)
+    client = server.connect()
+
+    client.protocol.dataReceived(
+        wire.encode_request(1, wire.Auth("admin", "admin123"))
+        + wire.encode_request(2, wire.ListUsers())
+    )
+    assert client.responses() == []
+    executor.run_all()
+
+    responses = client.responses()
+    assert [r.correlation_id for r in responses] == [1, 2]
+    assert all(r.ok for r in responses)
+
+
+def test_a_malformed_auth_frame_is_malformed_request(world: World) -> None:
+    _, server = world
+    client = server.connect()
+
+    client.protocol.dataReceived(wire.encode_frame(struct.pack(">HI", 0, 4) + b"\x05"))
+
+    assert client.one() == wire.Response(4, b"", "malformed_request")
+    assert client.transport.disconnecting
+
+
+def test_an_oversized_frame_behind_others_before_auth_still_closes_cleanly(world: World) -> None:
+    _, server = world
+    client = server.connect(ProtocolSettings(max_frame_size=1024))
+
+    client.protocol.dataReceived(
+        wire.encode_request(1, wire.ListUsers())
+        + wire.encode_request(2, wire.ListUsers())
+        + struct.pack(">I", 5000)
+    )
+
+    assert client.responses() == [wire.Response(1, b"", "auth_required")]
+    assert client.transport.disconnecting
+
+
+@pytest.mark.parametrize("group", ["", "g" * 250])
+def test_a_bad_group_name_is_an_error_frame_not_a_dropped_connection(
+    world: World, group: str
+) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.send(wire.Fetch("t", None, None, None, 0, 0))
+    cursor = wire.decode_records(client.responses()[-1].payload).next_cursor
+
+    client.send(wire.Commit("t", group, cursor), 9)
+
+    assert client.one() == wire.Response(9, b"", "invalid_operation")
+    assert not client.transport.disconnecting
+
+
+def test_a_client_that_stops_reading_is_not_read_from_either(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.protocol.pauseProducing()  # what the transport does when its buffer fills
+    assert client.transport.producerState == "paused"
+    client.protocol.resumeProducing()
+
+    assert client.transport.producerState == "producing"
+
+
+def test_a_connection_with_too_many_requests_in_flight_is_not_read_until_half_are_done(
+    world: World,
+) -> None:
+    _, server = world
+    client = server.connect(ProtocolSettings(max_in_flight=4))
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.responses()
+
+    for correlation_id in range(10, 20):
+        client.send(wire.Fetch("t", None, None, None, 0, 30_000), correlation_id)
+
+    assert len(client.protocol._pending) == 4
+    assert client.transport.producerState == "paused"
+    producer = server.connect()
+    producer.login()
+    producer.send(wire.Produce("t", (Record(b"v"),)))  # wakes the four long polls
+
+    responses = client.responses()
+    assert sorted(r.correlation_id for r in responses) == list(range(10, 20))
+    assert client.transport.producerState == "producing"
+
+
+def test_a_subscription_with_a_large_window_pushes_everything_without_recursing(
+    world: World,
+) -> None:
+    clock, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.send(wire.Produce("t", tuple(Record(b"%d" % i) for i in range(1500))))
+    client.responses()
+
+    client.send(wire.Subscribe("t", "g", "m", 10_000, 1), 40)
+    for _ in range(1600):
+        clock.advance(0)
+
+    pushes = client.responses()
+    assert sum(len(wire.decode_records(p.payload).records) for p in pushes) == 1500
+
+
+def test_a_subscribers_group_share_is_handed_over_when_its_connection_goes(world: World) -> None:
+    _, server = world
+    first = server.connect()
+    first.login()
+    first.send(wire.CreateTopic("t", 0))
+    first.responses()
+    first.send(wire.Subscribe("t", "g", "gone", 10, 10))
+    second = server.connect()
+    second.login()
+    second.send(wire.Fetch("t", None, "g", "stays", 0, 0))
+    second.responses()
+
+    first.protocol.connectionLost()
+
+    assert server.broker._groups[("t", "g")].members == ["stays"]
