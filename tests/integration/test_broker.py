@@ -185,3 +185,21 @@ def test_the_dev_accounts_are_seeded_with_their_permissions(tmp_path: Path) -> N
         "consumer": ("consume",),
         "producer": ("produce",),
     }
+
+
+def test_sigterm_with_commits_in_flight_stops_cleanly_and_keeps_what_was_answered(
+    tmp_path: Path,
+) -> None:
+    with (
+        running_broker(tmp_path) as broker,
+        BlockingClient.connect("127.0.0.1", broker.port, "app", "app123") as client,
+    ):
+        client.create_topic("t")
+        client.produce("t", [Record(b"v")] * 5)
+        cursor = client.fetch("t", None, None, None, 1000, 0).next_cursor
+        for _ in range(50):  # pipelined: queued behind one another in the control plane
+            client.send(wire.Commit("t", "g", cursor))
+        output = broker.stop()
+
+    assert broker.process.returncode == -signal.SIGTERM, output
+    assert "every range flushed and fsynced" in output
