@@ -23,6 +23,8 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logbroker import wire
+from logbroker.broker._transcode import encode_stored, wire_records
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.groups import Group
 from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
@@ -70,8 +72,19 @@ class BrokerSettings:
 
 @attrs.frozen
 class FetchResult:
-    records: tuple[Record, ...]
+    """Records in the client protocol's encoding, ready to send, and where to go on from."""
+
+    #: ``count`` records, each encoded as the protocol's ``record``, in pieces to send as
+    #: they are (not copied into one string).
+    data: tuple[bytes, ...]
+    count: int
     next_cursor: str
+
+    @property
+    def records(self) -> tuple[Record, ...]:
+        """The records decoded (for callers that want objects, not bytes to send)."""
+        payload = b"".join(wire.records_payload_parts(self.count, self.data, ""))
+        return wire.decode_records(payload).records
 
 
 def fetch_limit(requested: int) -> int:
@@ -240,7 +253,7 @@ class Broker:
         except BrokerError as error:
             return fail(error)
         wait_ms = min(wait_ms, MAX_WAIT_MS)
-        if result.records or wait_ms == 0:
+        if result.count or wait_ms == 0:
             return succeed(result)
 
         def read_again(_: object) -> FetchResult:
@@ -314,19 +327,31 @@ class Broker:
             turn = next(self._read_turn.setdefault(topic, itertools.count())) % len(range_ids)
             range_ids = range_ids[turn:] + range_ids[:turn]
         next_positions = dict(positions)
-        records: list[Record] = []
+        parts: list[bytes] = []
+        count = 0
         budget = MAX_FETCH_BYTES
         for range_id in range_ids:
-            if len(records) >= limit or budget <= 0:
+            if count >= limit or budget <= 0:
                 break
             range_log = self._log(range_id)
             offset = max(next_positions[range_id], range_log.start_offset)
-            stored = range_log.read(offset, max_records=limit - len(records), max_bytes=budget)
-            for item in stored:
-                records.append(item.record)
-                budget -= len(item.record.value) + len(item.record.key or b"")
-            next_positions[range_id] = stored[-1].offset + 1 if stored else offset
-        return FetchResult(tuple(records), Cursor(next_positions).encode())
+            for chunk in range_log.read_batches(offset, budget):
+                if chunk.verified:
+                    start, end = chunk.records_region
+                    data, taken, offset, used = wire_records(
+                        chunk.view, start, end, offset, limit - count, budget
+                    )
+                else:
+                    data, taken, offset, used = encode_stored(
+                        chunk.records(), offset, limit - count, budget
+                    )
+                parts.append(data)
+                count += taken
+                budget -= used
+                if count >= limit or budget <= 0:
+                    break
+            next_positions[range_id] = offset
+        return FetchResult(tuple(parts), count, Cursor(next_positions).encode())
 
     # -- long poll -----------------------------------------------------------------------
 

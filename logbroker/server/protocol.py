@@ -207,6 +207,10 @@ class ClientProtocol(Protocol):
         if self._state is not _State.CLOSED:
             self.transport.write(frame)  # type: ignore[union-attr]
 
+    def _send_parts(self, parts: list[bytes]) -> None:
+        if self._state is not _State.CLOSED:
+            self.transport.writeSequence(parts)  # type: ignore[union-attr]
+
     # -- frames --------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
@@ -360,7 +364,10 @@ class ClientProtocol(Protocol):
         raise AssertionError(f"no handler for {request!r}")
 
     def _track(
-        self, correlation_id: int, result: Deferred[Any], encode: Callable[[Any], bytes | None]
+        self,
+        correlation_id: int,
+        result: Deferred[Any],
+        encode: Callable[[Any], bytes | list[bytes] | None],
     ) -> None:
         """Answer ``correlation_id`` when ``result`` fires: ok with ``encode(result)``, or an
         error frame with the reason the failure carries."""
@@ -369,7 +376,9 @@ class ClientProtocol(Protocol):
         def answered(value: object) -> None:
             self._pending.pop(result, None)
             payload = encode(value)
-            if payload is not None:
+            if isinstance(payload, list):
+                self._send_parts(wire.ok_frame_parts(correlation_id, payload))
+            elif payload is not None:
                 self._send(wire.encode_ok(correlation_id, payload))
             self._request_finished()
 
@@ -464,10 +473,10 @@ class _Subscription:
         if self._stopped:
             return
         self._cursor = result.next_cursor
-        if result.records:
-            self._in_flight += len(result.records)
-            payload = wire.encode_records(result.records, result.next_cursor)
-            self._owner._send(wire.encode_ok(self.correlation_id, payload))
+        if result.count:
+            self._in_flight += result.count
+            frame = wire.ok_frame_parts(self.correlation_id, _records_payload(result))
+            self._owner._send_parts(frame)
         # On the next turn of the reactor, not from inside this callback: a stream of fetches
         # that complete at once must not recurse.
         self._owner._clock.callLater(0, self.poll)
@@ -508,8 +517,8 @@ def _empty(_: object) -> bytes:
     return b""
 
 
-def _records_payload(result: FetchResult) -> bytes:
-    return wire.encode_records(result.records, result.next_cursor)
+def _records_payload(result: FetchResult) -> list[bytes]:
+    return wire.records_payload_parts(result.count, result.data, result.next_cursor)
 
 
 #: Errors that carry the reason a client is told.

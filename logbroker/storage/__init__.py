@@ -21,13 +21,14 @@ from logbroker.storage.errors import (
     SegmentStateError,
     StorageError,
 )
-from logbroker.storage.log import Appended, LogConfig, RangeLog
+from logbroker.storage.log import Appended, BatchSlice, LogConfig, RangeLog
 from logbroker.storage.store import DataDirectory
 
 __all__ = [
     "BATCH_ENCODER",
     "FORMAT_VERSION",
     "Appended",
+    "BatchSlice",
     "Damage",
     "DamageReason",
     "DataDirectory",

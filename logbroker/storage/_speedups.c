@@ -351,6 +351,237 @@ done:
     return result;
 }
 
+/* -- consume: stored record frames to client protocol records ----------------------------
+ *
+ * A stored record frame (docs/storage-format.md):
+ *   crc:u32 "LR" version:u8 flags:u8 length:u32 offset:u64 timestamp:u64 key_len:u32
+ *   value_len:u32 key value header_count:u32 (nbytes name, nbytes value)*
+ * with nbytes = len:u32 bytes, len 0xFFFFFFFF for null. A client protocol record
+ * (docs/protocol.md):
+ *   str(key) value_len:u32 value timestamp_ms:u64 header_count:u32 (str name, str value)*
+ * with str = 0x00 for null, or 0x01 len:u32 bytes.
+ *
+ * The frames come from a batch whose checksum verified; their structure is still checked
+ * against the region's bounds before anything is copied, so a bad frame raises ValueError
+ * instead of reading past the buffer.
+ */
+
+static inline uint32_t
+get_u32(const uint8_t *p)
+{
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint64_t
+get_u64(const uint8_t *p)
+{
+    return ((uint64_t)get_u32(p) << 32) | get_u32(p + 4);
+}
+
+/* Walks one stored nbytes field at *position (bounded by end); adds the size of its wire
+ * form to *wire_size. -1 if it runs past the frame. */
+static int
+measure_stored_nbytes(const uint8_t *frame, size_t *position, size_t end, uint64_t *wire_size)
+{
+    uint32_t length;
+    if (*position + 4 > end) {
+        return -1;
+    }
+    length = get_u32(frame + *position);
+    *position += 4;
+    if (length == NULL_LENGTH) {
+        *wire_size += 1;
+        return 0;
+    }
+    if (length > end - *position) {
+        return -1;
+    }
+    *position += length;
+    *wire_size += 5 + (uint64_t)length;
+    return 0;
+}
+
+static uint8_t *
+put_stored_nbytes(uint8_t *out, const uint8_t *frame, size_t *position)
+{
+    uint32_t length = get_u32(frame + *position);
+    *position += 4;
+    if (length == NULL_LENGTH) {
+        *out++ = 0x00;
+        return out;
+    }
+    *out++ = 0x01;
+    out = put_u32(out, length);
+    memcpy(out, frame + *position, length);
+    *position += length;
+    return out + length;
+}
+
+/* Checks one record frame of `length` bytes and returns the size of its wire form, or -1. */
+static int64_t
+measure_frame(const uint8_t *frame, size_t length, uint64_t *key_value_bytes)
+{
+    size_t position = 36;
+    uint32_t key_length, value_length, headers;
+    uint64_t wire = 4 + 8 + 4; /* value length, timestamp, header count */
+    if (length < 40 || frame[4] != 'L' || frame[5] != 'R') {
+        return -1;
+    }
+    key_length = get_u32(frame + 28);
+    value_length = get_u32(frame + 32);
+    if (key_length == NULL_LENGTH) {
+        wire += 1;
+        key_length = 0;
+    }
+    else {
+        wire += 5 + (uint64_t)key_length;
+    }
+    if (value_length == NULL_LENGTH || (uint64_t)key_length + value_length > length - 40) {
+        return -1;
+    }
+    position += (size_t)key_length + value_length;
+    wire += value_length;
+    *key_value_bytes = (uint64_t)key_length + value_length;
+    headers = get_u32(frame + position);
+    position += 4;
+    for (uint32_t i = 0; i < 2 * (uint64_t)headers; i++) {
+        if (measure_stored_nbytes(frame, &position, length, &wire) < 0) {
+            return -1;
+        }
+    }
+    if (position != length) {
+        return -1;
+    }
+    return (int64_t)wire;
+}
+
+static uint8_t *
+write_frame(uint8_t *out, const uint8_t *frame)
+{
+    uint32_t key_length = get_u32(frame + 28);
+    uint32_t value_length = get_u32(frame + 32);
+    size_t position = 36;
+    uint32_t headers;
+    if (key_length == NULL_LENGTH) {
+        *out++ = 0x00;
+    }
+    else {
+        *out++ = 0x01;
+        out = put_u32(out, key_length);
+        memcpy(out, frame + position, key_length);
+        out += key_length;
+        position += key_length;
+    }
+    out = put_u32(out, value_length);
+    memcpy(out, frame + position, value_length);
+    out += value_length;
+    position += value_length;
+    memcpy(out, frame + 20, 8); /* the timestamp: big-endian u64 in both */
+    out += 8;
+    headers = get_u32(frame + position);
+    out = put_u32(out, headers);
+    position += 4;
+    for (uint32_t i = 0; i < 2 * (uint64_t)headers; i++) {
+        out = put_stored_nbytes(out, frame, &position);
+    }
+    return out;
+}
+
+PyDoc_STRVAR(wire_records_doc,
+             "wire_records(data, start, end, first_offset, max_records, max_bytes, /)\n--\n\n"
+             "The record frames in data[start:end] from first_offset on, as client protocol\n"
+             "records: (wire bytes, record count, next offset, key and value bytes). Stops at\n"
+             "max_records, or once max_bytes of keys and values are taken (at least one\n"
+             "record). Same result as logbroker.broker._transcode.wire_records_python.");
+
+static PyObject *
+wire_records(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t start, end, max_records, max_bytes;
+    unsigned long long first_offset, next_offset;
+    const uint8_t *base;
+    size_t position;
+    uint64_t wire_size = 0, taken = 0;
+    Py_ssize_t count = 0;
+    size_t first = 0, stop;
+    PyObject *result = NULL, *wire = NULL;
+    uint8_t *out;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*nnKnn:wire_records", &data, &start, &end, &first_offset,
+                          &max_records, &max_bytes)) {
+        return NULL;
+    }
+    next_offset = first_offset;
+    if (start < 0 || end < start || end > data.len) {
+        PyErr_SetString(PyExc_ValueError, "wire_records: start and end must lie in data");
+        goto done;
+    }
+    base = (const uint8_t *)data.buf;
+    /* Pass 1: find the frames to take and the size of their wire form. */
+    position = (size_t)start;
+    stop = (size_t)start;
+    while (position < (size_t)end) {
+        uint32_t length;
+        uint64_t offset, key_value = 0;
+        int64_t size;
+        if ((size_t)end - position < 40) {
+            goto bad_frame;
+        }
+        length = get_u32(base + position + 8);
+        if (length < 40 || length > (size_t)end - position) {
+            goto bad_frame;
+        }
+        offset = get_u64(base + position + 12);
+        if (offset < first_offset) {
+            position += length;
+            continue;
+        }
+        if (count >= max_records || (count > 0 && (int64_t)taken >= max_bytes)) {
+            break;
+        }
+        size = measure_frame(base + position, length, &key_value);
+        if (size < 0) {
+            goto bad_frame;
+        }
+        if (count == 0) {
+            first = position;
+        }
+        wire_size += (uint64_t)size;
+        taken += key_value;
+        count++;
+        next_offset = offset + 1;
+        position += length;
+        stop = position;
+    }
+    if (wire_size > (uint64_t)PY_SSIZE_T_MAX) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    wire = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)wire_size);
+    if (wire == NULL) {
+        goto done;
+    }
+    /* Pass 2: write them. */
+    out = (uint8_t *)PyBytes_AS_STRING(wire);
+    for (position = first; count > 0 && position < stop;) {
+        uint32_t length = get_u32(base + position + 8);
+        out = write_frame(out, base + position);
+        position += length;
+    }
+    result = Py_BuildValue("(OnKK)", wire, count, next_offset, (unsigned long long)taken);
+    goto done;
+
+bad_frame:
+    PyErr_Format(PyExc_ValueError, "wire_records: a record frame at byte %zu is malformed",
+                 position);
+done:
+    Py_XDECREF(wire);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 PyDoc_STRVAR(checksum_doc,
              "checksum(data, value=0, /, *, software=False)\n--\n\n"
              "CRC32C of data continuing from value, as crc32c.crc32c computes it; with software\n"
@@ -387,6 +618,7 @@ checksum(PyObject *module, PyObject *args, PyObject *kwargs)
 }
 
 static PyMethodDef speedups_methods[] = {
+    {"wire_records", (PyCFunction)wire_records, METH_VARARGS, wire_records_doc},
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"checksum", (PyCFunction)(void (*)(void))checksum, METH_VARARGS | METH_KEYWORDS,
      checksum_doc},

@@ -6,3 +6,12 @@ CRC32C_IMPLEMENTATION: str
 
 def encode_batch(base_offset: int, records: Sequence[Record], /) -> bytes: ...
 def checksum(data: bytes, value: int = 0, /, *, software: bool = False) -> int: ...
+def wire_records(
+    data: memoryview | bytes,
+    start: int,
+    end: int,
+    first_offset: int,
+    max_records: int,
+    max_bytes: int,
+    /,
+) -> tuple[bytes, int, int, int]: ...

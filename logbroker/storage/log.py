@@ -112,6 +112,27 @@ class LogConfig:
 
 
 @attrs.frozen
+class BatchSlice:
+    """Stored bytes holding records: a whole batch whose checksum verified, or (``verified``
+    false) the readable part of a damaged region, whose records must be checked one by one."""
+
+    view: memoryview
+    batch: BatchInfo
+    verified: bool
+
+    def records(self) -> Iterator[StoredRecord]:
+        """The records it holds that pass their checks, in offset order."""
+        if self.verified:
+            return iter_batch_records(self.view, self.batch)
+        return iter_valid_records(self.view, 0, len(self.view), self.batch.base_offset)
+
+    @property
+    def records_region(self) -> tuple[int, int]:
+        """Where a verified batch's record frames lie in ``view``: ``[start, end)``."""
+        return self.batch.position + BATCH_HEADER_SIZE, self.batch.end
+
+
+@attrs.frozen
 class Appended:
     """Where an acknowledged (durable) append landed."""
 
@@ -1016,31 +1037,34 @@ class RangeLog:
         Only durable records are returned. A damaged copy returns the records before the damage
         and nothing after, with no error.
         """
-        if offset < self.start_offset:
-            raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
         records: list[StoredRecord] = []
         budget = max_bytes
+        for chunk in self.read_batches(offset, max_bytes):
+            for stored in chunk.records():
+                if stored.offset < offset:
+                    continue
+                records.append(stored)
+                budget -= len(stored.record.value) + len(stored.record.key or b"")
+                if len(records) >= max_records or budget <= 0:
+                    return records
+        return records
+
+    def read_batches(self, offset: int, max_bytes: int = 1024 * 1024) -> Iterator[BatchSlice]:
+        """The durable batches from the one holding ``offset`` on, in order, reading about
+        ``max_bytes`` of the log at a time: what ``read`` decodes, for callers that want the
+        bytes (a batch may start before ``offset``; skip its earlier records). Ends before any
+        damage, like ``read``."""
+        if offset < self.start_offset:
+            raise OffsetOutOfRangeError(offset, self.start_offset, self.end_offset)
         slot = max(0, bisect.bisect_right(self._segments, offset, key=_base) - 1)
         for segment in self._segments[slot:]:
             if segment.next_offset <= offset and segment.damage is None:
                 continue
             for view, batch, whole in self._batches(segment, offset, max_bytes):
-                source = (
-                    iter_batch_records(view, batch)
-                    if whole
-                    else iter_valid_records(view, 0, len(view), batch.base_offset)
-                )
-                for stored in source:
-                    if stored.offset < offset:
-                        continue
-                    records.append(stored)
-                    budget -= len(stored.record.value) + len(stored.record.key or b"")
-                    if len(records) >= max_records or budget <= 0:
-                        return records
+                yield BatchSlice(view, batch, whole)
             if segment.damage is not None or segment.next_offset < segment.end_offset:
-                return records
+                return
             offset = segment.next_offset
-        return records
 
     def read_raw(self, offset: int, max_bytes: int = 1024 * 1024) -> bytes:
         """Whole verified batches from the one holding ``offset`` on, for a following replica.

@@ -42,9 +42,12 @@ from logbroker.wire.messages import (
     encode_error,
     encode_ok,
     encode_records,
+    encode_records_data,
     encode_request,
     encode_token,
     encode_users,
+    ok_frame_parts,
+    records_payload_parts,
 )
 
 __all__ = [
@@ -89,7 +92,10 @@ __all__ = [
     "encode_frame",
     "encode_ok",
     "encode_records",
+    "encode_records_data",
     "encode_request",
     "encode_token",
     "encode_users",
+    "ok_frame_parts",
+    "records_payload_parts",
 ]

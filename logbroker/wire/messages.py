@@ -393,6 +393,16 @@ def encode_ok(correlation_id: int, payload: bytes = b"") -> bytes:
     return encode_frame(_RESPONSE_HEAD.pack(correlation_id, ERROR_CODE_OK) + payload)
 
 
+def ok_frame_parts(correlation_id: int, payload: Sequence[bytes]) -> list[bytes]:
+    """An ok response frame whose payload is the concatenation of ``payload``, as pieces to
+    write one after another (large payloads are not copied into one string first)."""
+    size = sum(len(part) for part in payload)
+    head = struct.pack(">I", _RESPONSE_HEAD.size + size) + _RESPONSE_HEAD.pack(
+        correlation_id, ERROR_CODE_OK
+    )
+    return [head, *payload]
+
+
 def encode_error(correlation_id: int, reason: Reason | str) -> bytes:
     """A whole error response frame carrying ``reason``."""
     return encode_frame(_RESPONSE_HEAD.pack(correlation_id, ERROR_CODE_ERROR) + p.text(str(reason)))
@@ -414,6 +424,17 @@ def encode_records(records: Sequence[Record], next_cursor: str) -> bytes:
     parts.extend(p.record(record) for record in records)
     parts.append(p.text(next_cursor))
     return b"".join(parts)
+
+
+def encode_records_data(count: int, data: bytes, next_cursor: str) -> bytes:
+    """The ok payload of ``fetch`` from ``count`` records already in the protocol's encoding
+    (the broker's read path transcodes stored records straight into it)."""
+    return b"".join(records_payload_parts(count, [data], next_cursor))
+
+
+def records_payload_parts(count: int, data: Sequence[bytes], next_cursor: str) -> list[bytes]:
+    """``encode_records_data`` as pieces, for ``ok_frame_parts``."""
+    return [p.u32(count), *data, p.text(next_cursor)]
 
 
 def encode_users(users: Sequence[tuple[str, Sequence[str]]]) -> bytes:

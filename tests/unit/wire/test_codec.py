@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from logbroker import wire
 from logbroker.records import Record
 from logbroker.wire import (
     REQUEST_TYPES,
@@ -319,3 +320,25 @@ def test_a_header_count_beyond_the_payload_is_refused_before_reading_headers() -
 def test_a_response_that_breaks_the_protocol_is_refused_by_the_client(body: bytes) -> None:
     with pytest.raises(ProtocolViolation):
         decode_response(body)
+
+
+@given(U32, st.lists(st.binary(max_size=30), max_size=5))
+def test_an_ok_frame_in_parts_is_the_same_bytes_as_in_one_piece(
+    correlation_id: int, payload: list[bytes]
+) -> None:
+    assert b"".join(wire.ok_frame_parts(correlation_id, payload)) == encode_ok(
+        correlation_id, b"".join(payload)
+    )
+
+
+@given(st.lists(records, max_size=5), st.text(max_size=10))
+def test_a_records_payload_from_encoded_records_matches_encode_records(
+    batch: list[Record], cursor: str
+) -> None:
+    from logbroker.wire import _primitives
+
+    data = [_primitives.record(record) for record in batch]
+
+    assert wire.encode_records_data(len(batch), b"".join(data), cursor) == encode_records(
+        batch, cursor
+    )

@@ -1,0 +1,64 @@
+"""Stored records to the client protocol's record encoding, without building record objects.
+
+A fetch answers with records in the wire encoding (``logbroker.wire``); the log stores them in
+its own frames (``logbroker.storage._format``). ``wire_records`` turns the record frames of a
+verified batch straight into wire records: the native version (``_speedups.c``) where it was
+built, else ``wire_records_python``, its reference, which the tests hold it to.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterable, Iterator
+
+from logbroker.records import StoredRecord
+from logbroker.storage._format import decode_record
+from logbroker.wire import _primitives
+
+_LENGTH = struct.Struct(">I")
+
+#: ``(data, start, end, first_offset, max_records, max_bytes)`` ->
+#: ``(wire bytes, records, last offset + 1 or first_offset, key and value bytes)``
+Transcoder = Callable[[memoryview, int, int, int, int, int], tuple[bytes, int, int, int]]
+
+
+def encode_stored(
+    records: Iterable[StoredRecord], first_offset: int, max_records: int, max_bytes: int
+) -> tuple[bytes, int, int, int]:
+    """Wire-encode ``records`` from ``first_offset`` on, at most ``max_records``, stopping
+    once ``max_bytes`` of keys and values are taken (at least one record)."""
+    parts: list[bytes] = []
+    taken = 0
+    next_offset = first_offset
+    for stored in records:
+        if stored.offset < first_offset:
+            continue
+        if len(parts) >= max_records or (parts and taken >= max_bytes):
+            break
+        record = stored.record
+        parts.append(_primitives.record(record))
+        taken += len(record.value) + len(record.key or b"")
+        next_offset = stored.offset + 1
+    return b"".join(parts), len(parts), next_offset, taken
+
+
+def wire_records_python(
+    data: memoryview, start: int, end: int, first_offset: int, max_records: int, max_bytes: int
+) -> tuple[bytes, int, int, int]:
+    """The record frames in ``data[start:end]`` (a verified batch's) as wire records."""
+    return encode_stored(_frames(data, start, end), first_offset, max_records, max_bytes)
+
+
+def _frames(data: memoryview, start: int, end: int) -> Iterator[StoredRecord]:
+    position = start
+    while position < end:
+        (length,) = _LENGTH.unpack_from(data, position + 8)
+        yield decode_record(data[position : position + length])
+        position += length
+
+
+wire_records: Transcoder
+try:
+    from logbroker.storage._speedups import wire_records
+except ImportError:  # not built
+    wire_records = wire_records_python
