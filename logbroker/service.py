@@ -16,6 +16,7 @@ store closes last, after every queued append has been flushed and fsynced.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 from typing import Any
@@ -242,6 +243,31 @@ class OrderedServices(MultiService):
             await maybeDeferred(service.stopService)
 
 
+class StopOnSigterm(Service):
+    """Makes SIGTERM an orderly stop that ends with exit status 0.
+
+    twistd's own handler also stops the reactor, but then re-raises the signal, so the process
+    ends "killed by SIGTERM". A broker that drained and flushed has stopped successfully, and
+    says so with status 0, which is what supervisors and the operations guide expect.
+    """
+
+    def __init__(self, reactor: Any) -> None:
+        self._reactor = reactor
+
+    def startService(self) -> None:
+        super().startService()
+        # After the reactor has installed its handlers, so that this one replaces twistd's.
+        self._reactor.callWhenRunning(signal.signal, signal.SIGTERM, self._terminate)
+
+    def _terminate(self, number: int, frame: object) -> None:
+        self._reactor.callFromThread(self._stop)
+
+    def _stop(self) -> None:
+        log.info("SIGTERM: stopping")
+        if self._reactor.running:
+            self._reactor.stop()
+
+
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> MultiService:
     """Build the service tree: recover storage, load the control plane and bind the client
     port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
@@ -302,4 +328,5 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
     clients.bind()
     clients.setName("clients")
     clients.setServiceParent(root)
+    StopOnSigterm(reactor).setServiceParent(root)
     return root
