@@ -111,6 +111,10 @@ class BlockingClient:
     def create_topic(self, topic: str, keyspace_bits: int = 0) -> None:
         wire.decode_empty(self.call(wire.CreateTopic(topic, keyspace_bits)))
 
+    def list_topics(self) -> list[wire.TopicInfo]:
+        """Every topic (extension ``list_topics``, key 64)."""
+        return wire.decode_topics(self.call(wire.ListTopics()))
+
     def produce(self, topic: str, records: Iterable[Record]) -> int:
         return wire.decode_count(self.call(wire.Produce(topic, tuple(records))))
 
