@@ -1,15 +1,42 @@
-"""The ``logbroker`` command."""
+"""The ``logbroker`` command: a client of the broker (topics, produce, consume, users, ACLs) and
+an offline check of a data directory (``storage verify``). docs/clients.md shows every subcommand.
+
+Exit statuses (``logbroker.exitcodes``): 0 success; 1 the broker refused a request (its reason
+is on stderr), the broker cannot be reached, or damage was found; 2 bad usage, including no
+credentials; 3 a data directory from a newer storage format.
+"""
 
 from __future__ import annotations
 
 import argparse
+import base64
 import json
+import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import BinaryIO
+
+import attrs
 
 from logbroker import exitcodes
+from logbroker.client.blocking import BlockingClient, BrokerRefused
+from logbroker.records import Record
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.inspect import SegmentReport, verify_data_directory
+from logbroker.wire import ProtocolViolation
+
+DEFAULT_PORT = 4040
+DEFAULT_SERVER = f"localhost:{DEFAULT_PORT}"
+USER_VARIABLE = "SVC_CLIENT_USER"
+PASSWORD_VARIABLE = "SVC_CLIENT_PASSWORD"
+#: ``produce`` sends stdin in batches of at most this many records and about this many bytes.
+PRODUCE_BATCH_RECORDS = 1000
+PRODUCE_BATCH_BYTES = 1024 * 1024
+#: The most records one fetch returns (the broker's cap).
+FETCH_RECORDS = 1000
+#: ``consume --follow`` long-polls this long (the broker's cap) per fetch.
+FOLLOW_WAIT_MS = 30_000
 
 
 def _describe(report: SegmentReport) -> str:
@@ -63,9 +90,496 @@ def _storage_verify(args: argparse.Namespace) -> int:
     return exitcodes.FAILURE if damaged else exitcodes.OK
 
 
+# -- arguments -----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Server:
+    host: str
+    port: int
+
+    def __str__(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+
+def parse_server(text: str) -> Server:
+    """``HOST:PORT``, ``HOST`` (port 4040) or ``[IPv6]:PORT``."""
+    host, colon, port_text = text.rpartition(":")
+    if not colon or (host.count(":") and not host.startswith("[")):
+        host, port_text = text, str(DEFAULT_PORT)
+    host = host.removeprefix("[").removesuffix("]")
+    if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, not {text!r}")
+    return Server(host, int(port_text))
+
+
+def _arg_bytes(text: str) -> bytes:
+    """An argument's bytes exactly as given (argv that is not UTF-8 included)."""
+    return os.fsencode(text)
+
+
+def _looks_like_option(text: str) -> bool:
+    return text.startswith("-") and not text[1:2].isdigit()
+
+
+def _header(text: str) -> tuple[bytes, bytes]:
+    name, equals, value = text.partition("=")
+    if not equals:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, not {text!r}")
+    return _arg_bytes(name), _arg_bytes(value)
+
+
+def _bounded(low: int, high: int | None = None) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low or (high is not None and value > high):
+            upper = "" if high is None else f" to {high}"
+            raise argparse.ArgumentTypeError(f"expected an integer {low}{upper}, not {text!r}")
+        return value
+
+    parse.__name__ = "integer"
+    return parse
+
+
+def _permissions(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+# -- output --------------------------------------------------------------------------------
+
+
+def _text_or_base64(data: bytes) -> tuple[str, bool]:
+    """``data`` as text if it is UTF-8, else as base64 (and ``True``)."""
+    try:
+        return data.decode("utf-8"), False
+    except UnicodeDecodeError:
+        return base64.b64encode(data).decode("ascii"), True
+
+
+def record_json(record: Record) -> dict[str, object]:
+    """A record as ``consume --json`` prints it (docs/clients.md, "JSON records").
+
+    ``key``, ``value`` and the header names and values are text when they are UTF-8. A key or
+    value that is not is base64, marked by ``"key_encoding": "base64"`` or
+    ``"encoding": "base64"``; if any header name or value is not UTF-8, every header name and
+    value of the record is base64, marked by ``"headers_encoding": "base64"``. A null key,
+    header name or header value is ``null``. Without a marker, the field is text.
+    """
+    result: dict[str, object] = {}
+    if record.key is None:
+        result["key"] = None
+    else:
+        result["key"], key_base64 = _text_or_base64(record.key)
+        if key_base64:
+            result["key_encoding"] = "base64"
+    result["value"], value_base64 = _text_or_base64(record.value)
+    if value_base64:
+        result["encoding"] = "base64"
+    result["timestamp"] = record.timestamp_ms
+    parts = [part for header in record.headers for part in header if part is not None]
+    headers_base64 = any(_text_or_base64(part)[1] for part in parts)
+
+    def show(part: bytes | None) -> str | None:
+        if part is None:
+            return None
+        if headers_base64:
+            return base64.b64encode(part).decode("ascii")
+        return part.decode("utf-8")
+
+    result["headers"] = [[show(name), show(value)] for name, value in record.headers]
+    if headers_base64:
+        result["headers_encoding"] = "base64"
+    return result
+
+
+def _print_records(records: Iterable[Record], as_json: bool, out: BinaryIO) -> None:
+    for record in records:
+        if as_json:
+            line = json.dumps(record_json(record), ensure_ascii=False).encode("utf-8")
+        else:
+            line = record.value
+        out.write(line + b"\n")
+    out.flush()
+
+
+# -- client commands -----------------------------------------------------------------------
+
+
+def _topic_create(args: argparse.Namespace, client: BlockingClient) -> int:
+    client.create_topic(args.name, args.keyspace_bits)
+    print(f"created topic {args.name}")
+    return exitcodes.OK
+
+
+def _topic_list(args: argparse.Namespace, client: BlockingClient) -> int:
+    for topic in client.list_topics():
+        print(f"{topic.name} keyspace_bits={topic.keyspace_bits} ranges={topic.range_count}")
+    return exitcodes.OK
+
+
+def _lines(stream: BinaryIO) -> Iterator[bytes]:
+    """Each line without its newline (a last line without one included)."""
+    for line in stream:
+        yield line[:-1] if line.endswith(b"\n") else line
+
+
+def _batches(records: Iterable[Record]) -> Iterator[list[Record]]:
+    batch: list[Record] = []
+    size = 0
+    for record in records:
+        batch.append(record)
+        size += len(record.value) + len(record.key or b"")
+        if len(batch) >= PRODUCE_BATCH_RECORDS or size >= PRODUCE_BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _produce(args: argparse.Namespace, client: BlockingClient) -> int:
+    key = None if args.key is None else _arg_bytes(args.key)
+    headers = tuple(args.header)
+    values = (
+        (_arg_bytes(value) for value in args.values) if args.values else _lines(sys.stdin.buffer)
+    )
+
+    def stamped(value: bytes) -> Record:
+        timestamp = round(time.time() * 1000) if args.timestamp is None else args.timestamp
+        return Record(value, key, timestamp, headers)
+
+    appended = 0
+    try:
+        for batch in _batches(stamped(value) for value in values):
+            appended += client.produce(args.topic, batch)
+    except (BrokerRefused, OSError):
+        if appended:
+            print(
+                f"logbroker: {appended} records were appended before the error below",
+                file=sys.stderr,
+            )
+        raise
+    print(appended)
+    return exitcodes.OK
+
+
+def _consume(args: argparse.Namespace, client: BlockingClient) -> int:
+    out = sys.stdout.buffer
+    cursor: str | None = args.cursor
+    # The first fetch, with no cursor, starts at the group's committed position when given a
+    # group (else at the start); each later one carries the cursor the previous one returned.
+    start_group = None if args.from_start else args.group
+    remaining: int | None = args.max
+    wait_ms = FOLLOW_WAIT_MS if args.follow else 0
+    consumed = 0
+    try:
+        while remaining is None or remaining > 0:
+            limit = FETCH_RECORDS if remaining is None else min(remaining, FETCH_RECORDS)
+            group = start_group if cursor is None else None
+            batch = client.fetch(args.topic, cursor, group, None, limit, wait_ms)
+            cursor = batch.next_cursor
+            if batch.records:
+                _print_records(batch.records, args.json, out)
+                consumed += len(batch.records)
+                if remaining is not None:
+                    remaining -= len(batch.records)
+                if args.group is not None and cursor is not None:
+                    client.commit(args.topic, args.group, cursor)
+            elif not args.follow:
+                break
+    except KeyboardInterrupt:
+        return exitcodes.OK  # Ctrl-C is how --follow ends
+    noun = "record" if consumed == 1 else "records"
+    print(f"consumed {consumed} {noun}; next cursor: {cursor}", file=sys.stderr)
+    return exitcodes.OK
+
+
+def _user_add(args: argparse.Namespace, client: BlockingClient) -> int:
+    client.create_user(args.name, args.new_password, args.permissions)
+    print(f"created user {args.name}")
+    return exitcodes.OK
+
+
+def _user_list(args: argparse.Namespace, client: BlockingClient) -> int:
+    for name, permissions in client.list_users():
+        print(f"{name} permissions={','.join(p or '' for p in permissions)}")
+    return exitcodes.OK
+
+
+def _user_delete(args: argparse.Namespace, client: BlockingClient) -> int:
+    client.delete_user(args.name)
+    print(f"deleted user {args.name}")
+    return exitcodes.OK
+
+
+def _user_passwd(args: argparse.Namespace, client: BlockingClient) -> int:
+    client.change_password(args.name, args.new_password)
+    print(f"changed the password of {args.name}")
+    return exitcodes.OK
+
+
+def _acl_grant(args: argparse.Namespace, client: BlockingClient) -> int:
+    client.grant_acl(args.user_name, args.operation, args.pattern)
+    print(f"granted {args.operation} on {args.pattern} to {args.user_name}")
+    return exitcodes.OK
+
+
+def _acl_revoke(args: argparse.Namespace, client: BlockingClient) -> int:
+    client.revoke_acl(args.user_name, args.operation, args.pattern)
+    print(f"revoked {args.operation} on {args.pattern} from {args.user_name}")
+    return exitcodes.OK
+
+
+def _acl_list(args: argparse.Namespace, client: BlockingClient) -> int:
+    for operation, pattern in client.list_acls(args.user_name):
+        print(f"{operation} {pattern}")
+    return exitcodes.OK
+
+
+#: What to suggest after a refusal with this reason.
+_HINTS = {
+    "invalid_credentials": f"check --user and --password (or {USER_VARIABLE} and "
+    f"{PASSWORD_VARIABLE})",
+    "permission_denied": "an admin can grant it with `logbroker user` or `logbroker acl`",
+    "no_such_topic": "create it with `logbroker topic create`",
+}
+
+
+def _fail(message: str) -> int:
+    print(f"logbroker: {message}", file=sys.stderr)
+    return exitcodes.FAILURE
+
+
+def _credentials(args: argparse.Namespace, parser: argparse.ArgumentParser) -> tuple[str, str]:
+    """The user and password from the options, else the environment; a usage error naming
+    the option and the variable of each one missing."""
+    user = args.user or os.environ.get(USER_VARIABLE)
+    password = args.password or os.environ.get(PASSWORD_VARIABLE)
+    if user and password:
+        return user, password
+    missing = []
+    if not user:
+        missing.append(("user", "--user USER", USER_VARIABLE))
+    if not password:
+        missing.append(("password", "--password PASSWORD", PASSWORD_VARIABLE))
+    what, options, variables = (list(column) for column in zip(*missing, strict=True))
+    parser.error(
+        f"no {' or '.join(what)} given: pass {' and '.join(options)}, "
+        f"or set {' and '.join(variables)}"
+    )
+
+
+def _run_client_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    user, password = _credentials(args, parser)
+    server: Server = args.server
+    action = args.action.format(**vars(args))
+    try:
+        client = BlockingClient.connect(server.host, server.port, user, password)
+    except BrokerRefused as refused:
+        return _refused(refused, f"log in as {user!r} on {server}")
+    except OSError as error:
+        return _fail(
+            f"cannot connect to {server}: {error.strerror or error} "
+            "(is the broker running there? pass --server HOST:PORT)"
+        )
+    try:
+        with client:
+            status: int = args.run(args, client)
+            return status
+    except BrokerRefused as refused:
+        return _refused(refused, f"{action} on {server} as {user!r}")
+    except BrokenPipeError:
+        raise
+    except OSError as error:
+        return _fail(f"lost the connection to {server} during {action}: {error}")
+    except ProtocolViolation as error:
+        return _fail(f"{server} broke the protocol during {action}: {error}")
+
+
+def _refused(refused: BrokerRefused, context: str) -> int:
+    hint = _HINTS.get(refused.reason)
+    return _fail(f"{refused.reason} ({context})" + (f"; {hint}" if hint else ""))
+
+
+# -- the parser ----------------------------------------------------------------------------
+
+
+def _connection_options(
+    parser: argparse.ArgumentParser, *, trailing: bool, password: bool = True
+) -> None:
+    """``--server``, ``--user`` and ``--password``: before the subcommand with their defaults,
+    or after it (``trailing``) overriding what was given before."""
+
+    def default(value: object) -> object:
+        return argparse.SUPPRESS if trailing else value
+
+    parser.add_argument(
+        "--server",
+        type=parse_server,
+        default=default(DEFAULT_SERVER),
+        metavar="HOST:PORT",
+        help=f"the broker's client port (default {DEFAULT_SERVER})",
+    )
+    parser.add_argument(
+        "--user", default=default(None), help=f"log in as USER (default ${USER_VARIABLE})"
+    )
+    if password:
+        parser.add_argument(
+            "--password",
+            default=default(None),
+            help=f"the user's password (default ${PASSWORD_VARIABLE})",
+        )
+
+
+def _client_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    run: Callable[[argparse.Namespace, BlockingClient], int],
+    action: str,
+    help: str,
+    *,
+    own_password: bool = False,
+) -> argparse.ArgumentParser:
+    """A subcommand that talks to the broker; ``action`` (formatted with the arguments) says
+    what it was doing in error messages."""
+    parser = commands.add_parser(name, help=help, description=help)
+    # In ``user add`` and ``user passwd``, --password after the subcommand is the new one.
+    _connection_options(parser, trailing=True, password=not own_password)
+    parser.set_defaults(run=run, action=action, client=True)
+    return parser
+
+
+def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    topic = commands.add_parser("topic", help="create and list topics").add_subparsers(
+        dest="topic_command", required=True
+    )
+    create = _client_command(
+        topic, "create", _topic_create, "create topic {name!r}", "create a topic"
+    )
+    create.add_argument("name")
+    create.add_argument(
+        "--keyspace-bits",
+        type=_bounded(0, 255),
+        default=0,
+        metavar="N",
+        help="the keyspace's size in bits, 1 to 32 (default 0: the broker's default, 8)",
+    )
+    _client_command(topic, "list", _topic_list, "list topics", "list every topic")
+
+    produce = _client_command(
+        commands,
+        "produce",
+        _produce,
+        "produce to topic {topic!r}",
+        "append records: one per VALUE, else one per line of stdin; prints the count appended",
+    )
+    produce.add_argument("topic")
+    produce.add_argument("values", nargs="*", metavar="VALUE")
+    produce.add_argument("--key", help="every record's key (default: none)")
+    produce.add_argument(
+        "--header",
+        type=_header,
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a header of every record (repeatable)",
+    )
+    produce.add_argument(
+        "--timestamp",
+        type=_bounded(0, 2**64 - 1),
+        metavar="MS",
+        help="every record's timestamp in ms since the epoch (default: when it is read)",
+    )
+
+    consume = _client_command(
+        commands,
+        "consume",
+        _consume,
+        "consume from topic {topic!r}",
+        "print records, one per line, until caught up (or forever with --follow)",
+    )
+    consume.add_argument("topic")
+    consume.add_argument("--group", help="start at the group's position; commit after each batch")
+    start = consume.add_mutually_exclusive_group()
+    start.add_argument(
+        "--from-start", action="store_true", help="start at the beginning, whatever the group"
+    )
+    start.add_argument("--cursor", help="start at this cursor")
+    consume.add_argument("--max", type=_bounded(1), metavar="N", help="stop after N records")
+    consume.add_argument(
+        "--follow", action="store_true", help="wait for new records until interrupted (Ctrl-C)"
+    )
+    consume.add_argument("--json", action="store_true", help="one JSON object per record")
+
+    user = commands.add_parser("user", help="manage users (admin)").add_subparsers(
+        dest="user_command", required=True
+    )
+    add = _client_command(
+        user, "add", _user_add, "create user {name!r}", "create a user", own_password=True
+    )
+    add.add_argument("name")
+    add.add_argument(
+        "--password", dest="new_password", required=True, help="the new user's password"
+    )
+    add.add_argument(
+        "--permissions",
+        type=_permissions,
+        default=(),
+        metavar="P,P",
+        help="comma-separated: admin, produce, consume",
+    )
+    _client_command(user, "list", _user_list, "list users", "list users and their permissions")
+    delete = _client_command(user, "delete", _user_delete, "delete user {name!r}", "delete a user")
+    delete.add_argument("name")
+    passwd = _client_command(
+        user,
+        "passwd",
+        _user_passwd,
+        "change the password of {name!r}",
+        "change a user's password",
+        own_password=True,
+    )
+    passwd.add_argument("name")
+    passwd.add_argument(
+        "--password", dest="new_password", required=True, help="the user's new password"
+    )
+
+    acl = commands.add_parser("acl", help="manage ACL grants (admin)").add_subparsers(
+        dest="acl_command", required=True
+    )
+    for name, run, verb in (
+        ("grant", _acl_grant, "grant"),
+        ("revoke", _acl_revoke, "revoke"),
+    ):
+        command = _client_command(
+            acl,
+            name,
+            run,
+            verb + " {operation} on {pattern!r} for {user_name!r}",
+            f"{verb} USER the right to OP (produce or consume) topics matching PATTERN",
+        )
+        command.add_argument("user_name", metavar="USER")
+        command.add_argument("operation", metavar="OP", choices=("produce", "consume"))
+        command.add_argument("pattern", metavar="PATTERN", help="a topic, or prefix.*")
+    listing = _client_command(
+        acl, "list", _acl_list, "list the grants of {user_name!r}", "list a user's ACL grants"
+    )
+    listing.add_argument("user_name", metavar="USER")
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="logbroker", description="logbroker command line")
+    parser = argparse.ArgumentParser(
+        prog="logbroker",
+        description="logbroker command line. --server, --user and --password go before or "
+        "after the subcommand; in `user add` and `user passwd`, --password after the "
+        "subcommand is the new password.",
+    )
+    _connection_options(parser, trailing=False)
     commands = parser.add_subparsers(dest="command", required=True)
+    _add_client_commands(commands)
     storage = commands.add_parser("storage", help="inspect a data directory on this machine")
     storage_commands = storage.add_subparsers(dest="storage_command", required=True)
     verify = storage_commands.add_parser(
@@ -76,14 +590,31 @@ def _parser() -> argparse.ArgumentParser:
     )
     verify.add_argument("data_dir", help="the broker's data directory (SVC_DATA_DIR)")
     verify.add_argument("--json", action="store_true", help="one JSON object per segment")
-    verify.set_defaults(run=_storage_verify)
+    verify.set_defaults(run=_storage_verify, client=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
-    status: int = args.run(args)
-    return status
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        # argparse leaves positionals that follow an option unmatched once it has filled
+        # ``produce``'s ``VALUE...`` (``produce TOPIC --key K V1 V2``): they are values too.
+        if getattr(args, "values", None) is None or any(map(_looks_like_option, extra)):
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+        args.values += extra
+    try:
+        if args.client:
+            return _run_client_command(args, parser)
+        status: int = args.run(args)
+        return status
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # The reader of our output went away (``| head``): stop without a traceback, and keep
+        # the interpreter from failing again when it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return exitcodes.FAILURE
 
 
 if __name__ == "__main__":

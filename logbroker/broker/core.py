@@ -154,6 +154,10 @@ class Broker:
         created = self._control.create_topic(topic, ranges).addCallback(open_logs)
         return created.addErrback(_translate_exists, name)
 
+    def topics(self) -> list[Topic]:
+        """Every topic, by name (``list_topics``)."""
+        return self._control.topics()
+
     def _topic(self, name: str | None) -> Topic:
         topic = self._control.topic(name) if name is not None else None
         if topic is None:

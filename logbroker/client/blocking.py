@@ -92,12 +92,19 @@ class BlockingClient:
         return wire.decode_response(self._frames.pop(0))
 
     def call(self, request: wire.Request) -> bytes:
-        """Send ``request`` and return its ok payload (raise ``BrokerRefused`` on an error)."""
+        """Send ``request`` and return its ok payload (raise ``BrokerRefused`` on an error).
+
+        An error frame with correlation id 0 is about the whole connection (``timeout``,
+        ``frame_too_large``, a connection limit; the broker closes the connection after it),
+        so it fails the request too.
+        """
         correlation_id = self.send(request)
         while True:
             response = self.receive()
             if response.correlation_id == correlation_id:
                 break
+            if response.correlation_id == 0 and response.reason is not None:
+                raise BrokerRefused(response.reason, 0)
         if response.reason is not None:
             raise BrokerRefused(response.reason, correlation_id)
         return response.payload
@@ -110,6 +117,10 @@ class BlockingClient:
 
     def create_topic(self, topic: str, keyspace_bits: int = 0) -> None:
         wire.decode_empty(self.call(wire.CreateTopic(topic, keyspace_bits)))
+
+    def list_topics(self) -> list[wire.TopicInfo]:
+        """Every topic (extension ``list_topics``, key 64)."""
+        return wire.decode_topics(self.call(wire.ListTopics()))
 
     def produce(self, topic: str, records: Iterable[Record]) -> int:
         return wire.decode_count(self.call(wire.Produce(topic, tuple(records))))

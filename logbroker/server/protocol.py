@@ -60,8 +60,8 @@ class _State(Enum):
     CLOSED = auto()
 
 
-#: What each topic operation asks to do (``admin`` passes every check); the others are
-#: user and ACL management, for admins only.
+#: What each topic operation asks to do (``admin`` passes every check); the others but
+#: ``list_topics`` are user and ACL management, for admins only.
 _TOPIC_OPERATIONS: dict[type[wire.Request], Operation] = {
     wire.CreateTopic: Operation.CREATE_TOPIC,
     wire.Produce: Operation.PRODUCE,
@@ -270,6 +270,8 @@ class ClientProtocol(Protocol):
     def _permitted(self, request: wire.Request) -> bool:
         user = self._user
         assert user is not None
+        if isinstance(request, wire.ListTopics):
+            return True  # any authenticated user may see which topics exist
         operation = _TOPIC_OPERATIONS.get(type(request))
         if operation is None:
             return Permission.ADMIN in user.permissions
@@ -329,6 +331,12 @@ class ClientProtocol(Protocol):
                 self._subscribe(correlation_id, request)
             case wire.StreamAck():
                 self._stream_ack(correlation_id, request)
+            case wire.ListTopics():
+                topics = [
+                    wire.TopicInfo(topic.name, topic.keyspace_bits, len(topic.range_ids))
+                    for topic in broker.topics()
+                ]
+                self._send(wire.encode_ok(correlation_id, wire.encode_topics(topics)))
             case wire.LeaveGroup(topic, group, member):
                 try:
                     broker.leave_group(topic, group, member)

@@ -46,6 +46,8 @@ class ApiKey(IntEnum):
     GRANT_ACL = 14
     REVOKE_ACL = 15
     LIST_ACLS = 16
+    # Extensions (docs/protocol.md, "Extensions"): keys from 64 up, never renumbered.
+    LIST_TOPICS = 64
 
 
 class Request:
@@ -302,6 +304,20 @@ class ListAcls(Request):
         return cls(reader.text())
 
 
+@attrs.frozen
+class ListTopics(Request):
+    """Extension: every topic with its keyspace bits and its number of ranges."""
+
+    API_KEY = ApiKey.LIST_TOPICS
+
+    def encode_payload(self) -> bytes:
+        return b""
+
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        return cls()
+
+
 REQUEST_TYPES: dict[int, type[Request]] = {
     kind.API_KEY: kind
     for kind in (
@@ -320,6 +336,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         GrantAcl,
         RevokeAcl,
         ListAcls,
+        ListTopics,
     )
 }
 
@@ -456,6 +473,26 @@ def encode_acls(grants: Sequence[tuple[str, str]]) -> bytes:
 
 
 @attrs.frozen
+class TopicInfo:
+    """One topic as ``list_topics`` describes it."""
+
+    name: str | None
+    keyspace_bits: int
+    range_count: int
+
+
+def encode_topics(topics: Sequence[TopicInfo]) -> bytes:
+    """The ok payload of ``list_topics``: ``count:u32, (str name, keyspace_bits:u8,
+    range_count:u32)*``."""
+    parts = [p.u32(len(topics))]
+    for topic in topics:
+        parts.append(p.text(topic.name))
+        parts.append(p.u8(topic.keyspace_bits))
+        parts.append(p.u32(topic.range_count))
+    return b"".join(parts)
+
+
+@attrs.frozen
 class Response:
     """A response as the client reads it: ``reason`` set for an error, else the ok payload."""
 
@@ -532,6 +569,17 @@ def decode_acls(payload: bytes) -> list[tuple[str | None, str | None]]:
         if count * 2 > reader.remaining:
             raise Truncated(f"{count} grants cannot fit in {reader.remaining} bytes")
         return [(reader.text(), reader.text()) for _ in range(count)]
+
+    return _read_exactly(payload, read)
+
+
+def decode_topics(payload: bytes) -> list[TopicInfo]:
+    def read(reader: Reader) -> list[TopicInfo]:
+        count = reader.u32()
+        # A topic takes at least six bytes (null name, bits, range count).
+        if count * 6 > reader.remaining:
+            raise Truncated(f"{count} topics cannot fit in {reader.remaining} bytes")
+        return [TopicInfo(reader.text(), reader.u8(), reader.u32()) for _ in range(count)]
 
     return _read_exactly(payload, read)
 

@@ -99,6 +99,19 @@ def test_a_frame_over_the_maximum_is_refused_with_correlation_id_0(tmp_path: Pat
     assert wire.decode_response(body) == wire.Response(0, b"", "frame_too_large")
 
 
+def test_the_blocking_client_raises_a_connection_level_error(tmp_path: Path) -> None:
+    settings = {"SVC_MAX_FRAME_SIZE": "1024"}
+    with (
+        running_broker(tmp_path, settings=settings) as broker,
+        BlockingClient.connect("127.0.0.1", broker.port, "app", "app123") as client,
+    ):
+        client.create_topic("t")
+        with pytest.raises(BrokerRefused, match="frame_too_large") as raised:
+            client.produce("t", [Record(bytes(2048))])
+
+    assert raised.value.correlation_id == 0
+
+
 def test_records_and_group_positions_survive_a_restart(tmp_path: Path) -> None:
     with running_broker(tmp_path) as broker:
         with BlockingClient.connect("127.0.0.1", broker.port, "app", "app123") as client:

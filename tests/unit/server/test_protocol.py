@@ -299,6 +299,35 @@ def test_user_and_acl_management(world: World) -> None:
     alice.login("alice", "s3cret!")
 
 
+def test_any_authenticated_user_may_list_topics(world: World) -> None:
+    _, server = world
+    admin = server.connect()
+    admin.login()
+    admin.send(wire.CreateTopic("orders", 16))
+    admin.send(wire.CreateTopic("audit", 0))
+    admin.responses()
+    consumer = server.connect()
+    consumer.login("consumer", "consumer123")
+
+    consumer.send(wire.ListTopics(), 12)
+
+    response = consumer.one()
+    assert response.correlation_id == 12
+    assert wire.decode_topics(response.payload) == [
+        wire.TopicInfo("audit", 8, 2),  # keyspace_bits 0 asks for the default, 8
+        wire.TopicInfo("orders", 16, 2),
+    ]
+
+
+def test_list_topics_needs_authentication(world: World) -> None:
+    _, server = world
+    client = server.connect()
+
+    client.send(wire.ListTopics(), 4)
+
+    assert client.one() == wire.Response(4, b"", "auth_required")
+
+
 # -- subscribe -----------------------------------------------------------------------------
 
 

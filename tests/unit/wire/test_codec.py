@@ -32,6 +32,7 @@ from logbroker.wire import (
     GrantAcl,
     LeaveGroup,
     ListAcls,
+    ListTopics,
     ListUsers,
     Produce,
     ProtocolViolation,
@@ -43,6 +44,7 @@ from logbroker.wire import (
     RevokeAcl,
     StreamAck,
     Subscribe,
+    TopicInfo,
     WireError,
     decode_acls,
     decode_count,
@@ -51,6 +53,7 @@ from logbroker.wire import (
     decode_request,
     decode_response,
     decode_token,
+    decode_topics,
     decode_users,
     encode_acls,
     encode_count,
@@ -60,6 +63,7 @@ from logbroker.wire import (
     encode_records,
     encode_request,
     encode_token,
+    encode_topics,
     encode_users,
 )
 
@@ -91,6 +95,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(GrantAcl, texts, texts, texts),
     st.builds(RevokeAcl, texts, texts, texts),
     st.builds(ListAcls, texts),
+    st.just(ListTopics()),
 )
 
 
@@ -152,7 +157,7 @@ def test_ok_and_error_responses_have_the_documented_bytes() -> None:
 
 
 def test_api_keys_are_those_of_the_protocol_table() -> None:
-    assert {key.name.lower(): int(key) for key in ApiKey} == {
+    assert {key.name.lower(): int(key) for key in ApiKey if key < 64} == {
         "auth": 0,
         "create_topic": 1,
         "produce": 2,
@@ -170,6 +175,20 @@ def test_api_keys_are_those_of_the_protocol_table() -> None:
         "list_acls": 16,
     }
     assert set(REQUEST_TYPES) == {int(key) for key in ApiKey}
+
+
+def test_extensions_take_keys_from_64_up() -> None:
+    assert {key.name.lower(): int(key) for key in ApiKey if key >= 64} == {"list_topics": 64}
+
+
+def test_a_list_topics_exchange_has_the_documented_bytes() -> None:
+    assert encode_request(3, ListTopics()) == b"\x00\x00\x00\x06\x00\x40\x00\x00\x00\x03"
+    assert encode_topics([TopicInfo("t", 8, 4)]) == (
+        b"\x00\x00\x00\x01"  # count
+        b"\x01\x00\x00\x00\x01t"  # name
+        b"\x08"  # keyspace_bits
+        b"\x00\x00\x00\x04"  # range_count
+    )
 
 
 # -- round trips ---------------------------------------------------------------------------
@@ -213,17 +232,20 @@ def test_error_reasons_round_trip(correlation_id: int, reason: Reason) -> None:
     U32,
     st.lists(st.tuples(st.text(max_size=10), st.lists(st.text(max_size=8), max_size=3))),
     st.lists(st.tuples(st.text(max_size=8), st.text(max_size=12))),
+    st.lists(st.builds(TopicInfo, texts, st.integers(0, 255), U32)),
 )
 def test_the_other_ok_payloads_round_trip(
     token: str,
     count: int,
     users: list[tuple[str, list[str]]],
     grants: list[tuple[str, str]],
+    topics: list[TopicInfo],
 ) -> None:
     assert decode_token(encode_token(token)) == token
     assert decode_count(encode_count(count)) == count
     assert decode_users(encode_users(users)) == [(name, tuple(perms)) for name, perms in users]
     assert decode_acls(encode_acls(grants)) == grants
+    assert decode_topics(encode_topics(topics)) == topics
     decode_empty(b"")
 
 
@@ -259,7 +281,7 @@ def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: byt
     assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
 
 
-@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 64, 0xFFFF])
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 0xFFFF])
 def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
     with pytest.raises(WireError) as raised:
         decode_request(struct.pack(">HI", api_key, 42))
@@ -342,3 +364,8 @@ def test_a_records_payload_from_encoded_records_matches_encode_records(
     assert wire.encode_records_data(len(batch), b"".join(data), cursor) == encode_records(
         batch, cursor
     )
+
+
+def test_a_topic_count_beyond_the_payload_is_refused_by_the_client() -> None:
+    with pytest.raises(ProtocolViolation, match="topics cannot fit"):
+        decode_topics(b"\xff\xff\xff\xff\x00")
