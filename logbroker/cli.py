@@ -135,8 +135,8 @@ def _bounded(low: int, high: int | None = None) -> Callable[[str], int]:
         try:
             value = int(text)
         except ValueError:
-            value = low - 1
-        if value < low or (high is not None and value > high):
+            value = None
+        if value is None or value < low or (high is not None and value > high):
             upper = "" if high is None else f" to {high}"
             raise argparse.ArgumentTypeError(f"expected an integer {low}{upper}, not {text!r}")
         return value

@@ -24,20 +24,10 @@ from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from logbroker import wire
+from logbroker.client._errors import BrokerRefused, ConnectionClosed
 from logbroker.records import Record
 
-
-class BrokerRefused(Exception):
-    """The broker answered with an error frame."""
-
-    def __init__(self, reason: str, correlation_id: int) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.correlation_id = correlation_id
-
-
-class ConnectionClosed(ConnectionError):
-    """The broker closed the connection."""
+__all__ = ["BlockingClient", "BrokerRefused", "ConnectionClosed"]
 
 
 class BlockingClient:

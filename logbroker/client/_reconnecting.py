@@ -1,0 +1,104 @@
+"""A ``ClientService`` that keeps one logged-in ``BrokerClient`` connected, with backoff.
+
+Requests in flight when a connection drops fail (``ConnectionClosed``) and are **not** retried:
+only the caller knows whether a produce may be sent twice. Subscriptions end with the
+connection too; ``on_ready`` runs on every new logged-in connection, which is the place to
+subscribe again (a group's subscription resumes from its committed position).
+
+The login happens inside the connection rather than in ``ClientService``'s
+``prepareConnection``: ``ClientService`` cannot take a connection that closes before it was
+handed over (as one does whose login is refused). So ``ClientService`` sees every connection
+as made, which resets its count of failed attempts; the backoff here adds the logins that
+failed in a row, so wrong credentials are retried ever more slowly rather than every second.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.interfaces import IAddress, IReactorTime, IStreamClientEndpoint
+from twisted.internet.protocol import Factory
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.client._protocol import MAX_RESPONSE_SIZE, BrokerClient
+
+log = Logger()
+
+
+class ReconnectingClient(ClientService):
+    """Start it (``startService``, or add it to a ``MultiService``), then ask for the current
+    connection with ``when_ready()``::
+
+        service = ReconnectingClient(HostnameEndpoint(reactor, "localhost", 4040), "app", "app123")
+        service.startService()
+        client = await service.when_ready()
+        await client.produce("orders", [Record(b"hello")])
+
+    ``retry_policy`` maps the number of failed attempts in a row to the seconds to wait
+    (default ``backoffPolicy()``: 1 s growing by 1.5x to 60 s, plus up to 1 s of jitter).
+    """
+
+    def __init__(
+        self,
+        endpoint: IStreamClientEndpoint,
+        user: str,
+        password: str,
+        *,
+        clock: IReactorTime | None = None,
+        retry_policy: Callable[[int], float] | None = None,
+        on_ready: Callable[[BrokerClient], object] | None = None,
+        max_frame_size: int = MAX_RESPONSE_SIZE,
+    ) -> None:
+        self._credentials = (user, password)
+        self._max_frame_size = max_frame_size
+        self._on_ready = on_ready
+        self._policy = retry_policy or backoffPolicy()
+        #: Connections in a row that closed, or were refused, before their login succeeded.
+        self.failed_logins = 0
+        super().__init__(
+            endpoint,
+            _ClientFactory(self),
+            retryPolicy=lambda attempt: self._policy(attempt + self.failed_logins),
+            clock=clock,
+        )
+
+    def when_ready(self, fail_after_failures: int | None = None) -> Deferred[BrokerClient]:
+        """The current logged-in client, or the next one. Fails with the login's error
+        (``BrokerRefused``) if the next connection's login is refused; with the connection
+        error after ``fail_after_failures`` failed connection attempts in a row; with
+        ``CancelledError`` when the service stops."""
+        connected = self.whenConnected(failAfterFailures=fail_after_failures)
+        return connected.addCallback(lambda client: cast(BrokerClient, client).ready())
+
+    def _connected(self, client: BrokerClient) -> None:
+        client.ready().addCallbacks(self._logged_in, self._login_failed)
+
+    def _logged_in(self, client: BrokerClient) -> None:
+        self.failed_logins = 0
+        if self._on_ready is not None:
+            maybeDeferred(self._on_ready, client).addErrback(
+                lambda failure: log.failure("on_ready failed", failure)
+            )
+
+    def _login_failed(self, failure: Failure) -> None:
+        self.failed_logins += 1
+        log.warn(
+            "Could not log in to the broker ({failed} in a row): {error}",
+            failed=self.failed_logins,
+            error=failure.getErrorMessage(),
+        )
+
+
+class _ClientFactory(Factory):
+    def __init__(self, service: ReconnectingClient) -> None:
+        self._service = service
+
+    def buildProtocol(self, addr: IAddress | None) -> BrokerClient:
+        service = self._service
+        client = BrokerClient(service._credentials, service._max_frame_size)
+        service._connected(client)
+        return client

@@ -1,0 +1,577 @@
+"""The Twisted client (``logbroker.client``) over a StringTransport, against the real server
+protocol through ``iosim``, and its reconnecting service on a Clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from argon2 import PasswordHasher
+from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.test import iosim
+from zope.interface import implementer
+
+from logbroker import wire
+from logbroker.broker.core import BrokerSettings
+from logbroker.client import (
+    BrokerClient,
+    BrokerRefused,
+    ConnectionClosed,
+    ReconnectingClient,
+    Subscription,
+)
+from logbroker.records import Record
+from logbroker.security import UserDirectory, seed_accounts
+from logbroker.server.protocol import ClientFactory, ProtocolSettings
+from logbroker.testing import ImmediateExecutor
+from tests.unit.broker.helpers import make_broker_and_control
+from tests.unit.storage.helpers import failure_of, result_of
+
+
+class FakeBroker:
+    """The far end of one client's StringTransport: reads its requests, writes answers."""
+
+    def __init__(self, client: BrokerClient, transport: StringTransport) -> None:
+        self.client = client
+        self.transport = transport
+        self._decoder = wire.FrameDecoder()
+
+    def requests(self) -> list[wire.ReceivedRequest]:
+        data = self.transport.value()
+        self.transport.clear()
+        return [wire.decode_request(body) for body in self._decoder.feed(data)]
+
+    def one(self) -> wire.ReceivedRequest:
+        [request] = self.requests()
+        return request
+
+    def answer(self, correlation_id: int, payload: bytes = b"") -> None:
+        self.client.dataReceived(wire.encode_ok(correlation_id, payload))
+
+    def refuse(self, correlation_id: int, reason: str) -> None:
+        self.client.dataReceived(wire.encode_error(correlation_id, reason))
+
+
+def connected(credentials: tuple[str, str] | None = None) -> FakeBroker:
+    client = BrokerClient(credentials)
+    transport = StringTransport()
+    client.makeConnection(transport)
+    return FakeBroker(client, transport)
+
+
+def has_result(deferred: Deferred[Any]) -> bool:
+    """Whether ``deferred`` has a result now (it is left in place)."""
+    seen: list[object] = []
+
+    def keep(result: object) -> object:
+        seen.append(result)
+        return result
+
+    deferred.addBoth(keep)
+    return bool(seen)
+
+
+# -- requests ------------------------------------------------------------------------------
+
+
+def test_requests_are_pipelined_and_answered_in_any_order() -> None:
+    broker = connected()
+    client = broker.client
+
+    produced = client.produce("t", [Record(b"v")])
+    users = client.list_users()
+    topics = client.list_topics()
+    requests = broker.requests()
+    assert [type(r.request) for r in requests] == [wire.Produce, wire.ListUsers, wire.ListTopics]
+    assert len({r.correlation_id for r in requests}) == 3
+    produce_id, users_id, topics_id = (r.correlation_id for r in requests)
+
+    frames = (
+        wire.encode_ok(topics_id, wire.encode_topics([wire.TopicInfo("t", 8, 4)]))
+        + wire.encode_ok(users_id, wire.encode_users([("admin", ["admin"])]))
+        + wire.encode_ok(produce_id, wire.encode_count(1))
+    )
+    assert not has_result(produced)
+    for i in range(len(frames)):  # one byte at a time
+        client.dataReceived(frames[i : i + 1])
+
+    assert result_of(produced) == 1
+    assert result_of(users) == [("admin", ("admin",))]
+    assert result_of(topics) == [wire.TopicInfo("t", 8, 4)]
+
+
+def test_every_operation_sends_its_request_and_decodes_its_answer() -> None:
+    broker = connected()
+    client = broker.client
+    batch = wire.encode_records([Record(b"r", key=b"k")], "cursor-1")
+    calls: list[tuple[Callable[[], Deferred[Any]], wire.Request, bytes, object]] = [
+        (lambda: client.auth("u", "p"), wire.Auth("u", "p"), wire.encode_token("tok"), "tok"),
+        (lambda: client.create_topic("t", 16), wire.CreateTopic("t", 16), b"", None),
+        (
+            lambda: client.fetch("t", "c", "g", "m", 5, 100),
+            wire.Fetch("t", "c", "g", "m", 5, 100),
+            batch,
+            wire.RecordsPayload((Record(b"r", key=b"k"),), "cursor-1"),
+        ),
+        (lambda: client.commit("t", "g", "c"), wire.Commit("t", "g", "c"), b"", None),
+        (lambda: client.leave_group("t", "g", "m"), wire.LeaveGroup("t", "g", "m"), b"", None),
+        (
+            lambda: client.create_user("u", "p", ["produce"]),
+            wire.CreateUser("u", "p", ("produce",)),
+            b"",
+            None,
+        ),
+        (lambda: client.delete_user("u"), wire.DeleteUser("u"), b"", None),
+        (lambda: client.change_password("u", "p2"), wire.ChangePassword("u", "p2"), b"", None),
+        (
+            lambda: client.grant_acl("u", "produce", "a.*"),
+            wire.GrantAcl("u", "produce", "a.*"),
+            b"",
+            None,
+        ),
+        (
+            lambda: client.revoke_acl("u", "produce", "a.*"),
+            wire.RevokeAcl("u", "produce", "a.*"),
+            b"",
+            None,
+        ),
+        (
+            lambda: client.list_acls("u"),
+            wire.ListAcls("u"),
+            wire.encode_acls([("consume", "b")]),
+            [("consume", "b")],
+        ),
+    ]
+    for call, request, payload, expected in calls:
+        result = call()
+        sent = broker.one()
+        assert sent.request == request
+        broker.answer(sent.correlation_id, payload)
+        assert result_of(result) == expected
+
+
+def test_an_error_frame_fails_only_its_request_with_the_reason() -> None:
+    broker = connected()
+    missing = broker.client.fetch("missing")
+    other = broker.client.create_topic("t")
+    missing_id, other_id = (r.correlation_id for r in broker.requests())
+
+    broker.refuse(missing_id, "no_such_topic")
+    broker.answer(other_id)
+
+    refused = failure_of(missing).value
+    assert isinstance(refused, BrokerRefused)
+    assert (refused.reason, refused.correlation_id) == ("no_such_topic", missing_id)
+    assert result_of(other) is None
+    assert not broker.transport.disconnecting
+
+
+def test_an_error_frame_with_correlation_id_0_fails_everything_and_closes() -> None:
+    broker = connected()
+    first = broker.client.produce("t", [Record(b"v")])
+    second = broker.client.list_topics()
+    broker.requests()
+
+    broker.refuse(0, "frame_too_large")
+
+    for pending in (first, second):
+        refused = failure_of(pending).value
+        assert isinstance(refused, BrokerRefused)
+        assert (refused.reason, refused.correlation_id) == ("frame_too_large", 0)
+    assert broker.transport.disconnecting
+    later = failure_of(broker.client.list_topics()).value
+    assert isinstance(later, BrokerRefused)
+    assert later.reason == "frame_too_large"
+
+
+def test_losing_the_connection_fails_pending_requests_and_later_ones() -> None:
+    broker = connected()
+    pending = broker.client.fetch("t", wait_ms=30_000)
+    subscription = broker.client.subscribe("t", "g", "m", 10, 10, lambda records, cursor: None)
+
+    broker.client.connectionLost(Failure(ConnectionLost("gone")))
+
+    assert failure_of(pending).check(ConnectionClosed)
+    assert failure_of(subscription.done).check(ConnectionClosed)
+    assert failure_of(broker.client.list_users()).check(ConnectionClosed)
+
+
+def test_a_response_that_breaks_the_protocol_drops_the_connection() -> None:
+    broker = connected()
+    pending = broker.client.list_topics()
+    broker.requests()
+
+    broker.client.dataReceived(wire.encode_frame(b"\x00\x00"))
+
+    assert failure_of(pending).check(wire.ProtocolViolation)
+    assert broker.transport.disconnecting
+
+
+def test_a_response_over_the_maximum_frame_size_drops_the_connection() -> None:
+    client = BrokerClient(max_frame_size=100)
+    transport = StringTransport()
+    client.makeConnection(transport)
+    pending = client.list_topics()
+
+    client.dataReceived(b"\x00\x00\x01\x00")
+
+    assert failure_of(pending).check(wire.ProtocolViolation)
+    assert transport.disconnecting
+
+
+def test_a_cancelled_request_ignores_its_late_answer() -> None:
+    broker = connected()
+    pending = broker.client.fetch("t", wait_ms=30_000)
+    [sent] = broker.requests()
+
+    pending.cancel()
+    broker.answer(sent.correlation_id, wire.encode_records([], "c"))
+
+    assert failure_of(pending).check(CancelledError)
+    assert not broker.transport.disconnecting
+
+
+def test_correlation_ids_wrap_around_skipping_0_and_ids_in_use() -> None:
+    broker = connected()
+    client = broker.client
+    client.list_topics()  # id 1, still in flight
+    client._last_id = 0xFFFFFFFE
+
+    for _ in range(3):
+        client.list_topics()
+
+    assert [r.correlation_id for r in broker.requests()] == [1, 0xFFFFFFFF, 2, 3]
+
+
+# -- login ---------------------------------------------------------------------------------
+
+
+def test_a_client_with_credentials_logs_in_when_connected() -> None:
+    broker = connected(("app", "app123"))
+    ready = broker.client.ready()
+    [login] = broker.requests()
+    assert login.request == wire.Auth("app", "app123")
+    assert not has_result(ready)
+
+    broker.answer(login.correlation_id, wire.encode_token("token"))
+
+    assert result_of(ready) is broker.client
+    assert result_of(broker.client.ready()) is broker.client
+
+
+def test_a_refused_login_fails_ready_and_closes() -> None:
+    broker = connected(("app", "wrong"))
+    [login] = broker.requests()
+
+    broker.refuse(login.correlation_id, "invalid_credentials")
+
+    refused = failure_of(broker.client.ready()).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "invalid_credentials"
+    assert broker.transport.disconnecting
+
+
+def test_requests_wait_for_the_login_to_succeed() -> None:
+    broker = connected(("app", "app123"))
+    produced = broker.client.produce("t", [Record(b"v")])
+    subscription = broker.client.subscribe("t", "g", "m", 1, 1, lambda records, cursor: None)
+    [login] = broker.requests()  # the broker would refuse anything else before its answer
+
+    broker.answer(login.correlation_id, wire.encode_token("token"))
+
+    held = broker.requests()
+    assert [type(r.request) for r in held] == [wire.Produce, wire.Subscribe]
+    broker.answer(held[0].correlation_id, wire.encode_count(1))
+    assert result_of(produced) == 1
+    assert not subscription.done.called
+
+
+def test_requests_held_for_a_refused_login_fail_with_its_reason() -> None:
+    broker = connected(("app", "wrong"))
+    produced = broker.client.produce("t", [Record(b"v")])
+    subscription = broker.client.subscribe("t", "g", "m", 1, 1, lambda records, cursor: None)
+
+    broker.refuse(broker.one().correlation_id, "invalid_credentials")
+
+    for failed in (produced, subscription.done):
+        refused = failure_of(failed).value
+        assert isinstance(refused, BrokerRefused)
+        assert refused.reason == "invalid_credentials"
+    assert broker.requests() == []
+
+
+# -- subscribe -----------------------------------------------------------------------------
+
+
+def push(broker: FakeBroker, correlation_id: int, values: list[bytes], cursor: str) -> None:
+    records = [Record(value) for value in values]
+    broker.answer(correlation_id, wire.encode_records(records, cursor))
+
+
+def test_each_push_is_acknowledged_once_the_callback_returns() -> None:
+    broker = connected()
+    seen: list[tuple[list[bytes], str | None]] = []
+    acks: list[wire.ReceivedRequest] = []
+
+    def on_records(records: tuple[Record, ...], cursor: str | None) -> None:
+        acks.extend(broker.requests())
+        assert len(acks) == len(seen)  # each earlier push acknowledged, this one not yet
+        seen.append(([r.value for r in records], cursor))
+
+    broker.client.subscribe("t", "g", "m", 10, 4, on_records)
+    [subscribe] = broker.requests()
+    assert subscribe.request == wire.Subscribe("t", "g", "m", 10, 4)
+    sid = subscribe.correlation_id
+
+    push(broker, sid, [b"a", b"b"], "c1")
+    push(broker, sid, [b"c"], "c2")
+
+    assert seen == [([b"a", b"b"], "c1"), ([b"c"], "c2")]
+    acks.extend(broker.requests())
+    assert [r.request for r in acks] == [
+        wire.StreamAck("t", "g", "m", "c1", 2),
+        wire.StreamAck("t", "g", "m", "c2", 1),
+    ]
+    assert sid not in {r.correlation_id for r in acks}
+
+
+def test_a_callback_returning_a_deferred_holds_the_ack_and_the_next_push() -> None:
+    broker = connected()
+    working: list[Deferred[None]] = []
+    seen: list[str | None] = []
+
+    def on_records(records: tuple[Record, ...], cursor: str | None) -> Deferred[None]:
+        seen.append(cursor)
+        working.append(Deferred())
+        return working[-1]
+
+    broker.client.subscribe("t", None, None, 0, 0, on_records)
+    sid = broker.one().correlation_id
+    push(broker, sid, [b"a"], "c1")
+    push(broker, sid, [b"b"], "c2")
+    assert seen == ["c1"]
+    assert broker.requests() == []
+
+    working[0].callback(None)
+
+    assert seen == ["c1", "c2"]
+    assert [r.request for r in broker.requests()] == [wire.StreamAck("t", None, None, "c1", 1)]
+    working[1].callback(None)
+    assert [r.request for r in broker.requests()] == [wire.StreamAck("t", None, None, "c2", 1)]
+
+
+def test_a_failing_callback_ends_the_subscription_without_an_ack() -> None:
+    broker = connected()
+    calls: list[str | None] = []
+
+    def on_records(records: tuple[Record, ...], cursor: str | None) -> None:
+        calls.append(cursor)
+        raise ValueError("cannot handle this")
+
+    subscription = broker.client.subscribe("t", "g", "m", 10, 10, on_records)
+    sid = broker.one().correlation_id
+    push(broker, sid, [b"a"], "c1")
+    push(broker, sid, [b"b"], "c2")
+
+    assert calls == ["c1"]
+    assert failure_of(subscription.done).check(ValueError)
+    assert broker.requests() == []
+
+
+def test_an_error_frame_ends_the_subscription_with_its_reason() -> None:
+    broker = connected()
+    subscription = broker.client.subscribe("t", "g", "m", 10, 10, lambda records, cursor: None)
+
+    broker.refuse(broker.one().correlation_id, "no_such_topic")
+
+    refused = failure_of(subscription.done).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "no_such_topic"
+
+
+def test_stop_ends_the_callbacks_and_the_acks() -> None:
+    broker = connected()
+    seen: list[str | None] = []
+    subscription = broker.client.subscribe(
+        "t", "g", "m", 10, 10, lambda records, cursor: seen.append(cursor)
+    )
+    sid = broker.one().correlation_id
+
+    subscription.stop()
+    push(broker, sid, [b"a"], "c1")
+
+    assert result_of(subscription.done) is None
+    assert seen == []
+    assert broker.requests() == []
+
+
+def test_a_refused_ack_is_warned_about_and_the_subscription_goes_on() -> None:
+    broker = connected()
+    seen: list[str | None] = []
+    subscription = broker.client.subscribe(
+        "t", "g", "m", 10, 10, lambda records, cursor: seen.append(cursor)
+    )
+    sid = broker.one().correlation_id
+    push(broker, sid, [b"a"], "c1")
+    [ack] = broker.requests()
+
+    broker.refuse(ack.correlation_id, "invalid_cursor")
+    push(broker, sid, [b"b"], "c2")
+
+    assert seen == ["c1", "c2"]
+    assert not subscription.done.called
+    assert not broker.transport.disconnecting
+
+
+# -- against the real server protocol ------------------------------------------------------
+
+
+CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
+
+
+def real_pair(credentials: tuple[str, str]) -> tuple[BrokerClient, iosim.IOPump]:
+    clock = Clock()
+    broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=2))
+    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
+    result_of(seed_accounts(users, "dev", {}))
+    factory = ClientFactory(broker, users, clock, ProtocolSettings())
+    client, _, pump = iosim.connectedServerAndClient(
+        lambda: factory.buildProtocol(None), lambda: BrokerClient(credentials)
+    )
+    pump.flush()
+    return client, pump
+
+
+def settled(pump: iosim.IOPump, deferred: Deferred[Any]) -> Any:
+    pump.flush()
+    return result_of(deferred)
+
+
+def test_produce_fetch_and_subscribe_against_the_server_protocol() -> None:
+    client, pump = real_pair(("app", "app123"))
+    assert settled(pump, client.ready()) is client
+    settled(pump, client.create_topic("t"))
+    records = [Record(bytes([i]), key=b"k", timestamp_ms=i) for i in range(5)]
+    assert settled(pump, client.produce("t", records)) == 5
+    assert settled(pump, client.fetch("t")).records == tuple(records)
+
+    pushed: list[Record] = []
+    subscription: Subscription = client.subscribe(
+        "t", "g", "m", 2, 2, lambda batch, cursor: pushed.extend(batch)
+    )
+    pump.flush()
+
+    assert pushed == records  # a window of 2: only the automatic acks let the rest through
+    assert not subscription.done.called
+    committed = settled(pump, client.fetch("t", group="g"))
+    assert committed.records == ()  # the last ack committed the group's position
+
+
+def test_wrong_credentials_against_the_server_protocol() -> None:
+    client, _ = real_pair(("app", "wrong"))
+
+    refused = failure_of(client.ready()).value
+
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "invalid_credentials"
+
+
+# -- the reconnecting service --------------------------------------------------------------
+
+
+@implementer(IStreamClientEndpoint)
+class FakeEndpoint:
+    """Connects each protocol to a StringTransport at once."""
+
+    def __init__(self) -> None:
+        self.connections: list[tuple[IProtocol, FakeBroker]] = []
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        protocol = factory.buildProtocol(None)
+        assert protocol is not None
+        transport = StringTransport()
+        protocol.makeConnection(transport)
+        client = protocol._protocol  # type: ignore[attr-defined]  # ClientService's proxy
+        self.connections.append((protocol, FakeBroker(client, transport)))
+        return succeed(protocol)
+
+    def drop(self, index: int) -> None:
+        protocol, _ = self.connections[index]
+        protocol.connectionLost(Failure(ConnectionDone()))
+
+    def stop(self, service: ReconnectingClient) -> None:
+        """Stop ``service``: its last connection closes."""
+        stopped = service.stopService()
+        self.drop(-1)
+        result_of(stopped)
+
+
+def log_in(broker: FakeBroker) -> None:
+    login = broker.one()
+    assert isinstance(login.request, wire.Auth)
+    broker.answer(login.correlation_id, wire.encode_token("token"))
+
+
+def test_the_service_logs_in_and_hands_out_the_client() -> None:
+    endpoint, clock, readied = FakeEndpoint(), Clock(), []
+    service = ReconnectingClient(endpoint, "app", "app123", clock=clock, on_ready=readied.append)
+    service.startService()
+    ready = service.when_ready()
+    [(_, broker)] = endpoint.connections
+    assert not has_result(ready)
+
+    log_in(broker)
+
+    assert result_of(ready) is broker.client
+    assert readied == [broker.client]
+    endpoint.stop(service)
+
+
+def test_after_a_drop_requests_in_flight_fail_and_the_service_reconnects() -> None:
+    endpoint, clock = FakeEndpoint(), Clock()
+    service = ReconnectingClient(endpoint, "app", "app123", clock=clock, retry_policy=lambda n: 5)
+    service.startService()
+    log_in(endpoint.connections[0][1])
+    first = result_of(service.when_ready())
+    in_flight = first.produce("t", [Record(b"v")])
+
+    endpoint.drop(0)
+
+    assert failure_of(in_flight).check(ConnectionClosed)
+    clock.advance(5)
+    [_, (_, broker)] = endpoint.connections
+    log_in(broker)
+    assert result_of(service.when_ready()) is broker.client
+    endpoint.stop(service)
+    assert clock.getDelayedCalls() == []
+
+
+def test_refused_logins_back_off_further_each_time() -> None:
+    endpoint, clock, asked = FakeEndpoint(), Clock(), []
+
+    def policy(attempt: int) -> float:
+        asked.append(attempt)
+        return 1.0
+
+    service = ReconnectingClient(endpoint, "app", "wrong", clock=clock, retry_policy=policy)
+    service.startService()
+    ready = service.when_ready()
+    for index in range(3):
+        broker = endpoint.connections[index][1]
+        broker.refuse(broker.one().correlation_id, "invalid_credentials")
+        endpoint.drop(index)
+        clock.advance(1.0)
+
+    refused = failure_of(ready).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "invalid_credentials"
+    assert service.failed_logins == 3
+    assert asked == [2, 3, 4]  # ClientService's count (1 after a drop) plus failed logins
+    log_in(endpoint.connections[3][1])
+    assert service.failed_logins == 0
+    endpoint.stop(service)
