@@ -28,6 +28,7 @@ import attrs
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTCP, IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
+from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from logbroker import wire
@@ -154,15 +155,34 @@ def connect(
     return factory.ready
 
 
+#: Called about once a second while a produce load runs: seconds elapsed, records acknowledged.
+Progress = Callable[[float, int], None]
+
+
 async def run_produce(
-    reactor: Any, host: str, port: int, user: str, password: str, load: ProduceLoad
+    reactor: Any,
+    host: str,
+    port: int,
+    user: str,
+    password: str,
+    load: ProduceLoad,
+    progress: Progress | None = None,
 ) -> ProduceReport:
     """Drive ``load`` against the broker at ``host:port``; the topic must exist."""
     connections = [
         await connect(reactor, host, port, user, password) for _ in range(load.connections)
     ]
     driver = _ProduceDriver(reactor, connections, produce_frame(load), load)
-    return await driver.run()
+    ticker = None
+    if progress is not None:
+        ticker = LoopingCall(lambda: progress(driver.elapsed, driver.records))
+        ticker.clock = reactor
+        ticker.start(1.0, now=False)
+    try:
+        return await driver.run()
+    finally:
+        if ticker is not None:
+            ticker.stop()
 
 
 class _ProduceDriver:
@@ -185,6 +205,14 @@ class _ProduceDriver:
         self._done: Deferred[ProduceReport] = Deferred()
         self._started = 0.0
         self._outstanding = 0
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._started
+
+    @property
+    def records(self) -> int:
+        return self._records
 
     def run(self) -> Deferred[ProduceReport]:
         self._started = time.perf_counter()

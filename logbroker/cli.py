@@ -14,8 +14,8 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import BinaryIO
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import Any, BinaryIO
 
 import attrs
 
@@ -348,6 +348,111 @@ _HINTS = {
 }
 
 
+def _bench_produce(args: argparse.Namespace, client: BlockingClient) -> int:
+    from logbroker.benchmark import ProduceLoad, run_produce
+
+    _ensure_topic(client, args.topic)
+    load = ProduceLoad(
+        args.topic,
+        connections=args.connections,
+        in_flight=args.in_flight,
+        batch=args.batch,
+        size=args.size,
+        seconds=args.seconds,
+        rate=args.rate,
+        keyed=args.keyed,
+    )
+    live = sys.stderr.isatty()
+
+    def progress(elapsed: float, records: int) -> None:
+        rate = records / elapsed if elapsed else 0.0
+        print(
+            f"\r{elapsed:5.1f} s  {records:>12,} records  {rate:>12,.0f} records/s",
+            end="",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    reports = []
+
+    async def run(reactor: Any) -> None:
+        server: Server = args.server
+        reports.append(
+            await run_produce(
+                reactor,
+                server.host,
+                server.port,
+                args.bench_user,
+                args.bench_password,
+                load,
+                progress if live else None,
+            )
+        )
+
+    _react(run)
+    if live:
+        print(file=sys.stderr)
+    report = reports[0]
+    print(
+        f"produce {args.topic}: {args.connections} connections x {args.in_flight} in flight x "
+        f"{args.batch} records of {args.size} bytes, {args.seconds:g} s"
+        + (f", {args.rate:g} requests/s" if args.rate else "")
+    )
+    print(
+        f"records/s {report.records_per_second:,.0f}  MB/s {report.megabytes_per_second:.1f}  "
+        f"requests {report.requests:,}  errors {report.errors:,}"
+    )
+    print(
+        f"latency per request (ms, from when it was due): p50 {report.percentile(50):.2f}  "
+        f"p99 {report.percentile(99):.2f}  p99.9 {report.percentile(99.9):.2f}"
+    )
+    return exitcodes.OK if report.errors == 0 else exitcodes.FAILURE
+
+
+def _bench_consume(args: argparse.Namespace, client: BlockingClient) -> int:
+    from logbroker.benchmark import run_consume
+
+    client.fetch(args.topic, max_records=1)  # an unknown topic fails here, with its reason
+    reports = []
+
+    async def run(reactor: Any) -> None:
+        server: Server = args.server
+        reports.append(
+            await run_consume(
+                reactor, server.host, server.port, args.bench_user, args.bench_password, args.topic
+            )
+        )
+
+    _react(run)
+    report = reports[0]
+    print(
+        f"consume {args.topic}: {report.records:,} records in {report.seconds:.2f} s  "
+        f"records/s {report.records_per_second:,.0f}  MB/s {report.megabytes_per_second:.1f}"
+    )
+    return exitcodes.OK
+
+
+def _ensure_topic(client: BlockingClient, topic: str) -> None:
+    try:
+        client.create_topic(topic)
+    except BrokerRefused as refused:
+        if refused.reason != "already_exists":
+            raise
+
+
+def _react(run: Callable[[Any], Coroutine[Any, Any, None]]) -> None:
+    """Run ``run(reactor)`` on the global reactor (the CLI is a composition root), then
+    return instead of exiting as ``task.react`` does."""
+    from twisted.internet import task
+    from twisted.internet.defer import ensureDeferred
+
+    try:
+        task.react(lambda reactor: ensureDeferred(run(reactor)))
+    except SystemExit as exit:
+        if exit.code not in (0, None):
+            raise
+
+
 def _fail(message: str) -> int:
     print(f"logbroker: {message}", file=sys.stderr)
     return exitcodes.FAILURE
@@ -374,6 +479,8 @@ def _credentials(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
 
 def _run_client_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     user, password = _credentials(args, parser)
+    # The benchmarks open connections of their own with the same credentials.
+    args.bench_user, args.bench_password = user, password
     server: Server = args.server
     action = args.action.format(**vars(args))
     try:
@@ -570,6 +677,37 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     listing.add_argument("user_name", metavar="USER")
 
 
+def _add_bench_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    bench = commands.add_parser("bench", help="measure the broker").add_subparsers(
+        dest="bench_command", required=True
+    )
+    produce = _client_command(
+        bench,
+        "produce",
+        _bench_produce,
+        "bench produce to {topic!r}",
+        "durable produce throughput and latency (the topic is created if missing)",
+    )
+    produce.add_argument("topic", nargs="?", default="bench")
+    produce.add_argument("--connections", "-c", type=_bounded(1, 1024), default=4)
+    produce.add_argument("--in-flight", "-w", type=_bounded(1, 1024), default=8)
+    produce.add_argument("--batch", "-b", type=_bounded(1, 100_000), default=100)
+    produce.add_argument("--size", "-s", type=_bounded(0, 16 * 1024 * 1024), default=100)
+    produce.add_argument("--seconds", "-t", type=float, default=10.0)
+    produce.add_argument(
+        "--rate", type=float, default=None, help="requests/s over all connections (open loop)"
+    )
+    produce.add_argument("--keyed", action="store_true", help="give every record a key")
+    consume = _client_command(
+        bench,
+        "consume",
+        _bench_consume,
+        "bench consume of {topic!r}",
+        "one consumer draining a topic from the start",
+    )
+    consume.add_argument("topic", nargs="?", default="bench")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="logbroker",
@@ -580,6 +718,7 @@ def _parser() -> argparse.ArgumentParser:
     _connection_options(parser, trailing=False)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_client_commands(commands)
+    _add_bench_commands(commands)
     storage = commands.add_parser("storage", help="inspect a data directory on this machine")
     storage_commands = storage.add_subparsers(dest="storage_command", required=True)
     verify = storage_commands.add_parser(

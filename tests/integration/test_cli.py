@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -329,3 +330,42 @@ def test_bad_usage_exits_2() -> None:
     assert run(None, "consume").returncode == 2
     assert run(None, "produce", "t", "--header", "no-equals-sign").returncode == 2
     assert run(None, "consume", "t", "--from-start", "--cursor", "c").returncode == 2
+
+
+# -- bench ---------------------------------------------------------------------------------
+
+
+def test_bench_produce_reports_throughput_and_latency_then_consume_drains(
+    broker: RunningBroker,
+) -> None:
+    produced = ok(
+        run(broker, "bench", "produce", "bench-cli", "-c", "2", "-w", "2", "-b", "10", "-t", "1")
+    )
+
+    figures = re.search(r"records/s ([\d,]+)  MB/s [\d.]+  requests ([\d,]+)  errors 0", produced)
+    assert figures is not None, produced
+    assert re.search(r"p50 [\d.]+  p99 [\d.]+  p99\.9 [\d.]+", produced), produced
+    stored = sum(1 for _ in _drain(broker, "bench-cli"))
+    requests = int(figures.group(2).replace(",", ""))
+    assert stored >= requests * 10  # every acknowledged record is there
+
+    consumed = ok(run(broker, "bench", "consume", "bench-cli"))
+    assert f"consume bench-cli: {stored:,} records" in consumed
+
+
+def test_bench_consume_of_an_unknown_topic_names_the_reason(broker: RunningBroker) -> None:
+    result = run(broker, "bench", "consume", "no-such-topic")
+
+    assert result.returncode == 1
+    assert b"no_such_topic" in result.stderr
+
+
+def _drain(broker: RunningBroker, topic: str) -> Iterator[object]:
+    with admin(broker) as client:
+        cursor = None
+        while True:
+            batch = client.fetch(topic, cursor, None, None, 1000, 0)
+            if not batch.records:
+                return
+            yield from batch.records
+            cursor = batch.next_cursor
