@@ -275,6 +275,8 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
     ``config.storage.data_dir`` already opened (and locked) by the caller."""
     configure_interpreter()
     root = OrderedServices()
+    # First, so that its handler is in place before anything reports being ready.
+    StopOnSigterm(reactor).setServiceParent(root)
     fs = OsFileSystem()
     storage = StorageService(reactor, data_dir, fs, config.storage.log)
     storage.recover()
@@ -328,5 +330,4 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
     clients.bind()
     clients.setName("clients")
     clients.setServiceParent(root)
-    StopOnSigterm(reactor).setServiceParent(root)
     return root
