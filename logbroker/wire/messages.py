@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Sequence
 from enum import IntEnum
-from typing import ClassVar, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 import attrs
 
@@ -50,67 +50,69 @@ class ApiKey(IntEnum):
     LIST_TOPICS = 64
 
 
+@attrs.frozen
+class FieldKind:
+    """How one kind of request field is written and read."""
+
+    encode: Callable[[Any], bytes]
+    decode: Callable[[Reader], Any]
+
+
+def _encode_records(records: Sequence[Record]) -> bytes:
+    return b"".join([p.u32(len(records)), *(p.record(record) for record in records)])
+
+
+TEXT = FieldKind(p.text, Reader.text)
+U8 = FieldKind(p.u8, Reader.u8)
+U32 = FieldKind(p.u32, Reader.u32)
+RECORDS = FieldKind(_encode_records, lambda reader: _records(reader))
+PERMISSIONS = FieldKind(lambda names: _encode_permissions(names), lambda r: _permissions(r))
+
+
 class Request:
-    """Base of every request type: its API key, and its payload both ways."""
+    """Base of every request type: its API key and the kinds of its fields, in payload order
+    (the attrs fields of the subclass, one ``FieldKind`` each), which encode and decode it."""
 
     API_KEY: ClassVar[ApiKey]
+    WIRE: ClassVar[tuple[FieldKind, ...]] = ()
 
     def encode_payload(self) -> bytes:
-        raise NotImplementedError
+        values = attrs.astuple(self, recurse=False)  # type: ignore[arg-type]
+        return b"".join(kind.encode(value) for kind, value in zip(self.WIRE, values, strict=True))
 
     @classmethod
     def decode_payload(cls, reader: Reader) -> Self:
-        raise NotImplementedError
+        return cls(*(kind.decode(reader) for kind in cls.WIRE))
 
 
 @attrs.frozen
 class Auth(Request):
     API_KEY = ApiKey.AUTH
+    WIRE = (TEXT, TEXT)
     user: str | None
     password: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.user) + p.text(self.password)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text())
 
 
 @attrs.frozen
 class CreateTopic(Request):
     API_KEY = ApiKey.CREATE_TOPIC
+    WIRE = (TEXT, U8)
     topic: str | None
     keyspace_bits: int
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.topic) + p.u8(self.keyspace_bits)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.u8())
 
 
 @attrs.frozen
 class Produce(Request):
     API_KEY = ApiKey.PRODUCE
+    WIRE = (TEXT, RECORDS)
     topic: str | None
     records: tuple[Record, ...]
-
-    def encode_payload(self) -> bytes:
-        parts = [p.text(self.topic), p.u32(len(self.records))]
-        parts.extend(p.record(record) for record in self.records)
-        return b"".join(parts)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        topic = reader.text()
-        return cls(topic, _records(reader))
 
 
 @attrs.frozen
 class Fetch(Request):
     API_KEY = ApiKey.FETCH
+    WIRE = (TEXT, TEXT, TEXT, TEXT, U32, U32)
     topic: str | None
     cursor: str | None
     group: str | None
@@ -118,172 +120,83 @@ class Fetch(Request):
     max: int
     wait_ms: int
 
-    def encode_payload(self) -> bytes:
-        return b"".join(
-            (
-                p.text(self.topic),
-                p.text(self.cursor),
-                p.text(self.group),
-                p.text(self.member),
-                p.u32(self.max),
-                p.u32(self.wait_ms),
-            )
-        )
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(
-            reader.text(), reader.text(), reader.text(), reader.text(), reader.u32(), reader.u32()
-        )
-
 
 @attrs.frozen
 class Commit(Request):
     API_KEY = ApiKey.COMMIT
+    WIRE = (TEXT, TEXT, TEXT)
     topic: str | None
     group: str | None
     cursor: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.topic) + p.text(self.group) + p.text(self.cursor)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text(), reader.text())
 
 
 @attrs.frozen
 class Subscribe(Request):
     API_KEY = ApiKey.SUBSCRIBE
+    WIRE = (TEXT, TEXT, TEXT, U32, U32)
     topic: str | None
     group: str | None
     member: str | None
     window: int
     max: int
 
-    def encode_payload(self) -> bytes:
-        return b"".join(
-            (
-                p.text(self.topic),
-                p.text(self.group),
-                p.text(self.member),
-                p.u32(self.window),
-                p.u32(self.max),
-            )
-        )
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text(), reader.text(), reader.u32(), reader.u32())
-
 
 @attrs.frozen
 class StreamAck(Request):
     API_KEY = ApiKey.STREAM_ACK
+    WIRE = (TEXT, TEXT, TEXT, TEXT, U32)
     topic: str | None
     group: str | None
     member: str | None
     cursor: str | None
     count: int
 
-    def encode_payload(self) -> bytes:
-        return b"".join(
-            (
-                p.text(self.topic),
-                p.text(self.group),
-                p.text(self.member),
-                p.text(self.cursor),
-                p.u32(self.count),
-            )
-        )
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text(), reader.text(), reader.text(), reader.u32())
-
 
 @attrs.frozen
 class LeaveGroup(Request):
     API_KEY = ApiKey.LEAVE_GROUP
+    WIRE = (TEXT, TEXT, TEXT)
     topic: str | None
     group: str | None
     member: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.topic) + p.text(self.group) + p.text(self.member)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text(), reader.text())
 
 
 @attrs.frozen
 class CreateUser(Request):
     API_KEY = ApiKey.CREATE_USER
+    WIRE = (TEXT, TEXT, PERMISSIONS)
     user: str | None
     password: str | None
     permissions: tuple[str | None, ...]
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.user) + p.text(self.password) + _encode_permissions(self.permissions)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text(), _permissions(reader))
 
 
 @attrs.frozen
 class DeleteUser(Request):
     API_KEY = ApiKey.DELETE_USER
+    WIRE = (TEXT,)
     user: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.user)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text())
 
 
 @attrs.frozen
 class ChangePassword(Request):
     API_KEY = ApiKey.CHANGE_PASSWORD
+    WIRE = (TEXT, TEXT)
     user: str | None
     new_password: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.user) + p.text(self.new_password)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text())
 
 
 @attrs.frozen
 class ListUsers(Request):
     API_KEY = ApiKey.LIST_USERS
 
-    def encode_payload(self) -> bytes:
-        return b""
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls()
-
 
 @attrs.frozen
 class GrantAcl(Request):
     API_KEY = ApiKey.GRANT_ACL
+    WIRE = (TEXT, TEXT, TEXT)
     user: str | None
     operation: str | None
     pattern: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.user) + p.text(self.operation) + p.text(self.pattern)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text(), reader.text(), reader.text())
 
 
 @attrs.frozen
@@ -294,14 +207,8 @@ class RevokeAcl(GrantAcl):
 @attrs.frozen
 class ListAcls(Request):
     API_KEY = ApiKey.LIST_ACLS
+    WIRE = (TEXT,)
     user: str | None
-
-    def encode_payload(self) -> bytes:
-        return p.text(self.user)
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls(reader.text())
 
 
 @attrs.frozen
@@ -309,13 +216,6 @@ class ListTopics(Request):
     """Extension: every topic with its keyspace bits and its number of ranges."""
 
     API_KEY = ApiKey.LIST_TOPICS
-
-    def encode_payload(self) -> bytes:
-        return b""
-
-    @classmethod
-    def decode_payload(cls, reader: Reader) -> Self:
-        return cls()
 
 
 REQUEST_TYPES: dict[int, type[Request]] = {
