@@ -73,14 +73,16 @@ class Reader:
         return self.raw(self.u32())
 
     def text(self) -> str | None:
-        """A nullable string holding UTF-8 text."""
+        """A nullable string that names something (a topic, a user, a cursor...), as text.
+
+        The protocol's strings are bytes: bytes that are not UTF-8 are kept (as lone
+        surrogates, ``surrogateescape``) rather than refused here, so that whoever checks the
+        name refuses it for what it is (``invalid_topic_name``, ``invalid_cursor``...), and
+        ``text`` writes the same bytes back."""
         data = self.string()
         if data is None:
             return None
-        try:
-            return data.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise Truncated(f"text is not UTF-8: {error}") from None
+        return data.decode("utf-8", "surrogateescape")
 
     def record(self) -> Record:
         key = self.string()
@@ -123,7 +125,7 @@ def string(value: bytes | None) -> bytes:
 
 
 def text(value: str | None) -> bytes:
-    return string(None if value is None else value.encode("utf-8"))
+    return string(None if value is None else value.encode("utf-8", "surrogateescape"))
 
 
 def record(value: Record) -> bytes:

@@ -589,3 +589,21 @@ def test_a_subscribers_group_share_is_handed_over_when_its_connection_goes(world
     first.protocol.connectionLost()
 
     assert server.broker._groups[("t", "g")].members == ["stays"]
+
+
+def test_names_and_cursors_that_are_not_utf8_get_the_reason_of_what_they_name(
+    world: World,
+) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    client.responses()
+
+    client.send(wire.CreateTopic("\udcff", 0), 1)
+    client.send(wire.Fetch("t", "\udcff", None, None, 0, 0), 2)
+
+    assert client.responses() == [
+        wire.Response(1, b"", "invalid_topic_name"),
+        wire.Response(2, b"", "invalid_cursor"),
+    ]
