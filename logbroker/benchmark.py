@@ -32,6 +32,7 @@ from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
 
 from logbroker import wire
+from logbroker._tcp import no_delay
 from logbroker.records import Record
 
 _CORRELATION = struct.Struct(">I")
@@ -103,6 +104,7 @@ class _LoadConnection(Protocol):
         self.lost: Failure | None = None
 
     def connectionMade(self) -> None:
+        no_delay(self.transport)
         self.transport.write(self._auth)  # type: ignore[union-attr]
 
     def send(

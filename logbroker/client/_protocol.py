@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker import wire
+from logbroker._tcp import no_delay
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
 from logbroker.records import Record
 
@@ -87,6 +88,7 @@ class BrokerClient(Protocol):
     # -- connection ----------------------------------------------------------------------
 
     def connectionMade(self) -> None:
+        no_delay(self.transport)
         self._state = _State.OPEN
         if self._credentials is not None:
             self.auth(*self._credentials).addCallbacks(self._logged_in, self._login_failed)

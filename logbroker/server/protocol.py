@@ -30,6 +30,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker import wire
+from logbroker._tcp import no_delay
 from logbroker.broker.core import Broker, BrokerError, FetchResult, fetch_limit
 from logbroker.controlplane import ControlPlaneError, User
 from logbroker.security import Operation, Permission, SecurityError, UserDirectory
@@ -105,6 +106,7 @@ class ClientProtocol(Protocol):
     # -- connection ----------------------------------------------------------------------
 
     def connectionMade(self) -> None:
+        no_delay(self.transport)
         self.factory.connections.add(self)
         # Streaming producer: the transport pauses us when the client stops reading.
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]

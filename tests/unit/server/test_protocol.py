@@ -18,6 +18,7 @@ from logbroker.server.protocol import ClientFactory, ClientProtocol, ProtocolSet
 from logbroker.testing import ImmediateExecutor, ManualExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.storage.helpers import result_of
+from tests.unit.test_tcp import TcpTransport
 
 CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
 
@@ -607,3 +608,18 @@ def test_names_and_cursors_that_are_not_utf8_get_the_reason_of_what_they_name(
         wire.Response(1, b"", "invalid_topic_name"),
         wire.Response(2, b"", "invalid_cursor"),
     ]
+
+
+def test_a_tcp_connection_sends_its_frames_at_once(world: World) -> None:
+    _, server = world
+    factory = ClientFactory(
+        server.broker,  # type: ignore[arg-type]
+        server.users,
+        server.clock,
+        ProtocolSettings(),
+    )
+    transport = TcpTransport()
+
+    factory.buildProtocol(None).makeConnection(transport)
+
+    assert transport.no_delay
