@@ -17,6 +17,7 @@ _U8 = struct.Struct(">B")
 _U16 = struct.Struct(">H")
 _U32 = struct.Struct(">I")
 _U64 = struct.Struct(">Q")
+_TIMESTAMP_COUNT = struct.Struct(">QI")
 _VALUE_HEAD = struct.Struct(">I")
 _NULL = b"\x00"
 _PRESENT = 0x01
@@ -85,6 +86,36 @@ class Reader:
         return data.decode("utf-8", "surrogateescape")
 
     def record(self) -> Record:
+        """One record. The produce hot path: the common shape (a key or none, no headers) is
+        read with two ``struct`` calls and no method calls; anything else takes the general
+        field-by-field path."""
+        data = self._data
+        start = self._position
+        size = len(data)
+        if start < size and data[start] == 0x00:
+            key = None
+            position = start + 1
+        elif start + 5 <= size and data[start] == _PRESENT:
+            (key_length,) = _U32.unpack_from(data, start + 1)
+            position = start + 5 + key_length
+            if position > size:
+                return self._record_slowly()
+            key = data[start + 5 : position]
+        else:
+            return self._record_slowly()
+        if position + 4 > size:
+            return self._record_slowly()
+        (value_length,) = _U32.unpack_from(data, position)
+        value_end = position + 4 + value_length
+        if value_end + 12 > size:
+            return self._record_slowly()
+        timestamp_ms, count = _TIMESTAMP_COUNT.unpack_from(data, value_end)
+        if count:
+            return self._record_slowly()
+        self._position = value_end + 12
+        return Record(data[position + 4 : value_end], key, timestamp_ms)
+
+    def _record_slowly(self) -> Record:
         key = self.string()
         value = self.raw(self.u32())
         timestamp_ms = self.u64()
