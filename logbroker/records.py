@@ -33,7 +33,19 @@ class Record:
     def __attrs_post_init__(self) -> None:
         # Checked exactly, types included (subclasses of bytes and tuple are refused: they could
         # report a length other than what they hold): both encoders rely on it, and the native
-        # one reads the bytes objects' buffers directly.
+        # one reads the bytes objects' buffers directly. Every produced record passes here, so
+        # the common shape (bytes, maybe a key, no headers) is checked inline first.
+        value, key, timestamp_ms, headers = self.value, self.key, self.timestamp_ms, self.headers
+        if (
+            type(value) is bytes
+            and len(value) < NULL_LENGTH
+            and (key is None or (type(key) is bytes and len(key) < NULL_LENGTH))
+            and type(timestamp_ms) is int
+            and 0 <= timestamp_ms <= MAX_U64
+            and headers == ()
+            and type(headers) is tuple
+        ):
+            return
         if not isinstance(self.timestamp_ms, int):
             raise TypeError(f"timestamp_ms must be an int, not {type(self.timestamp_ms).__name__}")
         if not 0 <= self.timestamp_ms <= MAX_U64:
