@@ -13,7 +13,10 @@ Consume: one consumer fetches a topic from the start, ``max`` 1000 records per f
 has read everything that was there when it started, and reports records/s and MB/s.
 
 The request frames are encoded once and reused with fresh correlation ids, so the generator
-spends its time on the network, not on encoding.
+spends its time on the network, not on encoding. That is why the connections here are a bare
+framing layer rather than ``logbroker.client`` (which encodes every request): their
+``send(frame, due, answered)`` has the shape of ``bench/_redis.py``'s connections, so one driver
+loads both systems in the same way.
 """
 
 from __future__ import annotations

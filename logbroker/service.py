@@ -19,11 +19,12 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from twisted.application.service import MultiService, Service
 from twisted.internet.address import IPv4Address, IPv6Address
-from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, maybeDeferred
+from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, maybeDeferred, succeed
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IReadDescriptor
 from twisted.logger import Logger
@@ -168,7 +169,7 @@ class ClientPortService(Service):
         reactor: Any,
         config: BrokerConfig,
         factory: ClientFactory,
-        prepare: Any,
+        prepare: Callable[[], Deferred[None]],
     ) -> None:
         self._reactor = reactor
         self._config = config
@@ -221,9 +222,7 @@ class ClientPortService(Service):
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
-        stopped = maybeDeferred(self._port.stopListening) if self._port else Deferred()
-        if self._port is None:
-            stopped.callback(None)
+        stopped = maybeDeferred(self._port.stopListening) if self._port else succeed(None)
         return stopped.addCallback(
             lambda _: self._factory.drain(self._reactor, DRAIN_GRACE_SECONDS)
         )

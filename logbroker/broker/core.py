@@ -259,12 +259,11 @@ class Broker:
         wait_ms = min(wait_ms, MAX_WAIT_MS)
         if result.count or wait_ms == 0:
             return succeed(result)
-
-        def read_again(_: object) -> FetchResult:
-            # From where the first read left off, over the same share.
-            return self._read(topic.name, Cursor.decode(result.next_cursor).positions, limit)
-
-        return self._wait(range_ids, wait_ms).addCallback(read_again)
+        # Nothing was read, so the positions are where the next read starts, over the same
+        # share.
+        return self._wait(range_ids, wait_ms).addCallback(
+            lambda _: self._read(topic.name, positions, limit)
+        )
 
     def _cursor(self, topic: Topic, text: str) -> dict[str, int]:
         try:

@@ -20,7 +20,7 @@ import secrets
 from collections import deque
 from collections.abc import Callable
 from enum import Enum, auto
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
@@ -37,6 +37,7 @@ from logbroker.security import Operation, Permission, SecurityError, UserDirecto
 from logbroker.wire import Reason
 
 log = Logger()
+_T = TypeVar("_T")
 
 DEFAULT_WINDOW = 100
 MAX_WINDOW = 10_000
@@ -288,32 +289,24 @@ class ClientProtocol(Protocol):
         # may pipeline its first requests right after its auth.
         self._authenticating = True
         checking = self._users.authenticate(request.user, request.password)
-        self._pending[checking] = correlation_id
 
-        def checked(user: User | None) -> None:
-            self._pending.pop(checking, None)
+        def checked(outcome: _T) -> _T:
             self._authenticating = False
-            if self._closed():
-                return
-            if user is None:
-                self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
-            else:
-                self._user = user
-                self._state = _State.READY
-                self._cancel_auth_timer()
-                token = secrets.token_urlsafe(24)
-                self._send(wire.encode_ok(correlation_id, wire.encode_token(token)))
-            self._process()
+            return outcome
 
-        def failed(failure: Failure) -> None:
-            self._pending.pop(checking, None)
-            self._authenticating = False
-            if isinstance(failure.value, CancelledError) or self._closed():
-                return
-            self._send(wire.encode_error(correlation_id, _reason(failure)))
-            self._process()
+        checking.addCallbacks(checked, checked)
+        self._track(correlation_id, checking.addCallback(self._logged_in), _token)
+        # Once answered (``_track`` comes first), go on with the frames that waited.
+        checking.addBoth(lambda _: self._process())
 
-        checking.addCallbacks(checked, failed)
+    def _logged_in(self, user: User | None) -> str:
+        if user is None:
+            raise BrokerError(Reason.INVALID_CREDENTIALS, "wrong user name or password")
+        if not self._closed():
+            self._user = user
+            self._state = _State.READY
+            self._cancel_auth_timer()
+        return secrets.token_urlsafe(24)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -521,6 +514,10 @@ class _Subscription:
             # A topic that is gone or names that were invalid leave nothing to give up.
             with contextlib.suppress(BrokerError):
                 self._owner._broker.leave_group(request.topic, request.group, request.member)
+
+
+def _token(token: str) -> bytes:
+    return wire.encode_token(token)
 
 
 def _empty(_: object) -> bytes:
