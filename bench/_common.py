@@ -49,6 +49,15 @@ def emit(as_json: bool, kind: str, result: dict[str, Any], text: str, digits: in
         print(text, flush=True)
 
 
+def add_work_directory_option(parser: argparse.ArgumentParser, what: str = "measure") -> None:
+    """``--dir``: where ``work_directory`` makes its scratch directory."""
+    parser.add_argument(
+        "--dir",
+        help=f"directory on the disk to {what}; a temporary directory is created in it and "
+        "removed afterwards (default: under bench/.work)",
+    )
+
+
 @contextlib.contextmanager
 def work_directory(root: str | None, prefix: str) -> Iterator[str]:
     """A scratch directory on the disk to measure, removed afterwards.

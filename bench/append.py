@@ -60,7 +60,14 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from _common import batch_sizes, emit, positive_float, positive_int, work_directory
+from _common import (
+    add_work_directory_option,
+    batch_sizes,
+    emit,
+    positive_float,
+    positive_int,
+    work_directory,
+)
 from fsync_ceiling import measure_ceiling
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
@@ -371,11 +378,7 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Measure durable RangeLog append throughput against the fsync ceiling."
     )
-    parser.add_argument(
-        "--dir",
-        help="directory on the disk to measure; a temporary directory is created in it and "
-        "removed afterwards (default: under bench/.work)",
-    )
+    add_work_directory_option(parser)
     parser.add_argument(
         "--batch-sizes",
         type=batch_sizes,

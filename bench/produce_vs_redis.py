@@ -81,7 +81,14 @@ from typing import Any
 
 import _redis
 import attrs
-from _common import batch_sizes, emit, positive_float, positive_int, work_directory
+from _common import (
+    add_work_directory_option,
+    batch_sizes,
+    emit,
+    positive_float,
+    positive_int,
+    work_directory,
+)
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
 
@@ -661,11 +668,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         description="Durable produce throughput of logbroker next to Redis Streams "
         "(appendfsync always), and one consumer's drain speed."
     )
-    parser.add_argument(
-        "--dir",
-        help="directory on the disk to measure; a temporary directory is created in it and "
-        "removed afterwards (default: under bench/.work)",
-    )
+    add_work_directory_option(parser)
     parser.add_argument("--connections", type=positive_int, default=4, help="connections (4)")
     parser.add_argument(
         "--in-flight", type=positive_int, default=8, help="requests in flight per connection (8)"

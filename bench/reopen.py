@@ -50,7 +50,7 @@ import sys
 import time
 from typing import Any
 
-from _common import emit, positive_int, work_directory
+from _common import add_work_directory_option, emit, positive_int, work_directory
 from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
 from twisted.python.failure import Failure
@@ -305,11 +305,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description="Measure RangeLog.open on a ~1 GiB range after its writer was SIGKILLed."
     )
-    parser.add_argument(
-        "--dir",
-        help="directory on the disk to measure; a temporary directory is created in it and "
-        "removed afterwards (default: under bench/.work)",
-    )
+    add_work_directory_option(parser)
     parser.add_argument(
         "--size-mib", type=positive_int, default=1024, help="range size to build (1024)"
     )

@@ -43,7 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from _common import positive_int, work_directory
+from _common import add_work_directory_option, positive_int, work_directory
 
 from logbroker.storage import OsFileSystem, Record, Seal
 from logbroker.storage._format import encode_batch, verify_records_only
@@ -132,11 +132,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description="Measure single-thread verification speed of a sealed segment in page cache."
     )
-    parser.add_argument(
-        "--dir",
-        help="directory to build the segment in; a temporary directory is created in it and "
-        "removed afterwards (default: under bench/.work)",
-    )
+    add_work_directory_option(parser, "build the segment in")
     parser.add_argument(
         "--size-mib", type=positive_int, default=64, help="segment size limit in MiB (64)"
     )
