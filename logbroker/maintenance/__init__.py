@@ -1,0 +1,1 @@
+"""Background work: the one periodic-task wrapper every loop of the broker runs under."""
