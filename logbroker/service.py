@@ -15,6 +15,7 @@ store closes last, after every queued append has been flushed and fsynced.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import sys
@@ -32,10 +33,13 @@ from twisted.python.failure import Failure
 
 from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
-from logbroker.config import BrokerConfig, ConfigError
+from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.controlplane import LocalControlPlane
 from logbroker.security import UserDirectory, seed_accounts
-from logbroker.server.protocol import ClientFactory, ProtocolSettings
+from logbroker.security.connections import ConnectionRegistry
+from logbroker.security.ratelimit import Action, RateLimiter
+from logbroker.security.sessions import SessionStore
+from logbroker.server.protocol import ClientFactory, Guards, ProtocolSettings
 from logbroker.storage import (
     BATCH_ENCODER,
     DataDirectory,
@@ -161,6 +165,29 @@ class ControlPlaneService(Service):
 DRAIN_GRACE_SECONDS = 5.0
 
 
+def listen_tcp(reactor: Any, port: int, factory: Any, host: str, variable: str) -> IListeningPort:
+    """Listen on ``host:port``. ``::`` takes IPv6 and IPv4 clients on one socket (Linux makes
+    IPv6 sockets dual-stack unless told otherwise); where the host has no IPv6 at all, the
+    broker listens on every IPv4 interface instead and says so. Raises ``ConfigError`` naming
+    the variable behind the port when it cannot be listened on."""
+    try:
+        return reactor.listenTCP(port, factory, interface=host)  # type: ignore[no-any-return]
+    except CannotListenError as error:
+        if host == ANY_ADDRESS and _no_ipv6(error):
+            log.warn("This host has no IPv6: listening on IPv4 interfaces only")
+            return listen_tcp(reactor, port, factory, "0.0.0.0", variable)
+        raise ConfigError(
+            variable,
+            str(port),
+            f"a port free to listen on at {host} ({error.socketError})",
+        ) from None
+
+
+def _no_ipv6(error: CannotListenError) -> bool:
+    number = getattr(error.socketError, "errno", None)
+    return number in (errno.EAFNOSUPPORT, errno.EADDRNOTAVAIL)
+
+
 class ClientPortService(Service):
     """The client port: bound at build time, accepting once the broker is ready."""
 
@@ -181,16 +208,9 @@ class ClientPortService(Service):
         """Listen now, before the reactor runs, but accept nothing until ``startService`` has
         readied the broker: connections wait in the kernel's backlog meanwhile."""
         server = self._config.server
-        try:
-            port = self._reactor.listenTCP(
-                server.tcp_port, self._factory, interface=server.bind_host
-            )
-        except CannotListenError as error:
-            raise ConfigError(
-                "SVC_TCP_PORT",
-                str(server.tcp_port),
-                f"a port free to listen on at {server.bind_host} ({error.socketError})",
-            ) from None
+        port = listen_tcp(
+            self._reactor, server.tcp_port, self._factory, server.bind_host, "SVC_TCP_PORT"
+        )
         # A listening socket is a read descriptor: out of the reactor's readers, it accepts
         # nothing (test reactors give ports that are not descriptors at all).
         if IReadDescriptor.providedBy(port):
@@ -267,6 +287,25 @@ class StopOnSigterm(Service):
             self._reactor.stop()
 
 
+def build_guards(config: BrokerConfig, clock: Any) -> Guards:
+    """The connection registry, the rate limiter and the session store, from the config."""
+    limits = config.rate_limits
+    return Guards(
+        connections=ConnectionRegistry(config.connection_limits),
+        limiter=RateLimiter(
+            {
+                Action.AUTH: limits.auth,
+                Action.DASHBOARD_AUTH: config.dashboard.auth_rate_limit,
+                Action.PUBLISH: limits.publish,
+                Action.SUBSCRIBE: limits.subscribe,
+            },
+            enabled=limits.enabled,
+            clock=clock,
+        ),
+        sessions=SessionStore(clock, config.dashboard.session_timeout_sec),
+    )
+
+
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> MultiService:
     """Build the service tree: recover storage, load the control plane and bind the client
     port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
@@ -324,6 +363,7 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
             max_frame_size=config.server.max_frame_size,
             acl_strict=config.accounts.acl_strict,
         ),
+        build_guards(config, reactor),
     )
     clients = ClientPortService(reactor, config, factory, prepare)
     clients.bind()

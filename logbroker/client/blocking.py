@@ -104,7 +104,9 @@ class BlockingClient:
 
     # -- operations ----------------------------------------------------------------------
 
-    def auth(self, user: str, password: str) -> str:
+    def auth(self, user: str | None, password: str) -> str:
+        """Log in and return the session token; with ``user`` None, ``password`` is the token
+        of a session this client's IP opened, which is resumed."""
         token = wire.decode_token(self.call(wire.Auth(user, password)))
         return token or ""
 

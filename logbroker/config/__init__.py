@@ -6,6 +6,7 @@ lists every variable as docs/configuration.md shows it.
 """
 
 from logbroker.config._broker import (
+    ANY_ADDRESS,
     AccountSettings,
     BrokerConfig,
     ClusterSettings,
@@ -29,6 +30,7 @@ from logbroker.config._env import ConfigError, parse_bool, parse_int
 from logbroker.config._variables import VARIABLES, Variable
 
 __all__ = [
+    "ANY_ADDRESS",
     "VARIABLES",
     "AccountSettings",
     "BrokerConfig",

@@ -39,6 +39,9 @@ _T = TypeVar("_T")
 MIN_FRAME_SIZE = 1024
 MAX_FRAME_SIZE = 1 << 30
 
+#: The default listening address: every interface, IPv6 and IPv4 (a dual-stack socket).
+ANY_ADDRESS = "::"
+
 _ATTRIBUTE_WORD = re.compile(r"[A-Za-z0-9_.-]+")
 
 
@@ -351,7 +354,8 @@ def _storage(env: Mapping[str, str], mode: EnvMode, cwd: str) -> StorageSettings
 
 def _server(env: Mapping[str, str]) -> ServerSettings:
     return ServerSettings(
-        bind_host=parse_address(env, "SVC_BIND_HOST", "0.0.0.0"),
+        # Every interface, IPv6 and IPv4 alike (a dual-stack socket; see ``listen_tcp``).
+        bind_host=parse_address(env, "SVC_BIND_HOST", ANY_ADDRESS),
         tcp_port=parse_port(env, "SVC_TCP_PORT", 4040),
         auth_timeout_ms=parse_int(env, "SVC_AUTH_TIMEOUT_MS", 10_000, 1),
         max_frame_size=parse_int(

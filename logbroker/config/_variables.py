@@ -67,8 +67,10 @@ VARIABLES: tuple[Variable, ...] = (
         "Client port",
         (
             "SVC_BIND_HOST",
-            "0.0.0.0",
-            "address the client and peer ports listen on (`::` for every IPv6 interface)",
+            "::",
+            "address the client and peer ports listen on; the default `::` takes IPv6 and IPv4"
+            " clients on every interface (on a host without IPv6 the broker falls back to"
+            " `0.0.0.0` with a warning)",
         ),
         ("SVC_TCP_PORT", "4040", "client port (binary log protocol); 0 picks a free port"),
         ("SVC_AUTH_TIMEOUT_MS", "10000", "time a new connection has to send its auth frame"),

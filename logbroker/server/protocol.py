@@ -4,10 +4,17 @@ Connection lifecycle (``_State``):
 
     AWAITING_AUTH --auth ok--> READY --connection lost / fatal error--> CLOSED
 
+A connection over the per-IP or total connection limit is refused at accept: it gets the error
+frame ``connection_limit_exceeded`` or ``global_limit_exceeded`` (correlation id 0) and is closed.
+
 In ``AWAITING_AUTH`` the only accepted frame is ``auth``; anything else is answered
 ``auth_required`` and the connection is closed, as is a connection that has not authenticated
-within ``SVC_AUTH_TIMEOUT_MS`` (``timeout``, correlation id 0). Wrong credentials are answered
-``invalid_credentials`` and the client may try again within the same deadline. In ``READY`` every
+within ``SVC_AUTH_TIMEOUT_MS`` (``timeout``, correlation id 0). Every ``auth`` first passes the
+``auth`` rate limit of the client's IP (``rate_limit_exceeded`` when blocked). Wrong credentials
+are answered ``invalid_credentials``; either way the client may try again within the same
+deadline. A successful ``auth`` opens a session bound to the client's IP and answers its token;
+an ``auth`` with a null user and that token as the password resumes the session (from the same
+IP, before it expires) without the password. In ``READY`` every
 request is answered (pipelined requests may complete out of order; the correlation id says which
 is which), except ``stream_ack``, which is answered only when it fails. A connection is never
 dropped for being idle, so long polls and subscriptions can wait as long as they need to.
@@ -16,10 +23,9 @@ dropped for being idle, so long polls and subscriptions can wait as long as they
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections import deque
 from collections.abc import Callable
-from enum import Enum, auto
+from enum import Enum, StrEnum, auto
 from typing import Any, TypeVar
 
 import attrs
@@ -34,6 +40,9 @@ from logbroker._tcp import no_delay
 from logbroker.broker.core import Broker, BrokerError, FetchResult, fetch_limit
 from logbroker.controlplane import ControlPlaneError, User
 from logbroker.security import Operation, Permission, SecurityError, UserDirectory
+from logbroker.security.connections import ConnectionRegistry, client_identifier
+from logbroker.security.ratelimit import Action, RateLimiter
+from logbroker.security.sessions import SessionStore
 from logbroker.wire import Reason
 
 log = Logger()
@@ -54,6 +63,25 @@ class ProtocolSettings:
     #: Requests one connection may have in flight; past it, its socket is not read until
     #: half of them are answered.
     max_in_flight: int = 1024
+
+
+class AuthResult(StrEnum):
+    """How an ``auth`` attempt ended (counted in ``svc_auth_attempts_total``)."""
+
+    OK = "ok"
+    INVALID_CREDENTIALS = "invalid_credentials"
+    RATE_LIMITED = "rate_limited"
+
+
+@attrs.frozen
+class Guards:
+    """What stands between a client and the broker: the connection limits, the ``auth`` rate
+    limit and the sessions (shared with the dashboard)."""
+
+    connections: ConnectionRegistry
+    limiter: RateLimiter
+    sessions: SessionStore
+    on_auth: Callable[[AuthResult], None] = lambda result: None
 
 
 class _State(Enum):
@@ -82,11 +110,18 @@ class ClientProtocol(Protocol):
         users: UserDirectory,
         clock: IReactorTime,
         settings: ProtocolSettings,
+        guards: Guards,
+        client_ip: str,
     ) -> None:
         self._broker = broker
         self._users = users
         self._clock = clock
         self._settings = settings
+        self._guards = guards
+        #: The spec's client IP identifier, which the connection was counted under.
+        self.client_ip = client_ip
+        #: Counted in the connection registry (by the factory) until the connection is lost.
+        self._counted = True
         self._decoder = wire.FrameDecoder(settings.max_frame_size)
         self._state = _State.AWAITING_AUTH
         self._user: User | None = None
@@ -116,6 +151,9 @@ class ClientProtocol(Protocol):
         )
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._counted:
+            self._counted = False
+            self._guards.connections.release(self.client_ip)
         self.factory.connections.discard(self)
         self._state = _State.CLOSED
         self._inbox.clear()
@@ -282,8 +320,17 @@ class ClientProtocol(Protocol):
         return self._users.allows(user, operation, topic, strict=self._settings.acl_strict)
 
     def _authenticate(self, correlation_id: int, request: wire.Auth) -> None:
-        if request.user is None or request.password is None:
-            self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
+        guards = self._guards
+        decision = guards.limiter.check(self.client_ip, Action.AUTH)
+        if not decision.allowed:
+            guards.on_auth(AuthResult.RATE_LIMITED)
+            self._send(wire.encode_error(correlation_id, Reason.RATE_LIMIT_EXCEEDED))
+            return
+        if request.password is None:
+            self._refuse_credentials(correlation_id)
+            return
+        if request.user is None:
+            self._resume(correlation_id, request.password)
             return
         # Frames behind this one wait until the password is checked (on a thread): a client
         # may pipeline its first requests right after its auth.
@@ -299,14 +346,34 @@ class ClientProtocol(Protocol):
         # Once answered (``_track`` comes first), go on with the frames that waited.
         checking.addBoth(lambda _: self._process())
 
+    def _refuse_credentials(self, correlation_id: int) -> None:
+        self._guards.on_auth(AuthResult.INVALID_CREDENTIALS)
+        self._send(wire.encode_error(correlation_id, Reason.INVALID_CREDENTIALS))
+
+    def _resume(self, correlation_id: int, token: str) -> None:
+        """Log in with the token of a session this client IP opened (and that is still on)."""
+        session = self._guards.sessions.validate(token, self.client_ip).session
+        user = None if session is None else self._users.user(session.user)
+        if session is None or user is None:
+            self._refuse_credentials(correlation_id)
+            return
+        self._enter(user)
+        self._guards.on_auth(AuthResult.OK)
+        self._send(wire.encode_ok(correlation_id, wire.encode_token(session.token)))
+
     def _logged_in(self, user: User | None) -> str:
         if user is None:
+            self._guards.on_auth(AuthResult.INVALID_CREDENTIALS)
             raise BrokerError(Reason.INVALID_CREDENTIALS, "wrong user name or password")
+        self._guards.on_auth(AuthResult.OK)
+        self._enter(user)
+        return self._guards.sessions.create(user.name, self.client_ip).token
+
+    def _enter(self, user: User) -> None:
         if not self._closed():
             self._user = user
             self._state = _State.READY
             self._cancel_auth_timer()
-        return secrets.token_urlsafe(24)
 
     # -- operations ----------------------------------------------------------------------
 
@@ -520,6 +587,18 @@ def _token(token: str) -> bytes:
     return wire.encode_token(token)
 
 
+class _Refused(Protocol):
+    """A connection over a connection limit: told why (correlation id 0), then closed."""
+
+    def __init__(self, reason: Reason) -> None:
+        self._reason = reason
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(wire.encode_error(0, self._reason))
+        self.transport.loseConnection()
+
+
 def _empty(_: object) -> bytes:
     return b""
 
@@ -550,17 +629,37 @@ class ClientFactory(Factory):
     protocol = ClientProtocol
 
     def __init__(
-        self, broker: Broker, users: UserDirectory, clock: IReactorTime, settings: ProtocolSettings
+        self,
+        broker: Broker,
+        users: UserDirectory,
+        clock: IReactorTime,
+        settings: ProtocolSettings,
+        guards: Guards,
     ) -> None:
         self._broker = broker
         self._users = users
         self._clock = clock
         self._settings = settings
+        self._guards = guards
         #: The open connections, for draining at shutdown.
         self.connections: set[ClientProtocol] = set()
 
-    def buildProtocol(self, addr: object) -> ClientProtocol:
-        protocol = ClientProtocol(self._broker, self._users, self._clock, self._settings)
+    def buildProtocol(self, addr: object) -> Protocol:
+        """Count the connection at accept (refusing it over a limit), then serve it."""
+        client_ip = client_identifier(addr)
+        refusal = self._guards.connections.acquire(client_ip)
+        if refusal is not None:
+            # Debug only: under a flood this would be a line per connection attempt; the
+            # refusals are counted in the metrics.
+            log.debug(
+                "Refused a connection from {client_ip}: {reason}",
+                client_ip=client_ip,
+                reason=refusal.value,
+            )
+            return _Refused(refusal)
+        protocol = ClientProtocol(
+            self._broker, self._users, self._clock, self._settings, self._guards, client_ip
+        )
         protocol.factory = self
         return protocol
 

@@ -134,10 +134,10 @@ def test_defaults_match_the_spec() -> None:
         ),
     )
     assert config.server == ServerSettings(
-        bind_host="0.0.0.0", tcp_port=4040, auth_timeout_ms=10000, max_frame_size=16777216
+        bind_host="::", tcp_port=4040, auth_timeout_ms=10000, max_frame_size=16777216
     )
     assert config.dashboard == DashboardSettings(
-        bind_host="0.0.0.0",
+        bind_host="::",
         port=4041,
         require_admin=True,
         metrics_require_auth=False,

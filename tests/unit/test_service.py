@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from twisted.internet.error import CannotListenError
+from twisted.internet.protocol import Factory
 from twisted.internet.testing import MemoryReactorClock
 
-from logbroker.config import BrokerConfig
-from logbroker.service import GIL_SWITCH_INTERVAL_SECONDS, build_service
+from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
+from logbroker.service import GIL_SWITCH_INTERVAL_SECONDS, build_service, listen_tcp
 from logbroker.storage import DataDirectory, OsFileSystem
 
 
@@ -36,3 +40,26 @@ def test_the_broker_hands_the_gil_to_its_writer_threads_within_half_a_millisecon
 
     assert root.getServiceNamed("storage") is not None
     assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_SECONDS)
+
+
+class _NoIpv6Reactor(MemoryReactorClock):
+    """A host whose kernel has no IPv6: listening on ``::`` fails as it would there."""
+
+    def listenTCP(self, port: int, factory: object, backlog: int = 50, interface: str = "") -> Any:
+        if ":" in interface:
+            raise CannotListenError(interface, port, OSError(errno.EAFNOSUPPORT, "no IPv6"))
+        return super().listenTCP(port, factory, backlog, interface)  # type: ignore[arg-type]
+
+
+def test_without_ipv6_the_default_address_falls_back_to_every_ipv4_interface() -> None:
+    reactor = _NoIpv6Reactor()
+    listen_tcp(reactor, 4040, Factory(), ANY_ADDRESS, "SVC_TCP_PORT")
+    [(port, _, _, interface)] = reactor.tcpServers
+    assert (port, interface) == (4040, "0.0.0.0")
+
+
+def test_an_explicit_ipv6_address_that_cannot_be_listened_on_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as error:
+        listen_tcp(_NoIpv6Reactor(), 4041, Factory(), "::1", "SVC_DASHBOARD_PORT")
+    assert error.value.variable == "SVC_DASHBOARD_PORT"
+    assert "4041" in str(error.value)

@@ -30,6 +30,7 @@ from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.testing import ImmediateExecutor
 from tests.unit.broker.helpers import make_broker_and_control
+from tests.unit.server.helpers import make_guards
 from tests.unit.storage.helpers import failure_of, result_of
 
 
@@ -439,7 +440,7 @@ def real_pair(credentials: tuple[str, str]) -> tuple[BrokerClient, iosim.IOPump]
     broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=2))
     users = UserDirectory(control, ImmediateExecutor(), CHEAP)
     result_of(seed_accounts(users, "dev", {}))
-    factory = ClientFactory(broker, users, clock, ProtocolSettings())
+    factory = ClientFactory(broker, users, clock, ProtocolSettings(), make_guards(clock))
     client, _, pump = iosim.connectedServerAndClient(
         lambda: factory.buildProtocol(None), lambda: BrokerClient(credentials)
     )

@@ -7,6 +7,7 @@ import struct
 import pytest
 from argon2 import PasswordHasher
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
@@ -17,6 +18,7 @@ from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import ClientFactory, ClientProtocol, ProtocolSettings
 from logbroker.testing import ImmediateExecutor, ManualExecutor
 from tests.unit.broker.helpers import make_broker_and_control
+from tests.unit.server.helpers import make_guards
 from tests.unit.storage.helpers import result_of
 from tests.unit.test_tcp import TcpTransport
 
@@ -67,20 +69,24 @@ class Server:
         self.broker = broker
         self.users = users
         self.clock = clock
+        self.guards = make_guards(clock)
         self.factories: list[ClientFactory] = []
 
-    def connect(self, settings: ProtocolSettings | None = None) -> Client:
+    def connect(
+        self, settings: ProtocolSettings | None = None, peer: IAddress | None = None
+    ) -> Client:
         factory = ClientFactory(
             self.broker,  # type: ignore[arg-type]
             self.users,
             self.clock,
             settings or ProtocolSettings(),
+            self.guards,
         )
         self.factories.append(factory)
-        protocol = factory.buildProtocol(None)
-        transport = StringTransport()
+        protocol = factory.buildProtocol(peer)
+        transport = StringTransport(peerAddress=peer)
         protocol.makeConnection(transport)
-        return Client(protocol, transport)
+        return Client(protocol, transport)  # type: ignore[arg-type]
 
 
 World = tuple[Clock, Server]
@@ -617,6 +623,7 @@ def test_a_tcp_connection_sends_its_frames_at_once(world: World) -> None:
         server.users,
         server.clock,
         ProtocolSettings(),
+        server.guards,
     )
     transport = TcpTransport()
 

@@ -1,0 +1,142 @@
+"""Sessions: created on authentication (the client port's ``auth`` and the dashboard's login),
+tied to a token and to the client IP that authenticated.
+
+A session lives ``SVC_SESSION_TIMEOUT_SEC`` from its creation; using it does not extend it, so a
+stolen token is worth a bounded time. Validating a token can find two things wrong, and reports
+(and counts) both when both hold:
+
+* expired: the session is over; it is forgotten.
+* hijack attempt: the token arrived from another IP than the one that logged in. The session is
+  kept for its owner (ordinary NAT rotation also causes this, so it must not log them out).
+
+Tokens are 256 random bits; the store keys sessions by the token's SHA-256, so that looking a
+token up takes no time that depends on how much of it matches a real one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from collections.abc import Callable
+from enum import StrEnum
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+
+#: Sessions one user may hold; the oldest is revoked when a login would exceed it, so that a
+#: script logging in in a loop cannot grow the store without bound.
+MAX_SESSIONS_PER_USER = 1000
+
+
+class Rejection(StrEnum):
+    """Why a token was not accepted (what the dashboard answers with)."""
+
+    INVALID = "invalid_session"
+    EXPIRED = "session_expired"
+    HIJACK = "session_hijack_attempt"
+
+
+@attrs.frozen
+class Session:
+    #: Left out of ``repr``, so that no log shows a usable token.
+    token: str = attrs.field(repr=False)
+    user: str
+    client_ip: str
+    created_ms: int
+    expires_ms: int
+
+
+@attrs.frozen
+class Validation:
+    """The outcome of presenting a token: ``session`` when accepted; otherwise what was wrong
+    (``expired`` and ``hijack`` may both be true)."""
+
+    session: Session | None
+    expired: bool = False
+    hijack: bool = False
+
+    @property
+    def rejection(self) -> Rejection | None:
+        if self.session is not None:
+            return None
+        if self.hijack:
+            return Rejection.HIJACK
+        if self.expired:
+            return Rejection.EXPIRED
+        return Rejection.INVALID
+
+
+def _key(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+class SessionStore:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        timeout_sec: int,
+        *,
+        on_expired: Callable[[], None] = lambda: None,
+        on_hijack: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._clock = clock
+        self._timeout_ms = timeout_sec * 1000
+        self._on_expired = on_expired
+        self._on_hijack = on_hijack
+        self._sessions: dict[bytes, Session] = {}
+        self.expired_total = 0
+        self.hijack_total = 0
+
+    def create(self, user: str, client_ip: str) -> Session:
+        now = self._now_ms()
+        owned = [key for key, session in self._sessions.items() if session.user == user]
+        if len(owned) >= MAX_SESSIONS_PER_USER:
+            oldest = min(owned, key=lambda key: self._sessions[key].created_ms)
+            del self._sessions[oldest]
+        token = secrets.token_urlsafe(32)
+        session = Session(token, user, client_ip, now, now + self._timeout_ms)
+        self._sessions[_key(token)] = session
+        return session
+
+    def validate(self, token: str, client_ip: str) -> Validation:
+        key = _key(token)
+        session = self._sessions.get(key)
+        if session is None:
+            return Validation(None)
+        expired = self._now_ms() >= session.expires_ms
+        hijack = session.client_ip != client_ip
+        if expired:
+            del self._sessions[key]
+            self.expired_total += 1
+            self._on_expired()
+        if hijack:
+            self.hijack_total += 1
+            self._on_hijack()
+        if expired or hijack:
+            return Validation(None, expired=expired, hijack=hijack)
+        return Validation(session)
+
+    def revoke(self, token: str) -> bool:
+        """End the session of ``token``; whether there was one."""
+        return self._sessions.pop(_key(token), None) is not None
+
+    def revoke_user(self, user: str) -> int:
+        """End every session of ``user`` (deleted, or given a new password); how many."""
+        keys = [key for key, session in self._sessions.items() if session.user == user]
+        for key in keys:
+            del self._sessions[key]
+        return len(keys)
+
+    def remove_expired(self) -> int:
+        """Forget the sessions that are over (without counting them: nobody presented them)."""
+        now = self._now_ms()
+        keys = [key for key, session in self._sessions.items() if now >= session.expires_ms]
+        for key in keys:
+            del self._sessions[key]
+        return len(keys)
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def _now_ms(self) -> int:
+        return round(self._clock.seconds() * 1000)
