@@ -355,6 +355,33 @@ def build_guards(config: BrokerConfig, clock: Any, metrics: Metrics) -> Guards:
     )
 
 
+def cleanup_task(
+    guards: Guards, interval_ms: int, clock: Any, metrics: Metrics | None = None
+) -> PeriodicTask:
+    """Every ``SVC_RATE_LIMIT_CLEANUP_INTERVAL`` ms, drop the rate-limit buckets that are full
+    again and the sessions that are over: without it, every address that ever tried to log in
+    would keep its bucket."""
+    return PeriodicTask(
+        "rate_limit_cleanup",
+        interval_ms / 1000,
+        lambda: _forget_expired(guards),
+        clock,
+        metrics=metrics,
+        now=False,
+    )
+
+
+def _forget_expired(guards: Guards) -> None:
+    buckets = guards.limiter.remove_expired()
+    sessions = guards.sessions.remove_expired()
+    if buckets or sessions:
+        log.debug(
+            "Forgot {buckets} rate-limit buckets and {sessions} expired sessions",
+            buckets=buckets,
+            sessions=sessions,
+        )
+
+
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> BrokerService:
     """Build the service tree: recover storage, load the control plane and bind the client
     port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
@@ -419,6 +446,10 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
         seeding = seed_accounts(users, config.mode.value, passwords)
         return seeding.addCallback(lambda _: broker.open())
 
+    guards = build_guards(config, reactor, metrics)
+    cleanup = cleanup_task(guards, config.rate_limits.cleanup_interval_ms, reactor, metrics)
+    cleanup.setName("rate-limit-cleanup")
+    cleanup.setServiceParent(root)
     factory = ClientFactory(
         broker,
         users,
@@ -428,7 +459,7 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
             max_frame_size=config.server.max_frame_size,
             acl_strict=config.accounts.acl_strict,
         ),
-        build_guards(config, reactor, metrics),
+        guards,
     )
     clients = ClientPortService(reactor, config, factory, prepare, metrics)
     clients.bind()
