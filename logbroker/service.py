@@ -181,6 +181,13 @@ class ControlPlaneService(Service):
 DRAIN_GRACE_SECONDS = 5.0
 
 
+def host_and_port(address: object) -> str:
+    """``host:port`` of a listening address, an IPv6 host in brackets (``[::]:4040``)."""
+    assert isinstance(address, IPv4Address | IPv6Address)
+    host = f"[{address.host}]" if isinstance(address, IPv6Address) else address.host
+    return f"{host}:{address.port}"
+
+
 def listen_tcp(reactor: Any, port: int, factory: Any, host: str, variable: str) -> IListeningPort:
     """Listen on ``host:port``. ``::`` takes IPv6 and IPv4 clients on one socket (Linux makes
     IPv6 sockets dual-stack unless told otherwise); where the host has no IPv6 at all, the
@@ -245,12 +252,9 @@ class ClientPortService(Service):
         if IReadDescriptor.providedBy(self._port):
             self._reactor.addReader(self._port)
         self._metrics.set_ready(True)
-        address = self._port.getHost()
-        assert isinstance(address, IPv4Address | IPv6Address)
         log.info(
-            "Broker ready: listening for clients on {host}:{port}",
-            host=address.host,
-            port=address.port,
+            "Broker ready: listening for clients on {address}",
+            address=host_and_port(self._port.getHost()),
         )
 
     def _failed(self, failure: Failure) -> None:
