@@ -25,6 +25,7 @@ from logbroker.config._broker import (
     TlsVerify,
     TlsVersion,
     TopicSettings,
+    tls_off_warning,
 )
 from logbroker.config._env import ConfigError, parse_bool, parse_int
 from logbroker.config._variables import VARIABLES, Variable
@@ -54,4 +55,5 @@ __all__ = [
     "Variable",
     "parse_bool",
     "parse_int",
+    "tls_off_warning",
 ]

@@ -490,11 +490,13 @@ def _tls(env: Mapping[str, str], mode: EnvMode, cwd: str, warnings: list[str]) -
         )
     if prod:
         raise problems[0]
-    warnings.extend(
-        f"{problem}; TLS stays off (in {mode.value} an invalid TLS setting only warns)"
-        for problem in problems
-    )
+    warnings.extend(tls_off_warning(problem, mode) for problem in problems)
     return _TLS_OFF
+
+
+def tls_off_warning(problem: ConfigError, mode: EnvMode) -> str:
+    """What dev and test say of an invalid TLS setting, which they run without TLS for."""
+    return f"{problem}; TLS stays off (in {mode.value} an invalid TLS setting only warns)"
 
 
 def _path(env: Mapping[str, str], variable: str, cwd: str) -> str | None:
