@@ -43,6 +43,8 @@ from logbroker.security import Operation, Permission, SecurityError, UserDirecto
 from logbroker.security.connections import ConnectionRegistry, client_identifier
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.security.sessions import SessionStore
+from logbroker.security.tls import ServerTls
+from logbroker.server.tls import secure_protocol
 from logbroker.wire import Reason
 
 log = Logger()
@@ -635,12 +637,14 @@ class ClientFactory(Factory):
         clock: IReactorTime,
         settings: ProtocolSettings,
         guards: Guards,
+        tls: ServerTls | None = None,
     ) -> None:
         self._broker = broker
         self._users = users
         self._clock = clock
         self._settings = settings
         self._guards = guards
+        self._tls = tls
         #: The open connections, for draining at shutdown.
         self.connections: set[ClientProtocol] = set()
 
@@ -656,12 +660,12 @@ class ClientFactory(Factory):
                 client_ip=client_ip,
                 reason=refusal.value,
             )
-            return _Refused(refusal)
+            return secure_protocol(_Refused(refusal), self._tls, self._clock)
         protocol = ClientProtocol(
             self._broker, self._users, self._clock, self._settings, self._guards, client_ip
         )
         protocol.factory = self
-        return protocol
+        return secure_protocol(protocol, self._tls, self._clock)
 
     def drain(self, clock: IReactorTime, grace_seconds: float) -> Deferred[None]:
         """Let every connection's requests in flight finish (produces become durable and are

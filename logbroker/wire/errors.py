@@ -34,6 +34,8 @@ class Reason(StrEnum):
     INVALID_PERMISSIONS = "invalid_permissions"
     INVALID_OPERATION = "invalid_operation"
     UNEXPECTED_FRAME = "unexpected_frame"
+    #: Plaintext on a client port that requires TLS (``SVC_REQUIRE_TLS``).
+    TLS_REQUIRED = "tls_required"
 
 
 class WireError(Exception):
