@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.application.service import MultiService, Service
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, maybeDeferred, succeed
@@ -45,6 +46,7 @@ from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.connections import ConnectionRegistry
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.security.sessions import SessionStore
+from logbroker.security.tls import ServerTls
 from logbroker.server.protocol import ClientFactory, Guards, ProtocolSettings
 from logbroker.storage import (
     BATCH_ENCODER,
@@ -386,11 +388,15 @@ def _forget_expired(guards: Guards) -> None:
         )
 
 
-def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> BrokerService:
+def build_service(
+    reactor: Any, config: BrokerConfig, data_dir: DataDirectory, tls: ServerTls | None
+) -> BrokerService:
     """Build the service tree: recover storage, load the control plane and bind the client
     port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
     plane's errors) and ``ConfigError`` when the client port cannot be bound. ``data_dir`` is
-    ``config.storage.data_dir`` already opened (and locked) by the caller."""
+    ``config.storage.data_dir`` already opened (and locked) by the caller; ``tls`` is
+    ``config.tls`` loaded by the caller (``logbroker.security.tls.server_tls``), None for
+    plaintext only."""
     configure_interpreter()
     metrics = Metrics(reactor)
     root = BrokerService(metrics)
@@ -464,7 +470,13 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
             acl_strict=config.accounts.acl_strict,
         ),
         guards,
+        None if tls is None else attrs.evolve(tls, on_handshake=metrics.tls_handshake),
     )
+    if tls is not None:
+        log.info(
+            "Client port TLS: {how}",
+            how="required" if tls.required else "offered beside plaintext",
+        )
     clients = ClientPortService(reactor, config, factory, prepare, metrics)
     clients.bind()
     clients.setName("clients")

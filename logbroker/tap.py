@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+from datetime import UTC, datetime
 
 from twisted.application.service import IService
 from twisted.python import usage
@@ -11,6 +12,7 @@ from twisted.python import usage
 from logbroker import exitcodes
 from logbroker.config import VARIABLES, BrokerConfig, ConfigError
 from logbroker.controlplane import ControlPlaneError
+from logbroker.security.tls import server_tls
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.store import DataDirectory
 
@@ -60,6 +62,7 @@ def makeService(options: Options) -> IService:
             env[variable] = options[flag]
     try:
         config, warnings = BrokerConfig.from_env(env)
+        tls = server_tls(config.tls, config.mode, datetime.now(UTC), warnings)
     except ConfigError as error:
         _warn(error.warnings)
         raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
@@ -76,7 +79,7 @@ def makeService(options: Options) -> IService:
     from logbroker.service import build_service
 
     try:
-        return build_service(reactor, config, data_dir)
+        return build_service(reactor, config, data_dir, tls)
     except ConfigError as error:
         raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
     except (StorageError, OSError) as error:

@@ -9,11 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import CannotListenError
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.protocols.tls import TLSMemoryBIOFactory
+from twisted.test import iosim
 
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.maintenance.periodic import PeriodicTask
@@ -26,6 +30,7 @@ from logbroker.service import (
 )
 from logbroker.storage import DataDirectory, OsFileSystem, RangeLog
 from logbroker.testing import ImmediateExecutor
+from tests.certificates import issue, make_ca, serving
 from tests.unit.storage.helpers import append_each, result_of
 
 
@@ -47,10 +52,30 @@ def test_the_broker_hands_the_gil_to_its_writer_threads_within_half_a_millisecon
     config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
     data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
 
-    root = build_service(MemoryReactorClock(), config, data_dir)
+    root = build_service(MemoryReactorClock(), config, data_dir, None)
 
     assert root.getServiceNamed("storage") is not None
     assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_SECONDS)
+
+
+@pytest.mark.usefixtures("switch_interval")
+def test_the_client_port_serves_tls_and_counts_its_handshakes(tmp_path: Path) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
+    ca = make_ca()
+    reactor = MemoryReactorClock()
+    root = build_service(reactor, config, data_dir, serving(issue(ca)))
+    [(_, factory, _, _)] = reactor.tcpServers
+    options = optionsForClientTLS("localhost", trustRoot=Certificate.loadPEM(ca.cert_pem))
+    client = TLSMemoryBIOFactory(options, True, Factory.forProtocol(Protocol), reactor)
+
+    iosim.connectedServerAndClient(
+        lambda: factory.buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000)),
+        lambda: client.buildProtocol(None),
+        clock=reactor,
+    )
+
+    assert root.metrics.snapshot().tls_handshakes == {"ok": 1, "failed": 0}
 
 
 class _NoIpv6Reactor(MemoryReactorClock):
@@ -94,7 +119,7 @@ def test_storage_recovery_reports_to_the_metrics_the_tree_exposes(
     data[-3] ^= 0xFF  # in the last record's value
     segment.write_bytes(bytes(data))
 
-    root = build_service(MemoryReactorClock(), config, data_dir)
+    root = build_service(MemoryReactorClock(), config, data_dir, None)
 
     assert len(logged_errors) == 1, "the damage is logged"
     logged_errors.clear()
