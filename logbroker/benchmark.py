@@ -29,7 +29,7 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTCP, IReactorTime
+from twisted.internet.interfaces import IOpenSSLClientConnectionCreator, IReactorTime
 from twisted.internet.protocol import ClientFactory, Protocol, connectionDone
 from twisted.internet.task import LoopingCall
 from twisted.python.failure import Failure
@@ -153,10 +153,19 @@ class _Factory(ClientFactory):
 
 
 def connect(
-    reactor: IReactorTCP, host: str, port: int, user: str, password: str
+    reactor: Any,
+    host: str,
+    port: int,
+    user: str,
+    password: str,
+    tls: IOpenSSLClientConnectionCreator | None = None,
 ) -> Deferred[_LoadConnection]:
+    """One load connection, over TLS with ``tls`` (``logbroker.client.client_tls_options``)."""
     factory = _Factory(user, password)
-    reactor.connectTCP(host, port, factory)
+    if tls is None:
+        reactor.connectTCP(host, port, factory)
+    else:
+        reactor.connectSSL(host, port, factory, tls)
     return factory.ready
 
 
@@ -172,10 +181,11 @@ async def run_produce(
     password: str,
     load: ProduceLoad,
     progress: Progress | None = None,
+    tls: IOpenSSLClientConnectionCreator | None = None,
 ) -> ProduceReport:
     """Drive ``load`` against the broker at ``host:port``; the topic must exist."""
     connections = [
-        await connect(reactor, host, port, user, password) for _ in range(load.connections)
+        await connect(reactor, host, port, user, password, tls) for _ in range(load.connections)
     ]
     driver = _ProduceDriver(reactor, connections, produce_frame(load), load)
     ticker = None
@@ -305,10 +315,16 @@ def _call(connection: _LoadConnection, frame: bytes) -> Deferred[wire.Response]:
 
 
 async def run_consume(
-    reactor: Any, host: str, port: int, user: str, password: str, topic: str
+    reactor: Any,
+    host: str,
+    port: int,
+    user: str,
+    password: str,
+    topic: str,
+    tls: IOpenSSLClientConnectionCreator | None = None,
 ) -> ConsumeReport:
     """Read ``topic`` from the start until a fetch comes back empty."""
-    connection = await connect(reactor, host, port, user, password)
+    connection = await connect(reactor, host, port, user, password, tls)
     records = value_bytes = 0
     cursor: str | None = None
     started = time.perf_counter()

@@ -12,10 +12,11 @@ import argparse
 import base64
 import json
 import os
+import ssl
 import sys
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
-from typing import Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import attrs
 
@@ -25,6 +26,9 @@ from logbroker.records import Record
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.inspect import SegmentReport, verify_data_directory
 from logbroker.wire import ProtocolViolation
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
 
 DEFAULT_PORT = 4040
 DEFAULT_SERVER = f"localhost:{DEFAULT_PORT}"
@@ -143,6 +147,18 @@ def _bounded(low: int, high: int | None = None) -> Callable[[str], int]:
 
     parse.__name__ = "integer"
     return parse
+
+
+def _cafile(path: str) -> str:
+    """A file of PEM CA certificates, loaded once here so that a bad one is a usage error."""
+    try:
+        ssl.create_default_context(cafile=path)
+    except (OSError, ValueError) as error:
+        detail = error.strerror if isinstance(error, OSError) and error.strerror else error
+        raise argparse.ArgumentTypeError(
+            f"cannot load CA certificates from {path}: {detail}"
+        ) from None
+    return path
 
 
 def _permissions(text: str) -> tuple[str, ...]:
@@ -345,6 +361,8 @@ _HINTS = {
     f"{PASSWORD_VARIABLE})",
     "permission_denied": "an admin can grant it with `logbroker user` or `logbroker acl`",
     "no_such_topic": "create it with `logbroker topic create`",
+    "tls_required": "the broker takes TLS only: pass --tls (and --cafile PEM unless its"
+    " certificate's CA is one this system trusts)",
 }
 
 
@@ -386,6 +404,7 @@ def _bench_produce(args: argparse.Namespace, client: BlockingClient) -> int:
                 args.bench_password,
                 load,
                 progress if live else None,
+                tls=_bench_tls(args),
             )
         )
 
@@ -419,7 +438,13 @@ def _bench_consume(args: argparse.Namespace, client: BlockingClient) -> int:
         server: Server = args.server
         reports.append(
             await run_consume(
-                reactor, server.host, server.port, args.bench_user, args.bench_password, args.topic
+                reactor,
+                server.host,
+                server.port,
+                args.bench_user,
+                args.bench_password,
+                args.topic,
+                tls=_bench_tls(args),
             )
         )
 
@@ -430,6 +455,14 @@ def _bench_consume(args: argparse.Namespace, client: BlockingClient) -> int:
         f"records/s {report.records_per_second:,.0f}  MB/s {report.megabytes_per_second:.1f}"
     )
     return exitcodes.OK
+
+
+def _bench_tls(args: argparse.Namespace) -> IOpenSSLClientConnectionCreator | None:
+    """The benchmark connections' TLS: the same as the command's own connection."""
+    from logbroker.client import client_tls_options
+
+    server: Server = args.server
+    return client_tls_options(server.host, args.cafile) if args.tls else None
 
 
 def _ensure_topic(client: BlockingClient, topic: str) -> None:
@@ -479,14 +512,27 @@ def _credentials(args: argparse.Namespace, parser: argparse.ArgumentParser) -> t
 
 def _run_client_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     user, password = _credentials(args, parser)
+    if args.cafile is not None and not args.tls:
+        parser.error("--cafile is only used with --tls: pass --tls too")
     # The benchmarks open connections of their own with the same credentials.
     args.bench_user, args.bench_password = user, password
     server: Server = args.server
     action = args.action.format(**vars(args))
     try:
-        client = BlockingClient.connect(server.host, server.port, user, password)
+        client = BlockingClient.connect(
+            server.host, server.port, user, password, tls=args.tls, cafile=args.cafile
+        )
     except BrokerRefused as refused:
         return _refused(refused, f"log in as {user!r} on {server}")
+    except ssl.SSLError as error:
+        if isinstance(error, ssl.SSLCertVerificationError):
+            detail = f"its certificate did not verify: {error.verify_message}"
+        else:
+            detail = str(error.reason or error)
+        return _fail(
+            f"TLS with {server} failed, {detail} (does the broker offer TLS? is its certificate"
+            f" for {server.host}, signed by a CA of --cafile?)"
+        )
     except OSError as error:
         return _fail(
             f"cannot connect to {server}: {error.strerror or error} "
@@ -539,6 +585,19 @@ def _connection_options(
             default=default(None),
             help=f"the user's password (default ${PASSWORD_VARIABLE})",
         )
+    parser.add_argument(
+        "--tls",
+        action="store_true",
+        default=default(False),
+        help="connect over TLS, checking that the broker's certificate names HOST",
+    )
+    parser.add_argument(
+        "--cafile",
+        type=_cafile,
+        default=default(None),
+        metavar="PEM",
+        help="with --tls, trust the CA certificates in PEM (default: the system's)",
+    )
 
 
 def _client_command(

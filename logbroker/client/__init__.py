@@ -6,6 +6,10 @@
   connected, with backoff.
 - ``logbroker.client.blocking.BlockingClient``: one socket, one request at a time, for scripts.
 
+Each connects over TLS on request (``tls=True``, or ``tls_hostname`` where an endpoint is given),
+checking the broker's certificate against ``cafile`` or the system's CAs and its name against the
+host; ``client_tls_options`` is the Twisted clients' TLS, for endpoints of your own.
+
 Both kinds raise (or fail with) ``BrokerRefused`` carrying the broker's reason, and
 ``ConnectionClosed`` when the connection goes.
 """
@@ -20,6 +24,7 @@ from logbroker.client._protocol import (
     connect_endpoint,
 )
 from logbroker.client._reconnecting import ReconnectingClient
+from logbroker.client._tls import client_tls_options
 
 __all__ = [
     "MAX_RESPONSE_SIZE",
@@ -29,6 +34,7 @@ __all__ = [
     "OnRecords",
     "ReconnectingClient",
     "Subscription",
+    "client_tls_options",
     "connect",
     "connect_endpoint",
 ]

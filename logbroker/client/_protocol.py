@@ -26,7 +26,7 @@ from typing import Any, TypeVar, cast
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.interfaces import IAddress, IStreamClientEndpoint
+from twisted.internet.interfaces import IAddress, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -34,6 +34,7 @@ from twisted.python.failure import Failure
 from logbroker import wire
 from logbroker._tcp import no_delay
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
+from logbroker.client._tls import secured
 from logbroker.records import Record
 
 log = Logger()
@@ -474,9 +475,17 @@ def connect_endpoint(
     user: str,
     password: str,
     max_frame_size: int = MAX_RESPONSE_SIZE,
+    *,
+    tls_hostname: str | None = None,
+    cafile: str | None = None,
+    clock: IReactorTime | None = None,
 ) -> Deferred[BrokerClient]:
-    """Connect through ``endpoint`` (TCP, TLS, ...) and log in; fires with the client."""
+    """Connect through ``endpoint`` and log in; fires with the client. With ``tls_hostname``,
+    over TLS to a broker whose certificate names that host and is signed by a CA of ``cafile``
+    (PEM; default: the system's trusted CAs); ``clock`` runs the TLS layer's write coalescing
+    (default: the global reactor)."""
     client = BrokerClient((user, password), max_frame_size)
+    endpoint = secured(endpoint, tls_hostname, cafile, clock)
     connected = cast("Deferred[Any]", endpoint.connect(_OneClient(client)))
     return connected.addCallback(lambda _: client.ready())
 
@@ -488,7 +497,19 @@ def connect(
     user: str,
     password: str,
     timeout: float = 30.0,
+    *,
+    tls: bool = False,
+    cafile: str | None = None,
 ) -> Deferred[BrokerClient]:
-    """Connect to ``host:port`` over TCP and log in; fires with the client, or fails with
-    ``BrokerRefused`` (``invalid_credentials``) or the connection error."""
-    return connect_endpoint(HostnameEndpoint(reactor, host, port, timeout=timeout), user, password)
+    """Connect to ``host:port`` over TCP, or TLS with ``tls`` (the broker's certificate must
+    name ``host`` and be signed by a CA of ``cafile``, else of the system), and log in; fires
+    with the client, or fails with ``BrokerRefused`` (``invalid_credentials``,
+    ``tls_required``) or the connection's error."""
+    return connect_endpoint(
+        HostnameEndpoint(reactor, host, port, timeout=timeout),
+        user,
+        password,
+        tls_hostname=host if tls else None,
+        cafile=cafile,
+        clock=reactor,
+    )

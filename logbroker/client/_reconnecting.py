@@ -25,6 +25,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.client._protocol import MAX_RESPONSE_SIZE, BrokerClient
+from logbroker.client._tls import secured
 
 log = Logger()
 
@@ -40,6 +41,8 @@ class ReconnectingClient(ClientService):
 
     ``retry_policy`` maps the number of failed attempts in a row to the seconds to wait
     (default ``backoffPolicy()``: 1 s growing by 1.5x to 60 s, plus up to 1 s of jitter).
+    With ``tls_hostname``, every connection is TLS to a broker whose certificate names that
+    host and is signed by a CA of ``cafile`` (PEM; default: the system's trusted CAs).
     """
 
     def __init__(
@@ -52,6 +55,8 @@ class ReconnectingClient(ClientService):
         retry_policy: Callable[[int], float] | None = None,
         on_ready: Callable[[BrokerClient], object] | None = None,
         max_frame_size: int = MAX_RESPONSE_SIZE,
+        tls_hostname: str | None = None,
+        cafile: str | None = None,
     ) -> None:
         self._credentials = (user, password)
         self._max_frame_size = max_frame_size
@@ -60,7 +65,7 @@ class ReconnectingClient(ClientService):
         #: Connections in a row that closed, or were refused, before their login succeeded.
         self.failed_logins = 0
         super().__init__(
-            endpoint,
+            secured(endpoint, tls_hostname, cafile, clock),
             _ClientFactory(self),
             retryPolicy=lambda attempt: self._policy(attempt + self.failed_logins),
             clock=clock,

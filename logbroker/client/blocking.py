@@ -1,6 +1,6 @@
 """A small blocking client for scripts and tools, on the same codec as the broker.
 
-One request at a time over one socket::
+One request at a time over one socket (TLS with ``tls=True``)::
 
     from logbroker.client.blocking import BlockingClient
     from logbroker.records import Record
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import socket
+import ssl
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
@@ -39,12 +40,34 @@ class BlockingClient:
 
     @classmethod
     def connect(
-        cls, host: str, port: int, user: str, password: str, timeout: float | None = 60.0
+        cls,
+        host: str,
+        port: int,
+        user: str,
+        password: str,
+        timeout: float | None = 60.0,
+        *,
+        tls: bool = False,
+        cafile: str | None = None,
     ) -> BlockingClient:
-        """Connect and authenticate (raises ``BrokerRefused`` on bad credentials)."""
+        """Connect and authenticate (raises ``BrokerRefused`` on bad credentials). With
+        ``tls``, over TLS 1.2 or later to a broker whose certificate names ``host`` and is
+        signed by a CA of ``cafile`` (PEM; default: the system's trusted CAs); a failed
+        handshake raises ``ssl.SSLError``."""
+        if cafile is not None and not tls:
+            # Silently plaintext would be the worst reading of a CA file given without TLS.
+            raise ValueError("cafile is only used with tls=True")
+        # Before connecting: an unreadable CA file is not the broker's fault.
+        context = ssl.create_default_context(cafile=cafile) if tls else None
         sock = socket.create_connection((host, port), timeout=timeout)
         # Requests go out at once rather than waiting on the previous one's acknowledgement.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if context is not None:
+            try:
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except BaseException:
+                sock.close()
+                raise
         client = cls(sock)
         try:
             client.auth(user, password)

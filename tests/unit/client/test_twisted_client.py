@@ -4,14 +4,18 @@ protocol through ``iosim``, and its reconnecting service on a Clock."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import pytest
 from argon2 import PasswordHasher
 from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.error import ConnectionDone, ConnectionLost
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
+from twisted.internet.protocol import Factory
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 from twisted.test import iosim
 from zope.interface import implementer
@@ -24,11 +28,14 @@ from logbroker.client import (
     ConnectionClosed,
     ReconnectingClient,
     Subscription,
+    client_tls_options,
+    connect_endpoint,
 )
 from logbroker.records import Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.testing import ImmediateExecutor
+from tests.certificates import issue, make_ca, serving, write
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
 from tests.unit.storage.helpers import failure_of, result_of
@@ -480,6 +487,125 @@ def test_wrong_credentials_against_the_server_protocol() -> None:
 
     assert isinstance(refused, BrokerRefused)
     assert refused.reason == "invalid_credentials"
+
+
+# -- over TLS, against the real server protocol --------------------------------------------
+
+
+@implementer(IStreamClientEndpoint)
+class PumpedEndpoint:
+    """Connects each client protocol to one the server factory builds, through ``iosim``."""
+
+    def __init__(self, server: ClientFactory, clock: Clock) -> None:
+        self._server = server
+        self.clock = clock
+        self.pumps: list[iosim.IOPump] = []
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        client = factory.buildProtocol(None)
+        server = self._server.buildProtocol(None)
+        assert client is not None
+        self.pumps.append(
+            iosim.connect(
+                server,
+                iosim.makeFakeServer(server),
+                client,
+                iosim.makeFakeClient(client),
+                greet=False,
+                clock=self.clock,
+            )
+        )
+        return succeed(client)
+
+    def flush(self) -> None:
+        self.pumps[-1].flush()
+
+
+def tls_broker(tmp_path: Path) -> tuple[PumpedEndpoint, str, list[str]]:
+    """An endpoint to a broker that requires TLS, the CA file its certificate verifies with
+    and the outcomes of its handshakes."""
+    clock = Clock()
+    broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=2))
+    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
+    result_of(seed_accounts(users, "dev", {}))
+    ca = make_ca()
+    outcomes: list[str] = []
+    tls = serving(issue(ca), required=True, on_handshake=outcomes.append)
+    factory = ClientFactory(broker, users, clock, ProtocolSettings(), make_guards(clock), tls)
+    return PumpedEndpoint(factory, clock), write(tmp_path / "ca.pem", ca.cert_pem), outcomes
+
+
+def test_produce_and_fetch_over_tls_against_the_server_protocol(tmp_path: Path) -> None:
+    endpoint, ca_file, outcomes = tls_broker(tmp_path)
+
+    connecting = connect_endpoint(
+        endpoint, "app", "app123", tls_hostname="localhost", cafile=ca_file, clock=endpoint.clock
+    )
+    endpoint.flush()
+    client = result_of(connecting)
+    settled(endpoint.pumps[-1], client.create_topic("t"))
+    records = [Record(bytes([i]), key=b"k", timestamp_ms=i) for i in range(3)]
+
+    assert settled(endpoint.pumps[-1], client.produce("t", records)) == 3
+    assert settled(endpoint.pumps[-1], client.fetch("t")).records == tuple(records)
+    assert outcomes == ["ok"]
+
+
+def test_a_tls_connection_the_server_closes_is_closed(tmp_path: Path) -> None:
+    # The server protocol is its connection's producer for as long as it lives, which must not
+    # keep the TLS layer from closing the connection.
+    endpoint, ca_file, _ = tls_broker(tmp_path)
+    client = BrokerClient()
+    connecting = endpoint.connect(
+        TLSMemoryBIOFactory(
+            client_tls_options("localhost", ca_file), True, _Only(client), endpoint.clock
+        )
+    )
+    endpoint.flush()
+    assert result_of(connecting) is not None
+
+    listing = client.list_topics()  # not a login: refused, then closed
+    endpoint.flush()
+
+    refused = failure_of(listing).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "auth_required"
+    assert client.transport is None  # connectionLost has run
+
+
+def test_the_reconnecting_service_connects_over_tls(tmp_path: Path) -> None:
+    endpoint, ca_file, outcomes = tls_broker(tmp_path)
+    service = ReconnectingClient(
+        endpoint, "app", "app123", clock=endpoint.clock, tls_hostname="localhost", cafile=ca_file
+    )
+    service.startService()
+    ready = service.when_ready()
+    endpoint.flush()
+
+    client = result_of(ready)
+
+    assert settled(endpoint.pumps[-1], client.list_topics()) == []
+    assert outcomes == ["ok"]
+    service.stopService()
+    endpoint.flush()
+
+
+def test_a_ca_file_without_tls_is_refused_rather_than_ignored(tmp_path: Path) -> None:
+    endpoint, ca_file, _ = tls_broker(tmp_path)
+
+    with pytest.raises(ValueError, match="cafile is only used with TLS"):
+        connect_endpoint(endpoint, "app", "app123", cafile=ca_file)
+    with pytest.raises(ValueError, match="cafile is only used with TLS"):
+        ReconnectingClient(endpoint, "app", "app123", cafile=ca_file)
+    assert endpoint.pumps == []
+
+
+class _Only(Factory):
+    def __init__(self, protocol: BrokerClient) -> None:
+        self._protocol = protocol
+
+    def buildProtocol(self, addr: object) -> BrokerClient:
+        return self._protocol
 
 
 # -- the reconnecting service --------------------------------------------------------------
