@@ -6,11 +6,15 @@ Start order. Before the reactor runs (``build_service``): every range log is rec
 control plane is loaded, so a broker whose data cannot be read never serves; the client port is
 bound (a port in use stops the boot with status 2 naming ``SVC_TCP_PORT``) but does not accept
 yet. Once the reactor runs: the writer threads start, the standard accounts are seeded, every
-range the control plane knows is opened, and only then are clients accepted.
+range the control plane knows is opened, and only then are clients accepted (``svc_ready`` 1).
 
-Stop order is the reverse: the client port stops accepting and its connections drain (requests
-in flight are answered, or failed after a grace period), then the control plane flushes, and the
-store closes last, after every queued append has been flushed and fsynced.
+Stop order is the reverse: the client port stops accepting (``svc_ready`` 0) and its connections
+drain (requests in flight are answered, or failed after a grace period), the periodic tasks end
+their runs in progress, then the control plane flushes, and the store closes last, after every
+queued append has been flushed and fsynced.
+
+One ``Metrics`` holds every series; the range logs, the broker and the periodic tasks feed it,
+and ``BrokerService.metrics`` hands it to whatever serves it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.controlplane import LocalControlPlane
+from logbroker.maintenance.periodic import PeriodicTask
+from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.connections import ConnectionRegistry
 from logbroker.security.ratelimit import Action, RateLimiter
@@ -49,6 +55,7 @@ from logbroker.storage import (
     RangeLog,
     ThreadPoolExecutor,
 )
+from logbroker.wire import Reason
 
 log = Logger()
 
@@ -58,6 +65,8 @@ log = Logger()
 #: reactor work (encoding, acknowledging) left the disk idle for a quarter of the time at batch
 #: 1000. At 0.5 ms the wait is bounded well below one fsync. See bench/RESULTS.md.
 GIL_SWITCH_INTERVAL_SECONDS = 0.0005
+#: How often the reactor-lag probe runs.
+REACTOR_LAG_INTERVAL_SECONDS = 1.0
 
 
 def configure_interpreter() -> None:
@@ -67,7 +76,8 @@ def configure_interpreter() -> None:
 
 
 class StorageService(Service):
-    """Owns the writer threads and every open range log of the data directory."""
+    """Owns the writer threads and every open range log of the data directory; the logs report
+    integrity events and flushes to ``metrics``."""
 
     def __init__(
         self,
@@ -75,11 +85,13 @@ class StorageService(Service):
         data_dir: DataDirectory,
         fs: FileSystem,
         log_config: LogConfig,
+        metrics: Metrics,
     ) -> None:
         self._reactor = reactor
         self._data_dir = data_dir
         self._fs = fs
         self._log_config = log_config
+        self._metrics = metrics
         self._executor = ThreadPoolExecutor(reactor)
         self.logs: dict[str, RangeLog] = {}
 
@@ -99,6 +111,8 @@ class StorageService(Service):
                 clock=self._reactor,
                 executor=self._executor,
                 config=self._log_config,
+                on_integrity_event=self._metrics.integrity_event,
+                on_flushed=self._metrics.flushed,
             )
         log.info(
             "Storage recovered in {path}: {ranges} ranges in {seconds:.3f} s",
@@ -120,6 +134,8 @@ class StorageService(Service):
             clock=self._reactor,
             executor=self._executor,
             config=self._log_config,
+            on_integrity_event=self._metrics.integrity_event,
+            on_flushed=self._metrics.flushed,
         ).addCallback(opened)
 
     def startService(self) -> None:
@@ -189,7 +205,8 @@ def _no_ipv6(error: CannotListenError) -> bool:
 
 
 class ClientPortService(Service):
-    """The client port: bound at build time, accepting once the broker is ready."""
+    """The client port: bound at build time, accepting once the broker is ready (``svc_ready``
+    is 1 from then until it stops)."""
 
     def __init__(
         self,
@@ -197,11 +214,13 @@ class ClientPortService(Service):
         config: BrokerConfig,
         factory: ClientFactory,
         prepare: Callable[[], Deferred[None]],
+        metrics: Metrics,
     ) -> None:
         self._reactor = reactor
         self._config = config
         self._factory = factory
         self._prepare = prepare
+        self._metrics = metrics
         self._port: IListeningPort | None = None
 
     def bind(self) -> None:
@@ -225,6 +244,7 @@ class ClientPortService(Service):
         assert self._port is not None
         if IReadDescriptor.providedBy(self._port):
             self._reactor.addReader(self._port)
+        self._metrics.set_ready(True)
         address = self._port.getHost()
         assert isinstance(address, IPv4Address | IPv6Address)
         log.info(
@@ -242,6 +262,7 @@ class ClientPortService(Service):
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
+        self._metrics.set_ready(False)
         stopped = maybeDeferred(self._port.stopListening) if self._port else succeed(None)
         return stopped.addCallback(
             lambda _: self._factory.drain(self._reactor, DRAIN_GRACE_SECONDS)
@@ -260,6 +281,14 @@ class OrderedServices(MultiService):
     async def _stop_in_reverse(self) -> None:
         for service in reversed(list(self)):
             await maybeDeferred(service.stopService)
+
+
+class BrokerService(OrderedServices):
+    """The whole broker's service tree, and its ``metrics`` (for the dashboard to serve)."""
+
+    def __init__(self, metrics: Metrics) -> None:
+        super().__init__()
+        self.metrics = metrics
 
 
 class StopOnSigterm(Service):
@@ -287,11 +316,24 @@ class StopOnSigterm(Service):
             self._reactor.stop()
 
 
-def build_guards(config: BrokerConfig, clock: Any) -> Guards:
-    """The connection registry, the rate limiter and the session store, from the config."""
+#: The ``limit`` label of ``svc_connection_limit_blocks_total`` for each refusal.
+_CONNECTION_LIMITS = {
+    Reason.CONNECTION_LIMIT_EXCEEDED: "per_ip",
+    Reason.GLOBAL_LIMIT_EXCEEDED: "global",
+}
+
+
+def build_guards(config: BrokerConfig, clock: Any, metrics: Metrics) -> Guards:
+    """The connection registry, the rate limiter and the session store, from the config,
+    counting what they refuse in ``metrics``."""
     limits = config.rate_limits
+    connections = ConnectionRegistry(
+        config.connection_limits,
+        on_refused=lambda reason: metrics.connection_refused(_CONNECTION_LIMITS[reason]),
+    )
+    metrics.watch_connections(lambda: connections.total)
     return Guards(
-        connections=ConnectionRegistry(config.connection_limits),
+        connections=connections,
         limiter=RateLimiter(
             {
                 Action.AUTH: limits.auth,
@@ -301,22 +343,30 @@ def build_guards(config: BrokerConfig, clock: Any) -> Guards:
             },
             enabled=limits.enabled,
             clock=clock,
+            on_blocked=lambda action, identifier: metrics.rate_limit_blocked(action),
         ),
-        sessions=SessionStore(clock, config.dashboard.session_timeout_sec),
+        sessions=SessionStore(
+            clock,
+            config.dashboard.session_timeout_sec,
+            on_expired=metrics.session_expired,
+            on_hijack=metrics.session_hijack_attempt,
+        ),
+        on_auth=metrics.auth_attempt,
     )
 
 
-def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> MultiService:
+def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> BrokerService:
     """Build the service tree: recover storage, load the control plane and bind the client
     port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
     plane's errors) and ``ConfigError`` when the client port cannot be bound. ``data_dir`` is
     ``config.storage.data_dir`` already opened (and locked) by the caller."""
     configure_interpreter()
-    root = OrderedServices()
+    metrics = Metrics(reactor)
+    root = BrokerService(metrics)
     # First, so that its handler is in place before anything reports being ready.
     StopOnSigterm(reactor).setServiceParent(root)
     fs = OsFileSystem()
-    storage = StorageService(reactor, data_dir, fs, config.storage.log)
+    storage = StorageService(reactor, data_dir, fs, config.storage.log, metrics)
     storage.recover()
     storage.setName("storage")
     storage.setServiceParent(root)
@@ -326,6 +376,20 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
     control_service = ControlPlaneService(control)
     control_service.setName("control-plane")
     control_service.setServiceParent(root)
+    metrics.watch(control, storage)
+
+    lag = PeriodicTask(
+        "reactor_lag",
+        REACTOR_LAG_INTERVAL_SECONDS,
+        ReactorLagProbe(reactor, metrics.reactor_lag),
+        reactor,
+        metrics=metrics,
+        # The first probe after one interval: a probe run before the reactor runs would
+        # measure the rest of the start-up as lag.
+        now=False,
+    )
+    lag.setName("reactor-lag")
+    lag.setServiceParent(root)
 
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.
@@ -339,6 +403,7 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
             initial_ranges=config.topics.initial_ranges,
             group_session_timeout_ms=config.topics.group_session_timeout_ms,
         ),
+        metrics,
     )
     accounts = config.accounts
     passwords = {
@@ -363,9 +428,9 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
             max_frame_size=config.server.max_frame_size,
             acl_strict=config.accounts.acl_strict,
         ),
-        build_guards(config, reactor),
+        build_guards(config, reactor, metrics),
     )
-    clients = ClientPortService(reactor, config, factory, prepare)
+    clients = ClientPortService(reactor, config, factory, prepare, metrics)
     clients.bind()
     clients.setName("clients")
     clients.setServiceParent(root)

@@ -29,6 +29,7 @@ from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.groups import Group
 from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
+from logbroker.metrics import Metrics
 from logbroker.records import Record
 from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
 from logbroker.wire.errors import Reason
@@ -99,11 +100,13 @@ class Broker:
         storage: RangeLogs,
         clock: IReactorTime,
         settings: BrokerSettings | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._control = control_plane
         self._storage = storage
         self._clock = clock
         self._settings = settings or BrokerSettings()
+        self._metrics = metrics or Metrics(clock)
         self._keyless_turn: dict[str, itertools.count[int]] = {}
         self._read_turn: dict[str, itertools.count[int]] = {}
         self._waiters: dict[str, set[_Wakeup]] = {}
@@ -194,11 +197,17 @@ class Broker:
             return succeed(0)
         appends = [self._append(logs[range_id], range_id, b) for range_id, b in routed.items()]
         stored = gatherResults(appends, consumeErrors=True).addCallbacks(
-            lambda _: len(records), _first_error
+            lambda _: self._produced(topic.name, records), _first_error
         )
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
         return _detached(stored)
+
+    def _produced(self, topic: str, records: Sequence[Record]) -> int:
+        """Count an acknowledged produce; its record count is the reply."""
+        size = sum(len(record.value) + len(record.key or b"") for record in records)
+        self._metrics.produced(topic, len(records), size)
+        return len(records)
 
     def _route(self, topic: Topic, records: Sequence[Record]) -> dict[str, list[Record]]:
         active = sorted(
@@ -354,6 +363,8 @@ class Broker:
                 if count >= limit or budget <= 0:
                     break
             next_positions[range_id] = offset
+        if count:
+            self._metrics.consumed(topic, count, MAX_FETCH_BYTES - budget)
         return FetchResult(tuple(parts), count, Cursor(next_positions).encode())
 
     # -- long poll -----------------------------------------------------------------------

@@ -21,7 +21,7 @@ from logbroker.storage.errors import (
     SegmentStateError,
     StorageError,
 )
-from logbroker.storage.log import Appended, BatchSlice, LogConfig, RangeLog
+from logbroker.storage.log import Appended, BatchSlice, Flush, LogConfig, RangeLog
 from logbroker.storage.store import DataDirectory
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "DataDirectory",
     "Executor",
     "FileSystem",
+    "Flush",
     "FormatTooNewError",
     "IntegrityEvent",
     "InvalidBatchError",

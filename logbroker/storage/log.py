@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import bisect
 import posixpath
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
@@ -133,6 +134,17 @@ class BatchSlice:
 
 
 @attrs.frozen
+class Flush:
+    """One write and fsync of queued appends, as ``on_flushed`` hears of it."""
+
+    records: int
+    #: How long the writer thread took over the job (the write, the fsync, and a seal before
+    #: them when the segment rolled), on its monotonic clock: disk time, without the wait for
+    #: a free writer thread or for the reactor to take the result.
+    seconds: float
+
+
+@attrs.frozen
 class Appended:
     """Where an acknowledged (durable) append landed."""
 
@@ -208,10 +220,12 @@ def _write_job(
     writer: AppendFile | None,
     new_segment: bool,
     data: bytes,
-) -> AppendFile:
+) -> tuple[AppendFile, float]:
     """Append ``data`` to the segment at ``path`` (sealing the previous one first, if planned)
-    and fsync it. ``writer`` is the segment's open file; without one, a new segment's file is
-    created (never an existing one reused) and a recovered segment's file is opened."""
+    and fsync it; return the file and the seconds it all took. ``writer`` is the segment's open
+    file; without one, a new segment's file is created (never an existing one reused) and a
+    recovered segment's file is opened."""
+    started = time.monotonic()
     opened = writer is None
     if seal_plan is not None:
         writer = _roll_job(fs, directory, seal_plan, path)
@@ -224,7 +238,7 @@ def _write_job(
         if opened:
             writer.close()
         raise
-    return writer
+    return writer, time.monotonic() - started
 
 
 def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
@@ -280,6 +294,7 @@ class RangeLog:
         config: LogConfig,
         on_integrity_event: Callable[[IntegrityEvent], None],
         on_sealed: Callable[[SegmentInfo], None],
+        on_flushed: Callable[[Flush], None],
         start_offset: int,
     ) -> None:
         self.directory = directory
@@ -289,6 +304,7 @@ class RangeLog:
         self._config = config
         self._on_integrity_event = on_integrity_event
         self._on_sealed = on_sealed
+        self._on_flushed = on_flushed
         #: In base-offset order; bisected by ``_base``.
         self._segments = recovered.segments
         last = self._segments[-1] if self._segments else None
@@ -339,6 +355,7 @@ class RangeLog:
         config: LogConfig | None = None,
         on_integrity_event: Callable[[IntegrityEvent], None] = lambda event: None,
         on_sealed: Callable[[SegmentInfo], None] = lambda info: None,
+        on_flushed: Callable[[Flush], None] = lambda flush: None,
         start_offset: int = 0,
     ) -> Deferred[RangeLog]:
         """Recover ``directory`` (created if missing) in a writer thread and return its log.
@@ -346,6 +363,8 @@ class RangeLog:
         ``start_offset`` is where an empty range starts; a range with segments continues
         where its last segment ends. ``on_sealed`` hears of every seal, whether ``roll`` asked
         for it or the segment reached the roll size (the control plane records them).
+        ``on_flushed`` hears of every write and fsync that completed, once per job (not per
+        append), with or without group commit.
         """
 
         def opened(recovered: RecoveredLog) -> RangeLog:
@@ -358,6 +377,7 @@ class RangeLog:
                 config=config or LogConfig(),
                 on_integrity_event=on_integrity_event,
                 on_sealed=on_sealed,
+                on_flushed=on_flushed,
                 start_offset=start_offset,
             )
 
@@ -374,6 +394,7 @@ class RangeLog:
         config: LogConfig | None = None,
         on_integrity_event: Callable[[IntegrityEvent], None] = lambda event: None,
         on_sealed: Callable[[SegmentInfo], None] = lambda info: None,
+        on_flushed: Callable[[Flush], None] = lambda flush: None,
         start_offset: int = 0,
     ) -> RangeLog:
         """Like ``open``, but recover in the calling thread: for start-up, before the reactor
@@ -387,6 +408,7 @@ class RangeLog:
             config=config or LogConfig(),
             on_integrity_event=on_integrity_event,
             on_sealed=on_sealed,
+            on_flushed=on_flushed,
             start_offset=start_offset,
         )
 
@@ -629,12 +651,14 @@ class RangeLog:
 
     def _write_done(
         self,
-        writer: AppendFile,
+        written: tuple[AppendFile, float],
         taken: list[_Append],
         target: Segment | None,
         sealing: tuple[_SealPlan, Segment, Seal] | None,
         records: int,
     ) -> None:
+        writer, seconds = written
+        self._call_hook(self._on_flushed, Flush(records, seconds))
         if sealing is not None:
             _, sealed, seal = sealing
             self._apply_seal(sealed, seal, writer)

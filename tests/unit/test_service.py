@@ -9,13 +9,24 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.error import CannotListenError
 from twisted.internet.protocol import Factory
+from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
-from logbroker.service import GIL_SWITCH_INTERVAL_SECONDS, build_service, listen_tcp
-from logbroker.storage import DataDirectory, OsFileSystem
+from logbroker.maintenance.periodic import PeriodicTask
+from logbroker.metrics import Metrics
+from logbroker.service import (
+    GIL_SWITCH_INTERVAL_SECONDS,
+    ClientPortService,
+    build_service,
+    listen_tcp,
+)
+from logbroker.storage import DataDirectory, OsFileSystem, RangeLog
+from logbroker.testing import ImmediateExecutor
+from tests.unit.storage.helpers import append_each, result_of
 
 
 @pytest.fixture
@@ -63,3 +74,60 @@ def test_an_explicit_ipv6_address_that_cannot_be_listened_on_is_a_config_error()
         listen_tcp(_NoIpv6Reactor(), 4041, Factory(), "::1", "SVC_DASHBOARD_PORT")
     assert error.value.variable == "SVC_DASHBOARD_PORT"
     assert "4041" in str(error.value)
+
+
+@pytest.mark.usefixtures("switch_interval")
+def test_storage_recovery_reports_to_the_metrics_the_tree_exposes(
+    tmp_path: Path, logged_errors: list[dict[str, Any]]
+) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    fs = OsFileSystem()
+    data_dir = DataDirectory.open(config.storage.data_dir, fs)
+    range_dir = data_dir.range_path("orders.0")
+    range_log = result_of(
+        RangeLog.open(range_dir, fs=fs, clock=Clock(), executor=ImmediateExecutor())
+    )
+    append_each(range_log, 0, 5)
+    result_of(range_log.close())
+    segment = Path(range_dir, "00000000000000000000.log")
+    data = bytearray(segment.read_bytes())
+    data[-3] ^= 0xFF  # in the last record's value
+    segment.write_bytes(bytes(data))
+
+    root = build_service(MemoryReactorClock(), config, data_dir)
+
+    assert len(logged_errors) == 1, "the damage is logged"
+    logged_errors.clear()
+    snapshot = root.metrics.snapshot()
+    assert snapshot.integrity_failures["checksum"] == 1
+    assert snapshot.storage_segments == {"active": 0, "sealed": 0, "closed": 1}
+    lag = root.getServiceNamed("reactor-lag")
+    assert isinstance(lag, PeriodicTask)
+    assert lag.task_name == "reactor_lag"
+    assert snapshot.periodic_task_failures == {"reactor_lag": 0}
+
+
+class StubFactory:
+    """What the client port service asks of its factory: nothing in flight to drain."""
+
+    def drain(self, clock: object, grace_seconds: float) -> Deferred[None]:
+        return succeed(None)
+
+
+def test_svc_ready_is_1_from_accepting_clients_until_stopping(tmp_path: Path) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    reactor = MemoryReactorClock()
+    metrics = Metrics(reactor)
+    preparing: Deferred[None] = Deferred()
+    factory: Any = StubFactory()
+    clients = ClientPortService(reactor, config, factory, lambda: preparing, metrics)
+    clients.bind()
+
+    clients.startService()
+    assert not metrics.snapshot().ready, "not before the broker is ready"
+    preparing.callback(None)
+    assert metrics.snapshot().ready
+    stopping = clients.stopService()
+
+    assert not metrics.snapshot().ready
+    result_of(stopping)

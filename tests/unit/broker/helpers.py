@@ -9,17 +9,28 @@ from twisted.internet.task import Clock
 
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.controlplane import LocalControlPlane
-from logbroker.storage import LogConfig, RangeLog
+from logbroker.metrics import Metrics
+from logbroker.storage import Executor, LogConfig, RangeLog
 from logbroker.testing import ImmediateExecutor, MemoryFileSystem
 from tests.unit.controlplane.helpers import started
 
 
 class MemoryRangeLogs:
-    """Range logs on a MemoryFileSystem, opened at once (``RangeLogs`` for the broker)."""
+    """Range logs on a MemoryFileSystem (``RangeLogs`` for the broker), opened at once unless
+    an executor that holds jobs is given; they report to ``metrics`` as the broker's storage
+    service makes them do."""
 
-    def __init__(self, fs: MemoryFileSystem, clock: Clock) -> None:
+    def __init__(
+        self,
+        fs: MemoryFileSystem,
+        clock: Clock,
+        metrics: Metrics,
+        executor: Executor | None = None,
+    ) -> None:
         self._fs = fs
         self._clock = clock
+        self._metrics = metrics
+        self._executor = executor or ImmediateExecutor()
         self._logs: dict[str, RangeLog] = {}
 
     @property
@@ -35,8 +46,10 @@ class MemoryRangeLogs:
             f"/data/ranges/{name}",
             fs=self._fs,
             clock=self._clock,
-            executor=ImmediateExecutor(),
+            executor=self._executor,
             config=LogConfig(),
+            on_integrity_event=self._metrics.integrity_event,
+            on_flushed=self._metrics.flushed,
         ).addCallback(opened)
 
 
@@ -48,10 +61,14 @@ def make_broker(
 
 
 def make_broker_and_control(
-    clock: Clock | None = None, settings: BrokerSettings | None = None
+    clock: Clock | None = None,
+    settings: BrokerSettings | None = None,
+    metrics: Metrics | None = None,
+    executor: Executor | None = None,
 ) -> tuple[Broker, MemoryRangeLogs, Clock, LocalControlPlane]:
     clock = clock or Clock()
+    metrics = metrics or Metrics(clock)
     fs = MemoryFileSystem()
-    storage = MemoryRangeLogs(fs, clock)
+    storage = MemoryRangeLogs(fs, clock, metrics, executor)
     control = started(fs)
-    return Broker(control, storage, clock, settings), storage, clock, control
+    return Broker(control, storage, clock, settings, metrics), storage, clock, control

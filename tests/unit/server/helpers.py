@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from twisted.internet.interfaces import IReactorTime
 
 from logbroker.config import BrokerConfig
+from logbroker.metrics import Metrics
 from logbroker.server.protocol import Guards
 from logbroker.service import build_guards
 
@@ -14,4 +15,4 @@ from logbroker.service import build_guards
 def make_guards(clock: IReactorTime, settings: Mapping[str, str] | None = None) -> Guards:
     """Test mode's guards (limiters off) unless ``settings`` (``SVC_*``) say otherwise."""
     config, _ = BrokerConfig.from_env({"SVC_ENV": "test", **(settings or {})}, cwd="/")
-    return build_guards(config, clock)
+    return build_guards(config, clock, Metrics(clock))

@@ -7,6 +7,7 @@ when each writer job runs) and a ``Clock`` (the test decides when group-commit t
 from __future__ import annotations
 
 import posixpath
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from twisted.python.failure import Failure
 
 from logbroker.storage import (
     Appended,
+    Flush,
     LogClosedError,
     LogConfig,
     LogFailedError,
@@ -52,12 +54,22 @@ def fired(deferred: Deferred[Any]) -> list[Any]:
 class Harness:
     """A range log whose writer jobs and timers run only when the test says so."""
 
-    def __init__(self, fs: MemoryFileSystem, config: LogConfig | None = None) -> None:
+    def __init__(
+        self,
+        fs: MemoryFileSystem,
+        config: LogConfig | None = None,
+        on_flushed: Callable[[Flush], None] = lambda flush: None,
+    ) -> None:
         self.fs = fs
         self.clock = Clock()
         self.executor = ManualExecutor()
         opened = RangeLog.open(
-            RANGE_DIR, fs=fs, clock=self.clock, executor=self.executor, config=config
+            RANGE_DIR,
+            fs=fs,
+            clock=self.clock,
+            executor=self.executor,
+            config=config,
+            on_flushed=on_flushed,
         )
         self.executor.run_all()
         self.log: RangeLog = result_of(opened)
@@ -215,6 +227,38 @@ def test_group_commit_flushes_at_flush_max_records_without_waiting_for_the_timer
     h.executor.run_next()
     assert (two, one) == ([Appended(0, 2)], [Appended(2, 1)])
     assert [entry.operation for entry in h.journal_since(mark)] == ["write", "sync"]
+
+
+def test_each_write_and_fsync_is_reported_once_with_the_records_it_covered() -> None:
+    fs = MemoryFileSystem()
+    flushes: list[Flush] = []
+    config = LogConfig(group_commit=True, group_commit_interval_ms=5, flush_max_records=3)
+    h = Harness(fs, config, on_flushed=flushes.append)
+    acks = [fired(h.log.append([record(n)])) for n in range(4)]
+
+    h.executor.run_next()
+    assert [flush.records for flush in flushes] == [3], "three parked records flush at once"
+    assert acks[-1] == [], "the fourth waits for the interval"
+    h.clock.advance(0.005)
+    h.executor.run_next()
+
+    assert [flush.records for flush in flushes] == [3, 1]
+    assert all(flush.seconds >= 0 for flush in flushes)
+    assert acks == [[Appended(n, 1)] for n in range(4)]
+
+
+def test_a_failed_fsync_is_not_reported_as_a_flush(logged_errors: list[dict[str, Any]]) -> None:
+    fs = MemoryFileSystem()
+    flushes: list[Flush] = []
+    h = Harness(fs, LogConfig(group_commit=False), on_flushed=flushes.append)
+    fs.failing_syncs = 1
+
+    failed = h.log.append([record(0)])
+    h.executor.run_all()
+
+    assert failure_of(failed).check(LogFailedError)
+    assert flushes == []
+    logged_errors.clear()
 
 
 def test_appends_past_max_inflight_records_fail_at_once_and_earlier_ones_succeed() -> None:
