@@ -5,13 +5,15 @@ This is the only module (with the plugin's ``makeService``) that wires the real 
 Start order. Before the reactor runs (``build_service``): every range log is recovered and the
 control plane is loaded, so a broker whose data cannot be read never serves; the client port is
 bound (a port in use stops the boot with status 2 naming ``SVC_TCP_PORT``) but does not accept
-yet. Once the reactor runs: the writer threads start, the standard accounts are seeded, every
+yet; the dashboard port is bound too (``SVC_DASHBOARD_PORT``) and serves as soon as the reactor
+runs, so ``/health`` answers while the broker starts and ``/ready`` says when it serves. Once the
+reactor runs: the writer threads start, the standard accounts are seeded, every
 range the control plane knows is opened, and only then are clients accepted (``svc_ready`` 1).
 
-Stop order is the reverse: the client port stops accepting (``svc_ready`` 0) and its connections
-drain (requests in flight are answered, or failed after a grace period), the periodic tasks end
-their runs in progress, then the control plane flushes, and the store closes last, after every
-queued append has been flushed and fsynced.
+Stop order is the reverse: the client port stops accepting (``svc_ready`` 0, ``/ready`` 503) and
+its connections drain (requests in flight are answered, or failed after a grace period), the
+dashboard port stops, the periodic tasks end their runs in progress, then the control plane
+flushes, and the store closes last, after every queued append has been flushed and fsynced.
 
 One ``Metrics`` holds every series; the range logs, the broker and the periodic tasks feed it,
 and ``BrokerService.metrics`` hands it to whatever serves it.
@@ -39,6 +41,7 @@ from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.controlplane import LocalControlPlane
+from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.security import UserDirectory, seed_accounts
@@ -222,6 +225,8 @@ class ClientPortService(Service):
         self._prepare = prepare
         self._metrics = metrics
         self._port: IListeningPort | None = None
+        #: What the dashboard's ``/ready`` reports.
+        self.status = NodeStatus.STARTING
 
     def bind(self) -> None:
         """Listen now, before the reactor runs, but accept nothing until ``startService`` has
@@ -245,6 +250,7 @@ class ClientPortService(Service):
         if IReadDescriptor.providedBy(self._port):
             self._reactor.addReader(self._port)
         self._metrics.set_ready(True)
+        self.status = NodeStatus.READY
         address = self._port.getHost()
         assert isinstance(address, IPv4Address | IPv6Address)
         log.info(
@@ -263,10 +269,39 @@ class ClientPortService(Service):
     def stopService(self) -> Deferred[None]:
         super().stopService()
         self._metrics.set_ready(False)
+        self.status = NodeStatus.DRAINING
         stopped = maybeDeferred(self._port.stopListening) if self._port else succeed(None)
         return stopped.addCallback(
             lambda _: self._factory.drain(self._reactor, DRAIN_GRACE_SECONDS)
         )
+
+
+class DashboardService(Service):
+    """The dashboard port: bound at build time, serving from the moment the reactor runs."""
+
+    def __init__(self, reactor: Any, config: BrokerConfig, site: DashboardSite) -> None:
+        self._reactor = reactor
+        self._config = config
+        self._site = site
+        self._port: IListeningPort | None = None
+
+    def bind(self) -> None:
+        dashboard = self._config.dashboard
+        self._port = listen_tcp(
+            self._reactor, dashboard.port, self._site, dashboard.bind_host, "SVC_DASHBOARD_PORT"
+        )
+
+    def startService(self) -> None:
+        super().startService()
+        assert self._port is not None
+        address = self._port.getHost()
+        assert isinstance(address, IPv4Address | IPv6Address)
+        log.info("Dashboard listening on {host}:{port}", host=address.host, port=address.port)
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        stopped = maybeDeferred(self._port.stopListening) if self._port else succeed(None)
+        return stopped.addCallback(lambda _: None)
 
 
 class OrderedServices(MultiService):
@@ -356,9 +391,9 @@ def build_guards(config: BrokerConfig, clock: Any, metrics: Metrics) -> Guards:
 
 
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> BrokerService:
-    """Build the service tree: recover storage, load the control plane and bind the client
-    port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
-    plane's errors) and ``ConfigError`` when the client port cannot be bound. ``data_dir`` is
+    """Build the service tree: recover storage, load the control plane and bind the dashboard
+    and client ports. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the
+    control plane's errors) and ``ConfigError`` when a port cannot be bound. ``data_dir`` is
     ``config.storage.data_dir`` already opened (and locked) by the caller."""
     configure_interpreter()
     metrics = Metrics(reactor)
@@ -419,6 +454,7 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
         seeding = seed_accounts(users, config.mode.value, passwords)
         return seeding.addCallback(lambda _: broker.open())
 
+    guards = build_guards(config, reactor, metrics)
     factory = ClientFactory(
         broker,
         users,
@@ -428,9 +464,27 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
             max_frame_size=config.server.max_frame_size,
             acl_strict=config.accounts.acl_strict,
         ),
-        build_guards(config, reactor, metrics),
+        guards,
     )
     clients = ClientPortService(reactor, config, factory, prepare, metrics)
+    app = DashboardApp(
+        clock=reactor,
+        settings=config.dashboard,
+        users=users,
+        guards=guards,
+        node=BrokerNode(lambda: clients.status, broker, storage.logs),
+        metrics=metrics,
+        mode=config.mode.value,
+        # Plain HTTP until the dashboard port gets TLS: then the cookie is Secure and HSTS sent.
+        secure=False,
+    )
+    # Before the client port, so that it starts first and stops last: /ready reports the drain.
+    dashboard = DashboardService(
+        reactor, config, DashboardSite(app.app.resource(), secure=False, reactor=reactor)
+    )
+    dashboard.bind()
+    dashboard.setName("dashboard")
+    dashboard.setServiceParent(root)
     clients.bind()
     clients.setName("clients")
     clients.setServiceParent(root)
