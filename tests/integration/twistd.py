@@ -86,9 +86,10 @@ def running_broker(
     try:
         seen = wait_for_line(process, "listening for clients on", seconds=60)
         match = _LISTENING.search(seen[-1])
+        assert match is not None, "".join(seen)
         # The dashboard port serves from the start: its line comes first.
         dashboard = next(filter(None, map(_DASHBOARD.search, seen)), None)
-        assert match is not None and dashboard is not None, "".join(seen)
+        assert dashboard is not None, "".join(seen)
         yield RunningBroker(process, int(match.group(2)), int(dashboard.group(2)), seen)
     finally:
         if process.poll() is None:

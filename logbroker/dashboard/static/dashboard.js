@@ -89,21 +89,21 @@
     context.clearRect(0, 0, width, height);
     if (values.length < 2) return;
     const top = Math.max(...values, 1);
-    const step = width / (HISTORY - 1);
-    const start = width - step * (values.length - 1);
+    // Spread over the whole width from the start; once HISTORY samples are kept, it scrolls.
+    const step = width / (values.length - 1);
     const y = (value) => height - 2 * ratio - (value / top) * (height - 4 * ratio);
     const colour = getComputedStyle(canvas).color;
     context.beginPath();
     values.forEach((value, i) => {
-      const x = start + i * step;
+      const x = i * step;
       if (i === 0) context.moveTo(x, y(value));
       else context.lineTo(x, y(value));
     });
     context.strokeStyle = colour;
     context.lineWidth = 1.5 * ratio;
     context.stroke();
-    context.lineTo(start + (values.length - 1) * step, height);
-    context.lineTo(start, height);
+    context.lineTo(width, height);
+    context.lineTo(0, height);
     context.closePath();
     context.globalAlpha = 0.15;
     context.fillStyle = colour;
@@ -113,7 +113,8 @@
 
   function remember(kind, value) {
     const list = history[kind];
-    list.push(typeof value === "number" ? value : 0);
+    // No rate yet (the broker's first sample): nothing to draw, rather than a false zero.
+    if (typeof value === "number") list.push(value);
     if (list.length > HISTORY) list.shift();
     drawSpark(byId(`${kind}-history`), list);
   }
