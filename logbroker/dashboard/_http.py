@@ -5,7 +5,6 @@ port: TLS is added by wrapping it (and constructing it with ``secure=True``)."""
 from __future__ import annotations
 
 import io
-import json
 from typing import Any
 
 from twisted.logger import Logger
@@ -42,7 +41,7 @@ SECURITY_HEADERS = (
 #: Only sent over TLS: a browser that saw it refuses plain HTTP to this host for a year.
 STRICT_TRANSPORT_SECURITY = (b"Strict-Transport-Security", b"max-age=31536000")
 
-INTERNAL_ERROR_BODY = json.dumps({"s": "err", "reason": "internal_error"}).encode("ascii")
+INTERNAL_ERROR_BODY = b'{"s":"err","reason":"internal_error"}'
 
 
 class DashboardRequest(Request):
@@ -56,8 +55,8 @@ class DashboardRequest(Request):
     body_too_large = False
 
     def gotLength(self, length: int | None) -> None:
+        # In memory, whatever the declared length: more than the limit is never kept.
         self.content = io.BytesIO()
-        self.body_too_large = length is not None and length > MAX_BODY_BYTES
 
     def handleContentChunk(self, data: bytes) -> None:
         if self.body_too_large:
@@ -81,7 +80,10 @@ class DashboardRequest(Request):
         # The app answers its own errors; this is a failure outside it. The default answer
         # is HTML (with a traceback if ``displayTracebacks`` were ever turned on).
         log.failure(
-            "Dashboard request {method} {path} failed", reason, method=self.method, path=self.path
+            "Dashboard request {method} {path} failed",
+            reason,
+            method=self.method.decode("ascii", "replace"),
+            path=self.path.decode("ascii", "replace"),
         )
         self.setResponseCode(500)
         self.setHeader(b"Content-Type", JSON_CONTENT_TYPE)

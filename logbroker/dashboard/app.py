@@ -43,7 +43,7 @@ from logbroker.controlplane import (
     UserExistsError,
     UserNotFoundError,
 )
-from logbroker.dashboard._http import JSON_CONTENT_TYPE, DashboardRequest
+from logbroker.dashboard._http import JSON_CONTENT_TYPE, MAX_BODY_BYTES, DashboardRequest
 from logbroker.dashboard.payload import (
     NodeStatus,
     RateMeter,
@@ -222,7 +222,9 @@ def _json_body(request: IRequest) -> dict[str, Any]:
     JSON, or not a JSON object."""
     ours = _ours(request)
     if ours.body_too_large:
-        raise BodyTooLarge("body_too_large", "the request body is larger than 64 KiB")
+        raise BodyTooLarge(
+            "body_too_large", f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB"
+        )
     declared = request.getHeader(b"content-type") or b""
     if declared.partition(b";")[0].strip().lower() != JSON_CONTENT_TYPE:
         # A page on another site can send a form or text/plain here without asking; JSON it
@@ -501,11 +503,10 @@ class DashboardApp:
 
     # -- users and ACLs (admin) ------------------------------------------------------------------
 
-    def _existing(self, name: str) -> User:
-        user = self._users.user(name)
-        if user is None:
+    def _check_exists(self, name: str) -> None:
+        # Listing or revoking grants would otherwise answer an unknown user like a known one.
+        if self._users.user(name) is None:
             raise UserNotFoundError(f"user {name!r} does not exist")
-        return user
 
     @app.route("/users", methods=["GET"])
     def list_users(self, request: IRequest) -> bytes:
@@ -543,7 +544,7 @@ class DashboardApp:
     @app.route("/users/<name>/acls", methods=["GET"])
     def list_acls(self, request: IRequest, name: str) -> bytes:
         self._admin(request)
-        self._existing(name)
+        self._check_exists(name)
         grants = [
             {"operation": grant.operation, "pattern": grant.pattern}
             for grant in sorted(
@@ -574,7 +575,7 @@ class DashboardApp:
     @app.route("/users/<name>/acls", methods=["DELETE"])
     async def revoke_acl(self, request: IRequest, name: str) -> bytes:
         admin = self._admin(request)
-        self._existing(name)
+        self._check_exists(name)
         if _has_body(request):
             body = _json_body(request)
             operation, pattern = _text(body, "operation"), _text(body, "pattern")

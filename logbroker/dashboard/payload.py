@@ -44,7 +44,7 @@ _K = TypeVar("_K", bound=Hashable)
 #: that the page follows a change within a few polls.
 RATE_WINDOW_SECONDS = 5.0
 #: Samples closer together than this are not kept (several viewers polling at once would
-#: otherwise keep one each), which bounds the samples held to the window over this.
+#: otherwise keep one each): at most two windows over this are held.
 MIN_SAMPLE_INTERVAL_SECONDS = 0.5
 
 
@@ -55,7 +55,7 @@ class RateMeter(Generic[_K]):
     sample that is at least ``window`` old (or the oldest kept one, early on) over the time
     between them. Samples older than two windows are forgotten: after nobody has looked for a
     while, the first look has no base and its rates are ``None`` rather than an average over
-    the idle time. A counter that went down (a restart) counts as no increase.
+    the idle time.
     """
 
     def __init__(
@@ -82,8 +82,7 @@ class RateMeter(Generic[_K]):
             return None
         since, before = base
         return {
-            key: max(0, value - before.get(key, 0)) / (now - since)
-            for key, value in counters.items()
+            key: (value - before.get(key, 0)) / (now - since) for key, value in counters.items()
         }
 
 

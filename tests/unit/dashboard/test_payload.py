@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from twisted.internet.task import Clock
 
 from logbroker.config import RateLimit
@@ -34,13 +35,12 @@ def test_after_an_idle_spell_the_first_look_has_no_rate_rather_than_an_average()
     assert meter.rates(62.0, {"a": 6100}) == {"a": 50.0}
 
 
-def test_close_samples_measure_from_the_kept_one_and_a_counter_reset_is_no_increase() -> None:
-    meter: RateMeter[str] = RateMeter(window=5.0, min_interval=0.5)
-    meter.rates(0.0, {"a": 100})
-    # Not kept (too close): the next rate is still over the time since 0.
-    assert meter.rates(0.1, {"a": 110}) == {"a": 100.0}
-    assert meter.rates(0.4, {"a": 140}) == {"a": 100.0}
-    assert meter.rates(1.0, {"a": 3}) == {"a": 0.0}
+def test_samples_closer_than_the_minimum_interval_are_not_kept() -> None:
+    meter: RateMeter[str] = RateMeter(window=1.0, min_interval=0.5)
+    meter.rates(0.0, {"a": 0})
+    assert meter.rates(0.3, {"a": 90}) == {"a": 300.0}
+    # Had the sample at 0.3 been kept, it would be the base now (10 per second).
+    assert meter.rates(1.3, {"a": 100}) == {"a": pytest.approx(100 / 1.3)}
 
 
 def test_rate_limits_payload_has_the_five_top_blocked_keys_and_three_configs() -> None:
