@@ -184,6 +184,13 @@ class ControlPlaneService(Service):
 DRAIN_GRACE_SECONDS = 5.0
 
 
+def host_and_port(address: object) -> str:
+    """``host:port`` of a listening address, an IPv6 host in brackets (``[::]:4040``)."""
+    assert isinstance(address, IPv4Address | IPv6Address)
+    host = f"[{address.host}]" if isinstance(address, IPv6Address) else address.host
+    return f"{host}:{address.port}"
+
+
 def listen_tcp(reactor: Any, port: int, factory: Any, host: str, variable: str) -> IListeningPort:
     """Listen on ``host:port``. ``::`` takes IPv6 and IPv4 clients on one socket (Linux makes
     IPv6 sockets dual-stack unless told otherwise); where the host has no IPv6 at all, the
@@ -251,12 +258,9 @@ class ClientPortService(Service):
             self._reactor.addReader(self._port)
         self._metrics.set_ready(True)
         self.status = NodeStatus.READY
-        address = self._port.getHost()
-        assert isinstance(address, IPv4Address | IPv6Address)
         log.info(
-            "Broker ready: listening for clients on {host}:{port}",
-            host=address.host,
-            port=address.port,
+            "Broker ready: listening for clients on {address}",
+            address=host_and_port(self._port.getHost()),
         )
 
     def _failed(self, failure: Failure) -> None:
@@ -294,9 +298,7 @@ class DashboardService(Service):
     def startService(self) -> None:
         super().startService()
         assert self._port is not None
-        address = self._port.getHost()
-        assert isinstance(address, IPv4Address | IPv6Address)
-        log.info("Dashboard listening on {host}:{port}", host=address.host, port=address.port)
+        log.info("Dashboard listening on {address}", address=host_and_port(self._port.getHost()))
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
@@ -390,6 +392,33 @@ def build_guards(config: BrokerConfig, clock: Any, metrics: Metrics) -> Guards:
     )
 
 
+def cleanup_task(
+    guards: Guards, interval_ms: int, clock: Any, metrics: Metrics | None = None
+) -> PeriodicTask:
+    """Every ``SVC_RATE_LIMIT_CLEANUP_INTERVAL`` ms, drop the rate-limit buckets that are full
+    again and the sessions that are over: without it, every address that ever tried to log in
+    would keep its bucket."""
+    return PeriodicTask(
+        "rate_limit_cleanup",
+        interval_ms / 1000,
+        lambda: _forget_expired(guards),
+        clock,
+        metrics=metrics,
+        now=False,
+    )
+
+
+def _forget_expired(guards: Guards) -> None:
+    buckets = guards.limiter.remove_expired()
+    sessions = guards.sessions.remove_expired()
+    if buckets or sessions:
+        log.debug(
+            "Forgot {buckets} rate-limit buckets and {sessions} expired sessions",
+            buckets=buckets,
+            sessions=sessions,
+        )
+
+
 def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -> BrokerService:
     """Build the service tree: recover storage, load the control plane and bind the dashboard
     and client ports. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the
@@ -455,6 +484,9 @@ def build_service(reactor: Any, config: BrokerConfig, data_dir: DataDirectory) -
         return seeding.addCallback(lambda _: broker.open())
 
     guards = build_guards(config, reactor, metrics)
+    cleanup = cleanup_task(guards, config.rate_limits.cleanup_interval_ms, reactor, metrics)
+    cleanup.setName("rate-limit-cleanup")
+    cleanup.setServiceParent(root)
     factory = ClientFactory(
         broker,
         users,

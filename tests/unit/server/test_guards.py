@@ -10,6 +10,7 @@ from logbroker.broker.core import BrokerSettings
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.ratelimit import Action
 from logbroker.server.protocol import AuthResult, Guards
+from logbroker.service import cleanup_task
 from logbroker.testing import ImmediateExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
@@ -191,3 +192,21 @@ def test_token_resumes_are_rate_limited_too() -> None:
     assert [r.reason for r in client.responses()] == ["invalid_credentials"] * 3 + [
         "rate_limit_exceeded"
     ]
+
+
+def test_expired_buckets_and_sessions_are_removed_every_cleanup_interval() -> None:
+    clock = Clock()
+    guards = make_guards(clock, {"SVC_RATE_LIMIT_ENABLED": "true"})
+    task = cleanup_task(guards, 300_000, clock)
+    task.startService()
+    guards.limiter.check("10.0.0.1", Action.AUTH)
+    session = guards.sessions.create("admin", "10.0.0.1")
+    clock.advance(299)
+    assert guards.limiter.bucket_count() == 1
+    clock.advance(1)  # 300 s: the bucket is full again (60 s window), the session lives on
+    assert guards.limiter.bucket_count() == 0
+    assert len(guards.sessions) == 1
+    clock.advance(3600)
+    assert len(guards.sessions) == 0
+    assert guards.sessions.validate(session.token, "10.0.0.1").session is None
+    task.stopService()
