@@ -5,13 +5,15 @@ This is the only module (with the plugin's ``makeService``) that wires the real 
 Start order. Before the reactor runs (``build_service``): every range log is recovered and the
 control plane is loaded, so a broker whose data cannot be read never serves; the client port is
 bound (a port in use stops the boot with status 2 naming ``SVC_TCP_PORT``) but does not accept
-yet. Once the reactor runs: the writer threads start, the standard accounts are seeded, every
+yet; the dashboard port is bound too (``SVC_DASHBOARD_PORT``) and serves as soon as the reactor
+runs, so ``/health`` answers while the broker starts and ``/ready`` says when it serves. Once the
+reactor runs: the writer threads start, the standard accounts are seeded, every
 range the control plane knows is opened, and only then are clients accepted (``svc_ready`` 1).
 
-Stop order is the reverse: the client port stops accepting (``svc_ready`` 0) and its connections
-drain (requests in flight are answered, or failed after a grace period), the periodic tasks end
-their runs in progress, then the control plane flushes, and the store closes last, after every
-queued append has been flushed and fsynced.
+Stop order is the reverse: the client port stops accepting (``svc_ready`` 0, ``/ready`` 503) and
+its connections drain (requests in flight are answered, or failed after a grace period), the
+dashboard port stops, the periodic tasks end their runs in progress, then the control plane
+flushes, and the store closes last, after every queued append has been flushed and fsynced.
 
 One ``Metrics`` holds every series; the range logs, the broker and the periodic tasks feed it,
 and ``BrokerService.metrics`` hands it to whatever serves it.
@@ -32,14 +34,16 @@ from twisted.application.service import MultiService, Service
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, maybeDeferred, succeed
 from twisted.internet.error import CannotListenError
-from twisted.internet.interfaces import IListeningPort, IReadDescriptor
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReadDescriptor
 from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
 from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.controlplane import LocalControlPlane
+from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.security import UserDirectory, seed_accounts
@@ -231,6 +235,8 @@ class ClientPortService(Service):
         self._prepare = prepare
         self._metrics = metrics
         self._port: IListeningPort | None = None
+        #: What the dashboard's ``/ready`` reports.
+        self.status = NodeStatus.STARTING
 
     def bind(self) -> None:
         """Listen now, before the reactor runs, but accept nothing until ``startService`` has
@@ -254,6 +260,7 @@ class ClientPortService(Service):
         if IReadDescriptor.providedBy(self._port):
             self._reactor.addReader(self._port)
         self._metrics.set_ready(True)
+        self.status = NodeStatus.READY
         log.info(
             "Broker ready: listening for clients on {address}",
             address=host_and_port(self._port.getHost()),
@@ -269,10 +276,41 @@ class ClientPortService(Service):
     def stopService(self) -> Deferred[None]:
         super().stopService()
         self._metrics.set_ready(False)
+        self.status = NodeStatus.DRAINING
         stopped = maybeDeferred(self._port.stopListening) if self._port else succeed(None)
         return stopped.addCallback(
             lambda _: self._factory.drain(self._reactor, DRAIN_GRACE_SECONDS)
         )
+
+
+class DashboardService(Service):
+    """The dashboard port: bound at build time, serving from the moment the reactor runs."""
+
+    def __init__(self, reactor: Any, config: BrokerConfig, site: IProtocolFactory) -> None:
+        self._reactor = reactor
+        self._config = config
+        self._site = site
+        self._port: IListeningPort | None = None
+
+    def bind(self) -> None:
+        dashboard = self._config.dashboard
+        self._port = listen_tcp(
+            self._reactor, dashboard.port, self._site, dashboard.bind_host, "SVC_DASHBOARD_PORT"
+        )
+
+    def startService(self) -> None:
+        super().startService()
+        assert self._port is not None
+        log.info(
+            "Dashboard listening on {address} ({scheme})",
+            address=host_and_port(self._port.getHost()),
+            scheme="https" if isinstance(self._site, TLSMemoryBIOFactory) else "http",
+        )
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        stopped = maybeDeferred(self._port.stopListening) if self._port else succeed(None)
+        return stopped.addCallback(lambda _: None)
 
 
 class OrderedServices(MultiService):
@@ -391,12 +429,12 @@ def _forget_expired(guards: Guards) -> None:
 def build_service(
     reactor: Any, config: BrokerConfig, data_dir: DataDirectory, tls: ServerTls | None
 ) -> BrokerService:
-    """Build the service tree: recover storage, load the control plane and bind the client
-    port. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the control
-    plane's errors) and ``ConfigError`` when the client port cannot be bound. ``data_dir`` is
+    """Build the service tree: recover storage, load the control plane and bind the dashboard
+    and client ports. Blocking; raises on recovery failure (``StorageError``, ``OSError``, the
+    control plane's errors) and ``ConfigError`` when a port cannot be bound. ``data_dir`` is
     ``config.storage.data_dir`` already opened (and locked) by the caller; ``tls`` is
     ``config.tls`` loaded by the caller (``logbroker.security.tls.server_tls``), None for
-    plaintext only."""
+    plaintext only: it serves the client port and, as HTTPS, the dashboard port."""
     configure_interpreter()
     metrics = Metrics(reactor)
     root = BrokerService(metrics)
@@ -478,6 +516,27 @@ def build_service(
             how="required" if tls.required else "offered beside plaintext",
         )
     clients = ClientPortService(reactor, config, factory, prepare, metrics)
+    app = DashboardApp(
+        clock=reactor,
+        settings=config.dashboard,
+        users=users,
+        guards=guards,
+        node=BrokerNode(lambda: clients.status, broker, storage.logs),
+        metrics=metrics,
+        mode=config.mode.value,
+        # With TLS on, the dashboard is HTTPS only: its cookie is Secure and HSTS is sent.
+        secure=tls is not None,
+    )
+    site = DashboardSite(app.app.resource(), secure=tls is not None, reactor=reactor)
+    # Before the client port, so that it starts first and stops last: /ready reports the drain.
+    dashboard = DashboardService(
+        reactor,
+        config,
+        site if tls is None else TLSMemoryBIOFactory(tls.https_options, False, site),
+    )
+    dashboard.bind()
+    dashboard.setName("dashboard")
+    dashboard.setServiceParent(root)
     clients.bind()
     clients.setName("clients")
     clients.setServiceParent(root)

@@ -115,7 +115,8 @@ VARIABLES: tuple[Variable, ...] = (
         (
             "SVC_METRICS_REQUIRE_AUTH",
             "false",
-            "`/metrics` requires a dashboard session; off so Prometheus can scrape it",
+            "`/metrics` and `/rate_limits` require a dashboard session; off so Prometheus can"
+            " scrape them",
         ),
         ("SVC_SESSION_TIMEOUT_SEC", "3600", "lifetime of a dashboard session"),
         (

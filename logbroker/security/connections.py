@@ -9,6 +9,7 @@ still counted, for the open-connections figures, but never refused.
 
 from __future__ import annotations
 
+import heapq
 import ipaddress
 from collections.abc import Callable
 
@@ -94,3 +95,7 @@ class ConnectionRegistry:
 
     def count(self, client_ip: str) -> int:
         return self._per_ip.get(client_ip, 0)
+
+    def busiest(self, count: int = 10) -> list[tuple[str, int]]:
+        """The client IPs holding the most connections, most first (ties by IP)."""
+        return heapq.nsmallest(count, self._per_ip.items(), key=lambda item: (-item[1], item[0]))

@@ -5,10 +5,14 @@ warned about in dev, and the clients' ``tls`` options (blocking, Twisted, the CL
 from __future__ import annotations
 
 import datetime
+import http.client
+import json
 import socket
 import ssl
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -391,3 +395,26 @@ def test_the_cli_says_what_to_do_about_tls(tls_required: RunningBroker, files: F
     assert b"--cafile is only used with --tls" in without_tls.stderr
     assert unreadable.returncode == 2
     assert b"cannot load CA certificates from" in unreadable.stderr
+
+
+def test_the_dashboard_is_served_over_https_with_the_same_certificate(
+    tls_required: RunningBroker, files: Files
+) -> None:
+    base = f"https://localhost:{tls_required.dashboard_port}"
+    trusted = context(files)
+    with urllib.request.urlopen(f"{base}/health", context=trusted, timeout=30) as response:
+        assert json.load(response) == {"status": "ok"}
+        assert response.headers["Strict-Transport-Security"].startswith("max-age=")
+    login = urllib.request.Request(
+        f"{base}/login",
+        data=json.dumps({"username": "admin", "password": "admin123"}).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    with urllib.request.urlopen(login, context=trusted, timeout=30) as response:
+        cookie = response.headers["Set-Cookie"]
+    assert "Secure" in cookie
+    assert "HttpOnly" in cookie
+    # Plain HTTP on the dashboard port is not served.
+    with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+        urllib.request.urlopen(f"http://127.0.0.1:{tls_required.dashboard_port}/health", timeout=30)

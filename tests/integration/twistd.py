@@ -16,6 +16,7 @@ import attrs
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 _LISTENING = re.compile(r"listening for clients on (\S+):(\d+)")
+_DASHBOARD = re.compile(r"Dashboard listening on (\S+):(\d+)")
 
 
 def broker_env(settings: Mapping[str, str]) -> dict[str, str]:
@@ -32,12 +33,12 @@ def broker_env(settings: Mapping[str, str]) -> dict[str, str]:
 def run_twistd(
     cwd: Path, *args: str, settings: Mapping[str, str] | None = None
 ) -> subprocess.Popen[str]:
-    """Start ``twistd -n logbroker`` in ``cwd``; the client port is a free one unless
-    ``settings`` names it, so tests never collide on 4040."""
+    """Start ``twistd -n logbroker`` in ``cwd``; the client and dashboard ports are free ones
+    unless ``settings`` name them, so tests never collide on 4040 and 4041."""
     return subprocess.Popen(
         [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker", *args],
         cwd=cwd,
-        env=broker_env({"SVC_TCP_PORT": "0", **(settings or {})}),
+        env=broker_env({"SVC_TCP_PORT": "0", "SVC_DASHBOARD_PORT": "0", **(settings or {})}),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -60,6 +61,7 @@ def wait_for_line(process: subprocess.Popen[str], needle: str, seconds: float = 
 class RunningBroker:
     process: subprocess.Popen[str]
     port: int
+    dashboard_port: int
     output: list[str]
 
     def stop(self) -> str:
@@ -85,7 +87,10 @@ def running_broker(
         seen = wait_for_line(process, "listening for clients on", seconds=60)
         match = _LISTENING.search(seen[-1])
         assert match is not None, "".join(seen)
-        yield RunningBroker(process, int(match.group(2)), seen)
+        # The dashboard port serves from the start: its line comes first.
+        dashboard = next(filter(None, map(_DASHBOARD.search, seen)), None)
+        assert dashboard is not None, "".join(seen)
+        yield RunningBroker(process, int(match.group(2)), int(dashboard.group(2)), seen)
     finally:
         if process.poll() is None:
             process.kill()

@@ -20,6 +20,7 @@ from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test import iosim
 
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
+from logbroker.dashboard import NodeStatus
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics
 from logbroker.service import (
@@ -65,7 +66,8 @@ def test_the_client_port_serves_tls_and_counts_its_handshakes(tmp_path: Path) ->
     ca = make_ca()
     reactor = MemoryReactorClock()
     root = build_service(reactor, config, data_dir, serving(issue(ca)))
-    [(_, factory, _, _)] = reactor.tcpServers
+    # The dashboard port first, then the client port.
+    [_, (_, factory, _, _)] = reactor.tcpServers
     options = optionsForClientTLS("localhost", trustRoot=Certificate.loadPEM(ca.cert_pem))
     client = TLSMemoryBIOFactory(options, True, Factory.forProtocol(Protocol), reactor)
 
@@ -156,3 +158,60 @@ def test_svc_ready_is_1_from_accepting_clients_until_stopping(tmp_path: Path) ->
 
     assert not metrics.snapshot().ready
     result_of(stopping)
+
+
+def test_the_client_port_reports_starting_ready_then_draining(tmp_path: Path) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    reactor = MemoryReactorClock()
+    preparing: Deferred[None] = Deferred()
+    factory: Any = StubFactory()
+    clients = ClientPortService(reactor, config, factory, lambda: preparing, Metrics(reactor))
+    clients.bind()
+
+    clients.startService()
+    seen = [clients.status]
+    preparing.callback(None)
+    seen.append(clients.status)
+    stopping = clients.stopService()
+    seen.append(clients.status)
+    result_of(stopping)
+
+    assert seen == [NodeStatus.STARTING, NodeStatus.READY, NodeStatus.DRAINING]
+
+
+class _BusyPortReactor(MemoryReactorClock):
+    """Another process holds port 4041."""
+
+    def listenTCP(self, port: int, factory: object, backlog: int = 50, interface: str = "") -> Any:
+        if port == 4041:
+            raise CannotListenError(interface, port, OSError(errno.EADDRINUSE, "in use"))
+        return super().listenTCP(port, factory, backlog, interface)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("switch_interval")
+def test_a_dashboard_port_in_use_is_a_config_error_naming_its_variable(tmp_path: Path) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
+
+    with pytest.raises(ConfigError) as error:
+        build_service(_BusyPortReactor(), config, data_dir, None)
+
+    assert error.value.variable == "SVC_DASHBOARD_PORT"
+
+
+@pytest.mark.usefixtures("switch_interval")
+def test_the_dashboard_starts_before_the_client_port_and_so_stops_after_it(
+    tmp_path: Path,
+) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
+    reactor = MemoryReactorClock()
+
+    root = build_service(reactor, config, data_dir, None)
+
+    names = [service.name for service in root]
+    assert names.index("dashboard") == names.index("clients") - 1
+    assert [(port, interface) for port, _, _, interface in reactor.tcpServers] == [
+        (4041, "::"),
+        (4040, "::"),
+    ]

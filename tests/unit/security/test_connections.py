@@ -75,3 +75,13 @@ def test_disabled_counts_but_never_refuses() -> None:
 )
 def test_client_identifiers(address: object, identifier: str) -> None:
     assert client_identifier(address) == identifier
+
+
+def test_the_busiest_ips_come_most_first_and_ties_by_ip() -> None:
+    connections, _refused = registry(per_ip=10, total=10)
+    for ip in ("b", "a", "c", "c", "b", "c"):
+        connections.acquire(ip)
+    assert connections.busiest(2) == [("c", 3), ("b", 2)]
+    connections.release("c")
+    connections.release("c")
+    assert connections.busiest() == [("b", 2), ("a", 1), ("c", 1)]

@@ -1,0 +1,592 @@
+"""The dashboard port's HTTP routes: a Klein app with injected dependencies.
+
+Health, readiness, metrics and rate-limit statistics answer anyone (``SVC_METRICS_REQUIRE_AUTH``
+puts the last two behind a session); the operator page and user management need a session.
+docs/dashboard.md documents every route, body, status and reason.
+
+Sessions are the ones the client port's ``auth`` creates (one ``SessionStore``): a token is
+presented as ``Authorization: Bearer <token>`` or in the session cookie ``POST /login`` sets.
+Every login attempt and every presented token is first checked against the ``dashboard_auth``
+rate limit of the client IP (spec, "Authentication" 2), before any password or token is looked
+at. Routes that need no session never look at a token, so they cost no rate-limit token.
+
+Every error is answered ``{"s": "err", "reason": ...}`` with the status ``ERRORS`` gives its
+kind; anything unforeseen is logged and answered 500 ``internal_error``, never with a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
+from typing import Any, Protocol
+
+import attrs
+from klein import Klein
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.iweb import IRequest
+from werkzeug.exceptions import MethodNotAllowed
+from werkzeug.exceptions import NotFound as NoSuchRoute
+
+from logbroker.broker.core import Broker
+from logbroker.config import DashboardSettings
+from logbroker.controlplane import (
+    AlreadyExistsError,
+    ControlPlaneClosedError,
+    ControlPlaneWriteError,
+    NotFoundError,
+    Topic,
+    User,
+    UserExistsError,
+    UserNotFoundError,
+)
+from logbroker.dashboard._http import JSON_CONTENT_TYPE, MAX_BODY_BYTES, DashboardRequest
+from logbroker.dashboard.payload import (
+    NodeStatus,
+    RateMeter,
+    metrics_payload,
+    rate_limits_payload,
+)
+from logbroker.metrics import Metrics
+from logbroker.security import Permission, SecurityError, UserDirectory
+from logbroker.security.connections import client_identifier
+from logbroker.security.ratelimit import Action
+from logbroker.security.sessions import Session
+from logbroker.server.protocol import Guards
+from logbroker.storage import RangeLog, SegmentInfo
+
+log = Logger()
+
+#: The session cookie. HttpOnly (no script reads it), SameSite=Strict (no other site's page
+#: can make the browser send it), Path=/ and, over TLS, Secure.
+SESSION_COOKIE = b"logbroker_session"
+
+#: What ``GET /metrics`` answers a Prometheus scrape with (``Accept: text/plain``).
+PROMETHEUS_CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
+
+#: The files under ``static/`` served at ``/static/<name>``, by suffix; the pages (``.html``)
+#: are served at ``/`` only, after the session is checked.
+ASSET_TYPES = {
+    ".css": b"text/css; charset=utf-8",
+    ".js": b"text/javascript; charset=utf-8",
+    ".svg": b"image/svg+xml",
+}
+HTML_CONTENT_TYPE = b"text/html; charset=utf-8"
+
+
+class DashboardError(Exception):
+    """An error answer: ``reason`` goes in the body, the status comes from ``ERRORS``; the
+    message, when there is one, says what was wrong in words."""
+
+    def __init__(self, reason: str, message: str = "") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class BadRequest(DashboardError):
+    pass
+
+
+class Unauthenticated(DashboardError):
+    pass
+
+
+class Forbidden(DashboardError):
+    pass
+
+
+class NotFound(DashboardError):
+    pass
+
+
+class BodyTooLarge(DashboardError):
+    pass
+
+
+class UnsupportedMediaType(DashboardError):
+    pass
+
+
+class RateLimited(DashboardError):
+    def __init__(self, retry_after_ms: int) -> None:
+        super().__init__("rate_limit_exceeded")
+        self.retry_after_ms = retry_after_ms
+
+
+#: The one table of error answers: the first row whose class the error is an instance of gives
+#: the status; the reason is the row's, else the error's own ``reason``.
+ERRORS: tuple[tuple[type[Exception], int, str | None], ...] = (
+    (BadRequest, 400, None),
+    (SecurityError, 400, None),
+    (Unauthenticated, 401, None),
+    (Forbidden, 403, None),
+    (NotFound, 404, None),
+    (UserNotFoundError, 404, None),
+    (NotFoundError, 404, None),
+    (NoSuchRoute, 404, "not_found"),
+    (MethodNotAllowed, 405, "method_not_allowed"),
+    (UserExistsError, 409, None),
+    (AlreadyExistsError, 409, None),
+    (BodyTooLarge, 413, None),
+    (UnsupportedMediaType, 415, None),
+    (RateLimited, 429, None),
+    (ControlPlaneWriteError, 503, None),
+    (ControlPlaneClosedError, 503, None),
+)
+
+#: Errors whose message is meant for whoever sent the request (bad input, in words).
+_EXPLAINED = (DashboardError, SecurityError)
+
+
+class Node(Protocol):
+    """What the dashboard shows of this node."""
+
+    @property
+    def status(self) -> NodeStatus: ...
+
+    def topics(self) -> Sequence[Topic]: ...
+
+    def segments(self) -> Mapping[str, Sequence[SegmentInfo]]:
+        """Every open range's segments, by range id."""
+        ...
+
+
+@attrs.frozen
+class BrokerNode:
+    """The ``Node`` of a running broker: its status (the client port's), topics and logs."""
+
+    _status: Callable[[], NodeStatus]
+    _broker: Broker
+    _logs: Mapping[str, RangeLog]
+
+    @property
+    def status(self) -> NodeStatus:
+        return self._status()
+
+    def topics(self) -> Sequence[Topic]:
+        return self._broker.topics()
+
+    def segments(self) -> Mapping[str, Sequence[SegmentInfo]]:
+        return {range_id: log.segments() for range_id, log in self._logs.items()}
+
+
+@attrs.frozen
+class Asset:
+    content_type: bytes
+    body: bytes
+
+
+def load_assets() -> dict[str, Asset]:
+    """The files of ``static/``, read once."""
+    folder = resources.files(__package__) / "static"
+    assets = {}
+    for entry in folder.iterdir():
+        suffix = "." + entry.name.rpartition(".")[2]
+        content_type = HTML_CONTENT_TYPE if suffix == ".html" else ASSET_TYPES.get(suffix)
+        if content_type is not None:
+            assets[entry.name] = Asset(content_type, entry.read_bytes())
+    return assets
+
+
+def _client_ip(request: IRequest) -> str:
+    return client_identifier(request.getClientAddress())
+
+
+def _answer(request: IRequest, body: object, status: int = 200) -> bytes:
+    request.setResponseCode(status)
+    request.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
+    # Answers carry state (sessions, users, counters): never from a cache.
+    request.setHeader(b"Cache-Control", b"no-store")
+    return json.dumps(body, separators=(",", ":")).encode("utf-8")
+
+
+OK = {"s": "ok"}
+
+
+def _ours(request: IRequest) -> DashboardRequest:
+    # Only the dashboard's Site bounds bodies: any other would let one grow without limit.
+    assert isinstance(request, DashboardRequest), "serve the dashboard with DashboardSite"
+    return request
+
+
+def _has_body(request: IRequest) -> bool:
+    ours = _ours(request)
+    return ours.body_too_large or bool(ours.content.getvalue())
+
+
+def _json_body(request: IRequest) -> dict[str, Any]:
+    """The request's JSON object body; 413, 415 or 400 when it is too large, not declared
+    JSON, or not a JSON object."""
+    ours = _ours(request)
+    if ours.body_too_large:
+        raise BodyTooLarge(
+            "body_too_large", f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB"
+        )
+    declared = request.getHeader(b"content-type") or b""
+    if declared.partition(b";")[0].strip().lower() != JSON_CONTENT_TYPE:
+        # A page on another site can send a form or text/plain here without asking; JSON it
+        # cannot, without a CORS preflight this port never grants.
+        raise UnsupportedMediaType(
+            "unsupported_media_type", "send the body as Content-Type: application/json"
+        )
+    try:
+        body = json.loads(ours.content.getvalue())
+    except (ValueError, RecursionError):
+        raise BadRequest("malformed_request", "the body is not JSON") from None
+    if not isinstance(body, dict):
+        raise BadRequest("malformed_request", "the body must be a JSON object")
+    return body
+
+
+def _text(body: Mapping[str, Any], field: str) -> str:
+    value = body.get(field)
+    if not isinstance(value, str):
+        raise BadRequest("malformed_request", f"{field} must be a string")
+    return value
+
+
+def _texts(body: Mapping[str, Any], field: str) -> list[str]:
+    value = body.get(field, [])
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise BadRequest("malformed_request", f"{field} must be a list of strings")
+    return value
+
+
+def _query(request: IRequest, field: str) -> str:
+    values = request.args.get(field.encode("ascii"))
+    if not values:
+        raise BadRequest("malformed_request", f"{field} is missing")
+    try:
+        return str(values[0].decode("utf-8"))
+    except UnicodeDecodeError:
+        raise BadRequest("malformed_request", f"{field} is not UTF-8") from None
+
+
+def _user_json(user: User) -> dict[str, Any]:
+    return {"username": user.name, "permissions": sorted(user.permissions)}
+
+
+def _wants_text(request: IRequest) -> bool:
+    """Whether the client asked for ``text/plain`` (Prometheus does)."""
+    accept = (request.getHeader(b"accept") or b"").decode("latin-1")
+    return any(kind.partition(";")[0].strip().lower() == "text/plain" for kind in accept.split(","))
+
+
+class DashboardApp:
+    """The routes of the dashboard port. ``secure``: served over TLS (the cookie is Secure)."""
+
+    app = Klein()
+
+    def __init__(
+        self,
+        *,
+        clock: IReactorTime,
+        settings: DashboardSettings,
+        users: UserDirectory,
+        guards: Guards,
+        node: Node,
+        metrics: Metrics,
+        mode: str,
+        secure: bool,
+    ) -> None:
+        self._clock = clock
+        self._settings = settings
+        self._users = users
+        self._guards = guards
+        self._limiter = guards.limiter
+        self._sessions = guards.sessions
+        self._node = node
+        self._metrics = metrics
+        self._mode = mode
+        self._secure = secure
+        self._meter: RateMeter[tuple[str, str]] = RateMeter()
+        self._assets = load_assets()
+
+    # -- errors ------------------------------------------------------------------------------
+
+    @app.handle_errors(Exception)
+    def _error(self, request: IRequest, failure: Failure) -> bytes:
+        error = failure.value
+        row = next((row for row in ERRORS if isinstance(error, row[0])), None)
+        if row is None:
+            log.failure(
+                "Dashboard request {method} {path} failed unexpectedly",
+                failure,
+                method=request.method.decode("ascii", "replace"),
+                path=request.path.decode("ascii", "replace"),
+            )
+            return _answer(request, {"s": "err", "reason": "internal_error"}, 500)
+        _, status, reason = row
+        body: dict[str, Any] = {"s": "err", "reason": reason or getattr(error, "reason", "")}
+        if isinstance(error, _EXPLAINED) and str(error):
+            body["message"] = str(error)
+        if isinstance(error, RateLimited):
+            # The header is in whole seconds: round up, so that a retry on time succeeds.
+            request.setHeader(b"Retry-After", b"%d" % math.ceil(error.retry_after_ms / 1000))
+            body["retry_after_ms"] = error.retry_after_ms
+        if isinstance(error, MethodNotAllowed) and error.valid_methods:
+            request.setHeader(b"Allow", ", ".join(error.valid_methods).encode("ascii"))
+        return _answer(request, body, status)
+
+    # -- sessions ----------------------------------------------------------------------------
+
+    def _check_rate(self, client_ip: str) -> None:
+        decision = self._limiter.check(client_ip, Action.DASHBOARD_AUTH)
+        if not decision.allowed:
+            raise RateLimited(decision.retry_after_ms)
+
+    def _token(self, request: IRequest) -> str | None:
+        """The session token presented: the bearer token, else the cookie's."""
+        header = (request.getHeader(b"authorization") or b"").decode("latin-1")
+        scheme, _, token = header.strip().partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+        cookie = request.getCookie(SESSION_COOKIE)
+        return cookie.decode("latin-1") if cookie else None
+
+    def _validate(self, request: IRequest, token: str) -> Session:
+        client_ip = _client_ip(request)
+        self._check_rate(client_ip)
+        validation = self._sessions.validate(token, client_ip)
+        if validation.session is None:
+            assert validation.rejection is not None
+            if validation.hijack:
+                log.warn(
+                    "Dashboard: a session token came from {client_ip}, not from the address"
+                    " that logged in (a stolen token, or NAT rotation)",
+                    client_ip=client_ip,
+                )
+            raise Unauthenticated(validation.rejection.value)
+        return validation.session
+
+    def _user(self, request: IRequest) -> User:
+        """The user of the session presented (401 without one)."""
+        token = self._token(request)
+        if token is None:
+            raise Unauthenticated("auth_required", "log in first (POST /login)")
+        session = self._validate(request, token)
+        user = self._users.user(session.user)
+        if user is None:
+            # Deleted while its session was being checked (deleting revokes its sessions).
+            raise Unauthenticated("invalid_session")
+        return user
+
+    def _admin(self, request: IRequest) -> User:
+        user = self._user(request)
+        if Permission.ADMIN not in user.permissions:
+            raise Forbidden("permission_denied", "this needs the admin permission")
+        return user
+
+    def _viewer(self, request: IRequest) -> User:
+        """A user who may see the page (and its data): an admin, or with
+        ``SVC_DASHBOARD_REQUIRE_ADMIN=false`` anyone logged in."""
+        return self._admin(request) if self._settings.require_admin else self._user(request)
+
+    def _set_cookie(self, request: IRequest, token: str, max_age: int) -> None:
+        _ours(request).addCookie(
+            SESSION_COOKIE,
+            token.encode("ascii"),
+            path=b"/",
+            max_age=b"%d" % max_age,
+            secure=self._secure,
+            httpOnly=True,
+            sameSite="strict",
+        )
+
+    # -- probes and statistics ------------------------------------------------------------------
+
+    @app.route("/health", methods=["GET"])
+    def health(self, request: IRequest) -> bytes:
+        return _answer(request, {"status": "ok"})
+
+    @app.route("/ready", methods=["GET"])
+    def ready(self, request: IRequest) -> bytes:
+        if self._node.status is NodeStatus.READY:
+            return _answer(request, {"status": "ready"})
+        return _answer(request, {"status": "not_ready"}, 503)
+
+    @app.route("/metrics", methods=["GET"])
+    def metrics(self, request: IRequest) -> bytes:
+        if self._settings.metrics_require_auth:
+            self._viewer(request)
+        if _wants_text(request):
+            request.setHeader(b"Content-Type", PROMETHEUS_CONTENT_TYPE)
+            request.setHeader(b"Cache-Control", b"no-store")
+            return self._metrics.render_text()
+        payload = metrics_payload(
+            status=self._node.status,
+            mode=self._mode,
+            now=self._clock.seconds(),
+            topics=self._node.topics(),
+            segments=self._node.segments(),
+            snapshot=self._metrics.snapshot(),
+            meter=self._meter,
+            guards=self._guards,
+        )
+        return _answer(request, payload)
+
+    @app.route("/rate_limits", methods=["GET"])
+    def rate_limits(self, request: IRequest) -> bytes:
+        if self._settings.metrics_require_auth:
+            self._viewer(request)
+        return _answer(request, rate_limits_payload(self._limiter))
+
+    # -- login -------------------------------------------------------------------------------
+
+    @app.route("/login", methods=["POST"])
+    async def login(self, request: IRequest) -> bytes:
+        client_ip = _client_ip(request)
+        try:
+            self._check_rate(client_ip)
+        except RateLimited:
+            self._metrics.auth_attempt("rate_limited")
+            raise
+        body = _json_body(request)
+        name, password = _text(body, "username"), _text(body, "password")
+        user = await self._users.authenticate(name, password)
+        if user is None:
+            self._metrics.auth_attempt("invalid_credentials")
+            log.info("Dashboard login refused from {client_ip}", client_ip=client_ip)
+            raise Unauthenticated("invalid_credentials")
+        self._metrics.auth_attempt("ok")
+        session = self._sessions.create(user.name, client_ip)
+        self._set_cookie(request, session.token, self._settings.session_timeout_sec)
+        log.info("Dashboard login: {user} from {client_ip}", user=user.name, client_ip=client_ip)
+        return _answer(request, {"s": "ok", "token": session.token})
+
+    @app.route("/logout", methods=["GET"])
+    def logout(self, request: IRequest) -> bytes:
+        """Revoke the session presented, if it is valid from here; always clear the cookie."""
+        token = self._token(request)
+        if token is not None:
+            try:
+                self._validate(request, token)
+            except Unauthenticated:
+                pass
+            else:
+                self._sessions.revoke(token)
+        self._set_cookie(request, "", 0)
+        return _answer(request, OK)
+
+    # -- the page ----------------------------------------------------------------------------
+
+    @app.route("/", methods=["GET"])
+    def page(self, request: IRequest) -> bytes:
+        """The console for a viewer; the login form without a valid session; a page saying
+        what is missing for a user who may not view it."""
+        name, status = "index.html", 200
+        try:
+            self._viewer(request)
+        except Unauthenticated:
+            name = "login.html"
+            if self._token(request) is not None:
+                self._set_cookie(request, "", 0)
+        except Forbidden:
+            name, status = "forbidden.html", 403
+        request.setResponseCode(status)
+        request.setHeader(b"Content-Type", HTML_CONTENT_TYPE)
+        request.setHeader(b"Cache-Control", b"no-store")
+        return self._assets[name].body
+
+    @app.route("/static/<name>", methods=["GET"])
+    def static(self, request: IRequest, name: str) -> bytes:
+        asset = self._assets.get(name)
+        if asset is None or asset.content_type == HTML_CONTENT_TYPE:
+            raise NotFound("not_found")
+        request.setHeader(b"Content-Type", asset.content_type)
+        # Revalidated on every load, so that an upgraded broker's page is never half old.
+        request.setHeader(b"Cache-Control", b"no-cache")
+        return asset.body
+
+    # -- users and ACLs (admin) ------------------------------------------------------------------
+
+    def _check_exists(self, name: str) -> None:
+        # Listing or revoking grants would otherwise answer an unknown user like a known one.
+        if self._users.user(name) is None:
+            raise UserNotFoundError(f"user {name!r} does not exist")
+
+    @app.route("/users", methods=["GET"])
+    def list_users(self, request: IRequest) -> bytes:
+        self._admin(request)
+        users = sorted(self._users.list_users(), key=lambda user: user.name)
+        return _answer(request, {"s": "ok", "users": [_user_json(user) for user in users]})
+
+    @app.route("/users", methods=["POST"])
+    async def create_user(self, request: IRequest) -> bytes:
+        admin = self._admin(request)
+        body = _json_body(request)
+        name, password = _text(body, "username"), _text(body, "password")
+        user = await self._users.create_user(name, password, _texts(body, "permissions"))
+        log.info("Dashboard: {admin} created user {user}", admin=admin.name, user=name)
+        return _answer(request, {"s": "ok", "user": _user_json(user)}, 201)
+
+    @app.route("/users/<name>", methods=["DELETE"])
+    async def delete_user(self, request: IRequest, name: str) -> bytes:
+        admin = self._admin(request)
+        await self._users.delete_user(name)
+        self._sessions.revoke_user(name)
+        log.info("Dashboard: {admin} deleted user {user}", admin=admin.name, user=name)
+        return _answer(request, OK)
+
+    @app.route("/users/<name>/password", methods=["PUT"])
+    async def change_password(self, request: IRequest, name: str) -> bytes:
+        admin = self._admin(request)
+        password = _text(_json_body(request), "password")
+        await self._users.change_password(name, password)
+        # Whoever held the old password may hold a session: it ends with the password.
+        self._sessions.revoke_user(name)
+        log.info("Dashboard: {admin} changed the password of {user}", admin=admin.name, user=name)
+        return _answer(request, OK)
+
+    @app.route("/users/<name>/acls", methods=["GET"])
+    def list_acls(self, request: IRequest, name: str) -> bytes:
+        self._admin(request)
+        self._check_exists(name)
+        grants = [
+            {"operation": grant.operation, "pattern": grant.pattern}
+            for grant in sorted(
+                self._users.list_acls(name), key=lambda grant: (grant.pattern, grant.operation)
+            )
+        ]
+        return _answer(request, {"s": "ok", "acls": grants})
+
+    @app.route("/users/<name>/acls", methods=["POST"])
+    async def grant_acl(self, request: IRequest, name: str) -> bytes:
+        admin = self._admin(request)
+        body = _json_body(request)
+        operation, pattern = _text(body, "operation"), _text(body, "pattern")
+        grant = await self._users.grant_acl(name, operation, pattern)
+        log.info(
+            "Dashboard: {admin} granted {user} {operation} on {pattern}",
+            admin=admin.name,
+            user=name,
+            operation=operation,
+            pattern=pattern,
+        )
+        return _answer(
+            request,
+            {"s": "ok", "acl": {"operation": grant.operation, "pattern": grant.pattern}},
+            201,
+        )
+
+    @app.route("/users/<name>/acls", methods=["DELETE"])
+    async def revoke_acl(self, request: IRequest, name: str) -> bytes:
+        admin = self._admin(request)
+        self._check_exists(name)
+        if _has_body(request):
+            body = _json_body(request)
+            operation, pattern = _text(body, "operation"), _text(body, "pattern")
+        else:
+            operation, pattern = _query(request, "operation"), _query(request, "pattern")
+        await self._users.revoke_acl(name, operation, pattern)
+        log.info(
+            "Dashboard: {admin} revoked {operation} on {pattern} from {user}",
+            admin=admin.name,
+            user=name,
+            operation=operation,
+            pattern=pattern,
+        )
+        return _answer(request, OK)

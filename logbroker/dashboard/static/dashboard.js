@@ -1,0 +1,238 @@
+"use strict";
+
+// The operator console: polls the JSON /metrics every POLL_MS and fills the page in. Every value
+// is written with textContent, never as HTML (topic names come from clients).
+(() => {
+  const POLL_MS = 1500;
+  const RETRY_MS = 5000;
+  // Rate samples kept for the sparklines: two minutes at one per poll.
+  const HISTORY = 80;
+
+  const integer = new Intl.NumberFormat("en-US");
+  const history = { produce: [], consume: [] };
+
+  const byId = (id) => document.getElementById(id);
+
+  function setText(id, value) {
+    byId(id).textContent = value;
+  }
+
+  function count(value) {
+    return typeof value === "number" ? integer.format(value) : "–";
+  }
+
+  function rate(value) {
+    if (typeof value !== "number") return "–";
+    return value >= 100 ? integer.format(Math.round(value)) : value.toFixed(1);
+  }
+
+  function bytes(value) {
+    if (typeof value !== "number") return "–";
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let scaled = value;
+    let unit = 0;
+    while (scaled >= 1024 && unit < units.length - 1) {
+      scaled /= 1024;
+      unit += 1;
+    }
+    return `${unit === 0 ? scaled : scaled.toFixed(1)} ${units[unit]}`;
+  }
+
+  function byteRate(value) {
+    return typeof value === "number" ? `${bytes(value)}/s` : "– B/s";
+  }
+
+  function duration(seconds) {
+    const s = Math.floor(seconds);
+    const days = Math.floor(s / 86400);
+    const hours = Math.floor((s % 86400) / 3600);
+    const minutes = Math.floor((s % 3600) / 60);
+    if (days > 0) return `${days}d ${hours}h`;
+    if (hours > 0) return `${hours}h ${minutes}m`;
+    if (minutes > 0) return `${minutes}m ${s % 60}s`;
+    return `${s}s`;
+  }
+
+  // Replace a table body's rows: each row is a list of [text, className] cells.
+  function fillRows(tableId, rows) {
+    const body = byId(tableId).tBodies[0];
+    const fresh = document.createElement("tbody");
+    for (const cells of rows) {
+      const tr = document.createElement("tr");
+      for (const [text, className] of cells) {
+        const td = document.createElement("td");
+        td.textContent = text;
+        if (className) td.className = className;
+        tr.append(td);
+      }
+      fresh.append(tr);
+    }
+    body.replaceWith(fresh);
+    const empty = byId(`${tableId}-empty`);
+    if (empty) empty.hidden = rows.length > 0;
+    byId(tableId).hidden = rows.length === 0;
+  }
+
+  function pairs(tableId, list) {
+    fillRows(tableId, list.map(([name, n]) => [[name, "mono"], [count(n), "num"]]));
+  }
+
+  function drawSpark(canvas, values) {
+    const ratio = window.devicePixelRatio || 1;
+    const width = canvas.clientWidth * ratio;
+    const height = canvas.clientHeight * ratio;
+    if (canvas.width !== width || canvas.height !== height) {
+      canvas.width = width;
+      canvas.height = height;
+    }
+    const context = canvas.getContext("2d");
+    context.clearRect(0, 0, width, height);
+    if (values.length < 2) return;
+    const top = Math.max(...values, 1);
+    // Spread over the whole width from the start; once HISTORY samples are kept, it scrolls.
+    const step = width / (values.length - 1);
+    const y = (value) => height - 2 * ratio - (value / top) * (height - 4 * ratio);
+    const colour = getComputedStyle(canvas).color;
+    context.beginPath();
+    values.forEach((value, i) => {
+      const x = i * step;
+      if (i === 0) context.moveTo(x, y(value));
+      else context.lineTo(x, y(value));
+    });
+    context.strokeStyle = colour;
+    context.lineWidth = 1.5 * ratio;
+    context.stroke();
+    context.lineTo(width, height);
+    context.lineTo(0, height);
+    context.closePath();
+    context.globalAlpha = 0.15;
+    context.fillStyle = colour;
+    context.fill();
+    context.globalAlpha = 1;
+  }
+
+  function remember(kind, value) {
+    const list = history[kind];
+    // No rate yet (the broker's first sample): nothing to draw, rather than a false zero.
+    if (typeof value === "number") list.push(value);
+    if (list.length > HISTORY) list.shift();
+    drawSpark(byId(`${kind}-history`), list);
+  }
+
+  function render(data) {
+    const { node, system, storage, throughput, topics, connections } = data;
+
+    const status = byId("node-status");
+    status.textContent = node.status;
+    status.className = `pill ${node.status}`;
+    setText("node-uptime", duration(node.uptime_seconds));
+    setText("node-version", node.version);
+    setText("node-mode", node.mode);
+
+    setText("produce-rate", rate(throughput.produce_rate));
+    setText("consume-rate", rate(throughput.consume_rate));
+    setText("produce-bytes-rate", byteRate(throughput.produce_bytes_rate));
+    setText("consume-bytes-rate", byteRate(throughput.consume_bytes_rate));
+    setText("records-produced", count(throughput.records_produced));
+    setText("records-consumed", count(throughput.records_consumed));
+    remember("produce", throughput.produce_rate);
+    remember("consume", throughput.consume_rate);
+
+    setText("connections-open", count(connections.open));
+    setText("sessions-active", count(system.sessions.active));
+    setText("connection-blocks", count(system.rate_limiting.connection_blocks));
+
+    setText("storage-bytes", bytes(storage.bytes));
+    setText("storage-ranges", count(storage.ranges));
+    setText("storage-segments", count(storage.segments));
+    setText("storage-sealed", count(storage.sealed_segments));
+
+    setText("topic-count", topics.length === 1 ? "1 topic" : `${topics.length} topics`);
+    fillRows(
+      "topics",
+      topics.map((topic) => [
+        [topic.name, "mono"],
+        [count(topic.ranges), "num"],
+        [count(topic.segments), "num"],
+        [bytes(topic.bytes), "num"],
+        [count(topic.records_produced), "num"],
+        [count(topic.records_consumed), "num"],
+        [rate(topic.produce_rate), "num rate"],
+        [rate(topic.consume_rate), "num rate"],
+      ]),
+    );
+
+    const limits = system.rate_limiting;
+    setText("rate-limiting-enabled", limits.enabled ? "on" : "off");
+    setText("auth-blocked", count(limits.auth_blocked));
+    setText("dashboard-auth-blocked", count(system.dashboard.auth_blocked));
+    setText("publish-blocked", count(limits.publish_blocked));
+    setText("subscribe-blocked", count(limits.subscribe_blocked));
+    setText("refused-per-ip", count(connections.refused.per_ip));
+    setText("refused-global", count(connections.refused.global));
+    setText("sessions-expired", count(system.sessions.expired));
+    setText("sessions-hijack", count(system.sessions.hijack_attempts));
+    pairs("top-blocked", limits.top_auth_blocked);
+
+    setText("scrub-verified", count(storage.scrub.verified));
+    setText("scrub-repaired", count(storage.scrub.repaired));
+    setText("scrub-unrepairable", count(storage.scrub.unrepairable));
+    byId("scrub-unrepairable").classList.toggle("alert", storage.scrub.unrepairable > 0);
+    setText("damaged-segments", count(storage.damaged_segments));
+    byId("damaged-segments").classList.toggle("alert", storage.damaged_segments > 0);
+    pairs(
+      "integrity-failures",
+      Object.entries(storage.integrity_failures).filter(([, n]) => n > 0),
+    );
+
+    pairs("connections-top", connections.top);
+    setText("updated", new Date().toLocaleTimeString());
+  }
+
+  function banner(text) {
+    const element = byId("banner");
+    element.textContent = text;
+    element.hidden = text === "";
+  }
+
+  async function poll() {
+    let delay = POLL_MS;
+    try {
+      const response = await fetch("/metrics", {
+        headers: { Accept: "application/json" },
+        credentials: "same-origin",
+        cache: "no-store",
+      });
+      if (response.status === 401 || response.status === 403) {
+        // The session ended (expired, revoked, signed out elsewhere): back to the sign-in form.
+        window.location.assign("/");
+        return;
+      }
+      if (response.status === 429) {
+        const body = await response.json();
+        delay = Math.max(body.retry_after_ms, POLL_MS);
+        banner(`Rate limited by the broker: next update in ${Math.ceil(delay / 1000)} s.`);
+      } else if (!response.ok) {
+        delay = RETRY_MS;
+        banner(`The broker answered /metrics with status ${response.status}; retrying.`);
+      } else {
+        render(await response.json());
+        banner("");
+      }
+    } catch (error) {
+      delay = RETRY_MS;
+      banner(`The broker cannot be reached (${error.message}); retrying.`);
+    }
+    window.setTimeout(poll, delay);
+  }
+
+  async function signOut() {
+    await fetch("/logout", { credentials: "same-origin" }).catch(() => undefined);
+    window.location.assign("/");
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    byId("logout").addEventListener("click", signOut);
+    poll();
+  });
+})();
