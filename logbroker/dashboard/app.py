@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Mapping, Sequence
+from http import HTTPStatus
 from importlib import resources
 from typing import Any, Protocol
 
@@ -195,8 +196,13 @@ def _client_ip(request: IRequest) -> str:
     return client_identifier(request.getClientAddress())
 
 
+def _status(request: IRequest, status: int) -> None:
+    # With its reason phrase: twisted.web knows none for 429 and would say "Unknown Status".
+    request.setResponseCode(status, HTTPStatus(status).phrase.encode("ascii"))
+
+
 def _answer(request: IRequest, body: object, status: int = 200) -> bytes:
-    request.setResponseCode(status)
+    _status(request, status)
     request.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
     # Answers carry state (sessions, users, counters): never from a cache.
     request.setHeader(b"Cache-Control", b"no-store")
@@ -486,7 +492,7 @@ class DashboardApp:
                 self._set_cookie(request, "", 0)
         except Forbidden:
             name, status = "forbidden.html", 403
-        request.setResponseCode(status)
+        _status(request, status)
         request.setHeader(b"Content-Type", HTML_CONTENT_TYPE)
         request.setHeader(b"Cache-Control", b"no-store")
         return self._assets[name].body

@@ -589,15 +589,50 @@ def _token(token: str) -> bytes:
     return wire.encode_token(token)
 
 
-class _Refused(Protocol):
-    """A connection over a connection limit: told why (correlation id 0), then closed."""
+#: How long a refused connection on a TLS port may take to show which layer it speaks.
+REFUSAL_GRACE_SECONDS = 2.0
 
-    def __init__(self, reason: Reason) -> None:
+
+class _Refused(Protocol):
+    """A connection over a connection limit: told why (correlation id 0), then closed.
+
+    On a plaintext-only port that happens at once. On a port that takes TLS, the client has not
+    yet said whether it speaks TLS, and an error written now would reach a TLS client as
+    garbage in place of the server's handshake. So the answer waits for the client's first
+    bytes above the TLS layer (its ``auth`` frame, once its handshake is through, or the
+    plaintext frame) and goes out through whichever layer brought them; a client that shows
+    nothing within ``REFUSAL_GRACE_SECONDS`` is closed without a word. The connection holds
+    no slot meanwhile: its count was rolled back when it was refused.
+    """
+
+    def __init__(self, reason: Reason, clock: IReactorTime, *, await_layer: bool) -> None:
         self._reason = reason
+        self._clock = clock
+        self._await_layer = await_layer
+        self._deadline: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
+        if self._await_layer:
+            self._deadline = self._clock.callLater(REFUSAL_GRACE_SECONDS, self._give_up)
+        else:
+            self._refuse()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+            self._refuse()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+
+    def _refuse(self) -> None:
         assert self.transport is not None
         self.transport.write(wire.encode_error(0, self._reason))
+        self.transport.loseConnection()
+
+    def _give_up(self) -> None:
+        assert self.transport is not None
         self.transport.loseConnection()
 
 
@@ -660,7 +695,8 @@ class ClientFactory(Factory):
                 client_ip=client_ip,
                 reason=refusal.value,
             )
-            return secure_protocol(_Refused(refusal), self._tls, self._clock)
+            refused = _Refused(refusal, self._clock, await_layer=self._tls is not None)
+            return secure_protocol(refused, self._tls, self._clock)
         protocol = ClientProtocol(
             self._broker, self._users, self._clock, self._settings, self._guards, client_ip
         )

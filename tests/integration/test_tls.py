@@ -418,3 +418,27 @@ def test_the_dashboard_is_served_over_https_with_the_same_certificate(
     # Plain HTTP on the dashboard port is not served.
     with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
         urllib.request.urlopen(f"http://127.0.0.1:{tls_required.dashboard_port}/health", timeout=30)
+
+
+def test_a_tls_client_over_the_connection_limit_is_told_so_inside_tls(
+    tmp_path: Path, files: Files
+) -> None:
+    settings = tls_settings(
+        files,
+        SVC_REQUIRE_TLS="true",
+        SVC_CONNECTION_LIMIT_ENABLED="true",
+        SVC_MAX_CONN_PER_IP="1",
+    )
+    with running_broker(tmp_path, settings=settings) as broker:
+
+        def login() -> BlockingClient:
+            return BlockingClient.connect(
+                "localhost", broker.port, "app", "app123", tls=True, cafile=files.ca
+            )
+
+        with login(), pytest.raises(BrokerRefused) as refused:
+            login()
+        assert (refused.value.reason, refused.value.correlation_id) == (
+            "connection_limit_exceeded",
+            0,
+        )

@@ -454,6 +454,7 @@ async def test_logins_past_the_dashboard_auth_limit_get_429_with_retry_after(
 
     code, body = await answer(blocked)
     assert code == 429
+    assert blocked.phrase == b"Too Many Requests"
     assert body == {"s": "err", "reason": "rate_limit_exceeded", "retry_after_ms": 59750}
     assert header(blocked, "Retry-After") == str(math.ceil(59750 / 1000)) == "60"
     # Another client IP is not affected.

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.ratelimit import Action
-from logbroker.server.protocol import AuthResult, Guards
+from logbroker.server.protocol import (
+    REFUSAL_GRACE_SECONDS,
+    AuthResult,
+    ClientFactory,
+    Guards,
+    ProtocolSettings,
+)
 from logbroker.service import cleanup_task
 from logbroker.testing import ImmediateExecutor
+from tests.certificates import issue, make_ca, serving
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
 from tests.unit.server.test_protocol import CHEAP, Client, Server
@@ -210,3 +218,44 @@ def test_expired_buckets_and_sessions_are_removed_every_cleanup_interval() -> No
     assert len(guards.sessions) == 0
     assert guards.sessions.validate(session.token, "10.0.0.1").session is None
     task.stopService()
+
+
+def tls_factory(server: Server, required: bool) -> ClientFactory:
+    return ClientFactory(
+        server.broker,  # type: ignore[arg-type]
+        server.users,
+        server.clock,
+        ProtocolSettings(),
+        server.guards,
+        serving(issue(make_ca()), required=required),
+    )
+
+
+def test_on_a_tls_port_a_refusal_answers_the_first_frame_in_the_layer_it_came_in() -> None:
+    server, _ = server_with({"SVC_CONNECTION_LIMIT_ENABLED": "true", "SVC_MAX_CONN_PER_IP": "1"})
+    factory = tls_factory(server, required=False)
+    factory.buildProtocol(address("10.0.0.1")).makeConnection(StringTransport())
+    transport = StringTransport()
+    refused = factory.buildProtocol(address("10.0.0.1"))
+    refused.makeConnection(transport)
+    # Nothing yet: the client has not said whether it speaks TLS.
+    assert transport.value() == b""
+    refused.dataReceived(wire.encode_request(1, wire.Auth("admin", "admin123")))
+    assert wire.FrameDecoder().feed(transport.value()) == [
+        wire.encode_error(0, wire.Reason.CONNECTION_LIMIT_EXCEEDED)[4:]
+    ]
+    assert transport.disconnecting
+
+
+def test_on_a_tls_port_a_refused_client_that_says_nothing_is_closed_without_a_word() -> None:
+    server, _ = server_with({"SVC_CONNECTION_LIMIT_ENABLED": "true", "SVC_MAX_TOTAL_CONN": "1"})
+    factory = tls_factory(server, required=True)
+    factory.buildProtocol(address("10.0.0.1")).makeConnection(StringTransport())
+    transport = StringTransport()
+    factory.buildProtocol(address("10.0.0.2")).makeConnection(transport)
+    server.clock.advance(REFUSAL_GRACE_SECONDS - 0.1)
+    assert not transport.disconnecting
+    server.clock.advance(0.1)
+    assert transport.disconnecting
+    assert transport.value() == b""
+    assert server.guards.connections.total == 1
