@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -31,10 +32,12 @@ from typing import Any
 
 import attrs
 from twisted.application.service import MultiService, Service
+from twisted.internet import tcp
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, DeferredList, ensureDeferred, maybeDeferred, succeed
 from twisted.internet.error import CannotListenError
 from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReadDescriptor
+from twisted.internet.posixbase import PosixReactorBase
 from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
@@ -194,12 +197,28 @@ def host_and_port(address: object) -> str:
     return f"{host}:{address.port}"
 
 
+class DualStackPort(tcp.Port):
+    """A listening TCP port that takes IPv4 clients on an IPv6 socket whatever the host's
+    default (``net.ipv6.bindv6only``; the BSDs default to IPv6 only), which Twisted leaves
+    to the kernel."""
+
+    def createInternetSocket(self) -> socket.socket:
+        made: socket.socket = super().createInternetSocket()
+        if made.family == socket.AF_INET6:
+            made.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        return made
+
+
 def listen_tcp(reactor: Any, port: int, factory: Any, host: str, variable: str) -> IListeningPort:
     """Listen on ``host:port``. ``::`` takes IPv6 and IPv4 clients on one socket (Linux makes
     IPv6 sockets dual-stack unless told otherwise); where the host has no IPv6 at all, the
     broker listens on every IPv4 interface instead and says so. Raises ``ConfigError`` naming
     the variable behind the port when it cannot be listened on."""
     try:
+        if host == ANY_ADDRESS and isinstance(reactor, PosixReactorBase):
+            listening = DualStackPort(port, factory, interface=host, reactor=reactor)
+            listening.startListening()
+            return listening
         return reactor.listenTCP(port, factory, interface=host)  # type: ignore[no-any-return]
     except CannotListenError as error:
         if host == ANY_ADDRESS and _no_ipv6(error):
@@ -257,6 +276,9 @@ class ClientPortService(Service):
 
     def _accept(self, _: object) -> None:
         assert self._port is not None
+        if not self.running:
+            # Told to stop while getting ready: draining already, never ready.
+            return
         if IReadDescriptor.providedBy(self._port):
             self._reactor.addReader(self._port)
         self._metrics.set_ready(True)

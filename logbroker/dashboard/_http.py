@@ -5,6 +5,7 @@ port: TLS is added by wrapping it (and constructing it with ``secure=True``)."""
 from __future__ import annotations
 
 import io
+import urllib.parse
 from typing import Any
 
 from twisted.logger import Logger
@@ -42,6 +43,7 @@ SECURITY_HEADERS = (
 STRICT_TRANSPORT_SECURITY = (b"Strict-Transport-Security", b"max-age=31536000")
 
 INTERNAL_ERROR_BODY = b'{"s":"err","reason":"internal_error"}'
+MALFORMED_URL_BODY = b'{"s":"err","reason":"malformed_request","message":"the URL is not UTF-8"}'
 
 
 class DashboardRequest(Request):
@@ -74,7 +76,21 @@ class DashboardRequest(Request):
         site = self.channel.site  # type: ignore[attr-defined]
         if site.secure:
             self.setHeader(*STRICT_TRANSPORT_SECURITY)
+        try:
+            urllib.parse.unquote_to_bytes(self.path).decode("utf-8")
+        except UnicodeDecodeError:
+            # Klein would answer this itself, in plain text: every answer here is JSON.
+            self._answer_now(400, MALFORMED_URL_BODY)
+            return
         super().process()
+
+    def _answer_now(self, status: int, body: bytes) -> None:
+        self.setResponseCode(status)
+        self.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
+        self.setHeader(b"Cache-Control", b"no-store")
+        self.setHeader(b"Content-Length", b"%d" % len(body))
+        self.write(body)
+        self.finish()
 
     def processingFailed(self, reason: Failure) -> None:
         # The app answers its own errors; this is a failure outside it. The default answer
@@ -85,11 +101,7 @@ class DashboardRequest(Request):
             method=self.method.decode("ascii", "replace"),
             path=self.path.decode("ascii", "replace"),
         )
-        self.setResponseCode(500)
-        self.setHeader(b"Content-Type", JSON_CONTENT_TYPE)
-        self.setHeader(b"Content-Length", b"%d" % len(INTERNAL_ERROR_BODY))
-        self.write(INTERNAL_ERROR_BODY)
-        self.finish()
+        self._answer_now(500, INTERNAL_ERROR_BODY)
 
 
 class DashboardSite(Site):

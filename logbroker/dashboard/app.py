@@ -55,7 +55,7 @@ from logbroker.metrics import Metrics
 from logbroker.security import Permission, SecurityError, UserDirectory
 from logbroker.security.connections import client_identifier
 from logbroker.security.ratelimit import Action
-from logbroker.security.sessions import Session
+from logbroker.security.sessions import Origin, Session
 from logbroker.server.protocol import Guards
 from logbroker.storage import RangeLog, SegmentInfo
 
@@ -458,7 +458,7 @@ class DashboardApp:
             log.info("Dashboard login refused from {client_ip}", client_ip=client_ip)
             raise Unauthenticated("invalid_credentials")
         self._metrics.auth_attempt("ok")
-        session = self._sessions.create(user.name, client_ip)
+        session = self._sessions.create(user.name, client_ip, Origin.DASHBOARD)
         self._set_cookie(request, session.token, self._settings.session_timeout_sec)
         log.info("Dashboard login: {user} from {client_ip}", user=user.name, client_ip=client_ip)
         return _answer(request, {"s": "ok", "token": session.token})

@@ -78,10 +78,11 @@ class Bucket:
         return Decision(False, self.window_start_ms + limit.window_ms - now_ms)
 
     def expired(self, limit: RateLimit, now_ms: int) -> bool:
-        """Full again and out of its window: forgetting it changes no future decision."""
-        return now_ms - self.last_refill_ms >= limit.window_ms and (
-            now_ms >= self.window_start_ms + limit.window_ms
-        )
+        """Refilled to its limit and out of its window: a new bucket would decide the same, so
+        forgetting it changes no future decision."""
+        refill = max(0, now_ms - self.last_refill_ms) * (limit.limit / limit.window_ms)
+        full = self.tokens + refill >= limit.limit
+        return full and now_ms >= self.window_start_ms + limit.window_ms
 
 
 class RateLimiter:

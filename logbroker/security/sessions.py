@@ -23,9 +23,18 @@ from enum import StrEnum
 import attrs
 from twisted.internet.interfaces import IReactorTime
 
-#: Sessions one user may hold; the oldest is revoked when a login would exceed it, so that a
-#: script logging in in a loop cannot grow the store without bound.
+#: Sessions one user may hold from each origin; the oldest is revoked when a login would exceed
+#: it, so that a script logging in in a loop cannot grow the store without bound. Client-port
+#: logins (a fleet of producers may share one account) never push out the user's dashboard
+#: sessions, nor the other way round.
 MAX_SESSIONS_PER_USER = 1000
+
+
+class Origin(StrEnum):
+    """Where a session was opened."""
+
+    CLIENT_PORT = "client_port"
+    DASHBOARD = "dashboard"
 
 
 class Rejection(StrEnum):
@@ -42,6 +51,7 @@ class Session:
     token: str = attrs.field(repr=False)
     user: str
     client_ip: str
+    origin: Origin
     created_ms: int
     expires_ms: int
 
@@ -84,18 +94,31 @@ class SessionStore:
         self._on_expired = on_expired
         self._on_hijack = on_hijack
         self._sessions: dict[bytes, Session] = {}
+        #: The keys of each user's sessions from each origin, oldest first.
+        self._owned: dict[tuple[str, Origin], dict[bytes, None]] = {}
         self.expired_total = 0
         self.hijack_total = 0
 
-    def create(self, user: str, client_ip: str) -> Session:
+    def create(self, user: str, client_ip: str, origin: Origin) -> Session:
         now = self._now_ms()
-        owned = [key for key, session in self._sessions.items() if session.user == user]
-        if len(owned) >= MAX_SESSIONS_PER_USER:
-            oldest = min(owned, key=lambda key: self._sessions[key].created_ms)
-            del self._sessions[oldest]
+        owned = self._owned.get((user, origin))
+        if owned is not None and len(owned) >= MAX_SESSIONS_PER_USER:
+            self._forget(next(iter(owned)))
         token = secrets.token_urlsafe(32)
-        session = Session(token, user, client_ip, now, now + self._timeout_ms)
-        self._sessions[_key(token)] = session
+        session = Session(token, user, client_ip, origin, now, now + self._timeout_ms)
+        key = _key(token)
+        self._sessions[key] = session
+        self._owned.setdefault((user, origin), {})[key] = None
+        return session
+
+    def _forget(self, key: bytes) -> Session | None:
+        session = self._sessions.pop(key, None)
+        if session is not None:
+            owner = (session.user, session.origin)
+            owned = self._owned[owner]
+            del owned[key]
+            if not owned:
+                del self._owned[owner]
         return session
 
     def validate(self, token: str, client_ip: str) -> Validation:
@@ -106,7 +129,7 @@ class SessionStore:
         expired = self._now_ms() >= session.expires_ms
         hijack = session.client_ip != client_ip
         if expired:
-            del self._sessions[key]
+            self._forget(key)
             self.expired_total += 1
             self._on_expired()
         if hijack:
@@ -118,13 +141,13 @@ class SessionStore:
 
     def revoke(self, token: str) -> bool:
         """End the session of ``token``; whether there was one."""
-        return self._sessions.pop(_key(token), None) is not None
+        return self._forget(_key(token)) is not None
 
     def revoke_user(self, user: str) -> int:
         """End every session of ``user`` (deleted, or given a new password); how many."""
-        keys = [key for key, session in self._sessions.items() if session.user == user]
+        keys = [key for (owner, _), owned in self._owned.items() if owner == user for key in owned]
         for key in keys:
-            del self._sessions[key]
+            self._forget(key)
         return len(keys)
 
     def remove_expired(self) -> int:
@@ -132,7 +155,7 @@ class SessionStore:
         now = self._now_ms()
         keys = [key for key, session in self._sessions.items() if now >= session.expires_ms]
         for key in keys:
-            del self._sessions[key]
+            self._forget(key)
         return len(keys)
 
     def __len__(self) -> int:

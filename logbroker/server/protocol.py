@@ -42,7 +42,7 @@ from logbroker.controlplane import ControlPlaneError, User
 from logbroker.security import Operation, Permission, SecurityError, UserDirectory
 from logbroker.security.connections import ConnectionRegistry, client_identifier
 from logbroker.security.ratelimit import Action, RateLimiter
-from logbroker.security.sessions import SessionStore
+from logbroker.security.sessions import Origin, SessionStore
 from logbroker.security.tls import ServerTls
 from logbroker.server.tls import secure_protocol
 from logbroker.wire import Reason
@@ -369,7 +369,7 @@ class ClientProtocol(Protocol):
             raise BrokerError(Reason.INVALID_CREDENTIALS, "wrong user name or password")
         self._guards.on_auth(AuthResult.OK)
         self._enter(user)
-        return self._guards.sessions.create(user.name, self.client_ip).token
+        return self._guards.sessions.create(user.name, self.client_ip, Origin.CLIENT_PORT).token
 
     def _enter(self, user: User) -> None:
         if not self._closed():
@@ -591,6 +591,10 @@ def _token(token: str) -> bytes:
 
 #: How long a refused connection on a TLS port may take to show which layer it speaks.
 REFUSAL_GRACE_SECONDS = 2.0
+#: Refused connections on a TLS port that may wait for that at once. They hold no slot under
+#: the connection limits, so this bounds their sockets and handshakes; past it a refusal goes
+#: out at once, in plaintext, as on a plaintext-only port.
+MAX_WAITING_REFUSALS = 32
 
 
 class _Refused(Protocol):
@@ -601,14 +605,22 @@ class _Refused(Protocol):
     garbage in place of the server's handshake. So the answer waits for the client's first
     bytes above the TLS layer (its ``auth`` frame, once its handshake is through, or the
     plaintext frame) and goes out through whichever layer brought them; a client that shows
-    nothing within ``REFUSAL_GRACE_SECONDS`` is closed without a word. The connection holds
-    no slot meanwhile: its count was rolled back when it was refused.
+    nothing within ``REFUSAL_GRACE_SECONDS`` is dropped without a word. ``on_ended`` hears when
+    a waiting refusal's connection is gone.
     """
 
-    def __init__(self, reason: Reason, clock: IReactorTime, *, await_layer: bool) -> None:
+    def __init__(
+        self,
+        reason: Reason,
+        clock: IReactorTime,
+        *,
+        await_layer: bool,
+        on_ended: Callable[[], None] = lambda: None,
+    ) -> None:
         self._reason = reason
         self._clock = clock
         self._await_layer = await_layer
+        self._on_ended = on_ended
         self._deadline: IDelayedCall | None = None
 
     def connectionMade(self) -> None:
@@ -625,6 +637,8 @@ class _Refused(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
+        if self._await_layer:
+            self._on_ended()
 
     def _refuse(self) -> None:
         assert self.transport is not None
@@ -633,7 +647,7 @@ class _Refused(Protocol):
 
     def _give_up(self) -> None:
         assert self.transport is not None
-        self.transport.loseConnection()
+        self.transport.abortConnection()  # type: ignore[attr-defined]
 
 
 def _empty(_: object) -> bytes:
@@ -682,6 +696,8 @@ class ClientFactory(Factory):
         self._tls = tls
         #: The open connections, for draining at shutdown.
         self.connections: set[ClientProtocol] = set()
+        #: Refused connections waiting to show which layer they speak (``_Refused``).
+        self._waiting_refusals = 0
 
     def buildProtocol(self, addr: object) -> Protocol:
         """Count the connection at accept (refusing it over a limit), then serve it."""
@@ -695,13 +711,22 @@ class ClientFactory(Factory):
                 client_ip=client_ip,
                 reason=refusal.value,
             )
-            refused = _Refused(refusal, self._clock, await_layer=self._tls is not None)
-            return secure_protocol(refused, self._tls, self._clock)
+            return secure_protocol(self._refused(refusal), self._tls, self._clock)
         protocol = ClientProtocol(
             self._broker, self._users, self._clock, self._settings, self._guards, client_ip
         )
         protocol.factory = self
         return secure_protocol(protocol, self._tls, self._clock)
+
+    def _refused(self, reason: Reason) -> _Refused:
+        if self._tls is None or self._waiting_refusals >= MAX_WAITING_REFUSALS:
+            return _Refused(reason, self._clock, await_layer=False)
+        self._waiting_refusals += 1
+
+        def ended() -> None:
+            self._waiting_refusals -= 1
+
+        return _Refused(reason, self._clock, await_layer=True, on_ended=ended)
 
     def drain(self, clock: IReactorTime, grace_seconds: float) -> Deferred[None]:
         """Let every connection's requests in flight finish (produces become durable and are

@@ -18,8 +18,10 @@ The inner protocol is connected at once, not when the first byte comes: its time
 timeout) run from the connection's start, and a protocol that counts connections sees every
 one, lost before its first byte or not; its ``connectionLost`` comes exactly once. Until the
 first byte it sees a plaintext connection, so what it writes and closes before then (an auth
-timeout, a refusal at accept) goes out in plaintext and at once: a refused connection must not
-wait on its client, and which layer that client speaks is not known yet.
+timeout) goes out in plaintext and at once, since which layer that client speaks is not known
+yet. (A refusal at accept waits for the first frame when it can; see ``ClientFactory``.) A TLS
+connection the broker closes is aborted if the client has not answered the close_notify within
+``CLOSE_NOTIFY_GRACE_SECONDS``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from OpenSSL import SSL
 from twisted.internet.interfaces import (
     IAddress,
     IConsumer,
+    IDelayedCall,
     IHandshakeListener,
     IProducer,
     IProtocol,
@@ -53,6 +56,9 @@ from logbroker.security.tls import HandshakeOutcome, ServerTls, openssl_reasons
 from logbroker.wire import Reason
 
 log = Logger()
+
+#: How long a TLS client has to answer the broker's close_notify before its socket is closed.
+CLOSE_NOTIFY_GRACE_SECONDS = 2.0
 
 #: The first byte of every TLS connection: the handshake record type of the ClientHello.
 TLS_HANDSHAKE_RECORD = 0x16
@@ -100,6 +106,8 @@ class _TlsOrPlaintext(Protocol):
         self._state = _State.WAITING
         self._layer: _TlsLayer | None = None
         self._handshake_done = False
+        #: Aborts a TLS connection whose client does not answer our close_notify.
+        self._closing: IDelayedCall | None = None
 
     def _tcp(self) -> ITransport:
         assert self.transport is not None
@@ -142,6 +150,9 @@ class _TlsOrPlaintext(Protocol):
             self._inner.dataReceived(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._closing is not None and self._closing.active():
+            self._closing.cancel()
+        self._closing = None
         state, self._state = self._state, _State.CLOSED
         if state is _State.TLS:
             # Through the TLS layer, which tells the inner protocol (``_TlsSide``).
@@ -197,8 +208,17 @@ class _TlsOrPlaintext(Protocol):
             # until the handshake ends, which a stalled client never lets happen; nothing
             # written before the handshake ends could be read anyway.
             self._layer.abortConnection()
-        else:
-            self._lower().loseConnection()
+            return
+        self._lower().loseConnection()
+        if self._state is _State.TLS and self._closing is None:
+            # The TLS layer sends close_notify and then waits for the client's own before it
+            # closes the socket: a client that never answers would keep the connection, and
+            # its slot under the connection limits, for ever.
+            self._closing = self._clock.callLater(CLOSE_NOTIFY_GRACE_SECONDS, self._abort_tcp)
+
+    def _abort_tcp(self) -> None:
+        self._closing = None
+        ITCPTransport(self.transport).abortConnection()
 
     def getPeer(self) -> IAddress:
         return self._tcp().getPeer()

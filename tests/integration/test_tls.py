@@ -11,6 +11,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -442,3 +443,33 @@ def test_a_tls_client_over_the_connection_limit_is_told_so_inside_tls(
             "connection_limit_exceeded",
             0,
         )
+
+
+def test_a_tls_client_that_never_answers_the_close_gives_its_slot_back(
+    tmp_path: Path, files: Files
+) -> None:
+    """The broker closes a silent client (auth timeout) with a close_notify; a client that never
+    answers it must not keep the connection, nor its slot under the per-IP cap."""
+    settings = tls_settings(
+        files,
+        SVC_ENABLE_TLS="true",
+        SVC_AUTH_TIMEOUT_MS="500",
+        SVC_CONNECTION_LIMIT_ENABLED="true",
+        SVC_MAX_CONN_PER_IP="1",
+    )
+    with running_broker(tmp_path, settings=settings) as broker:
+        silent = tls_socket(broker.port, context(files))  # handshakes, then never reads
+        try:
+            reasons = set()
+            for _ in range(100):
+                try:
+                    with BlockingClient.connect("127.0.0.1", broker.port, "app", "app123"):
+                        break
+                except BrokerRefused as error:
+                    reasons.add(error.reason)
+                time.sleep(0.1)
+            else:
+                raise AssertionError("the silent TLS client kept its slot")
+            assert reasons <= {"connection_limit_exceeded"}
+        finally:
+            silent.close()

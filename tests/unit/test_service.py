@@ -179,6 +179,24 @@ def test_the_client_port_reports_starting_ready_then_draining(tmp_path: Path) ->
     assert seen == [NodeStatus.STARTING, NodeStatus.READY, NodeStatus.DRAINING]
 
 
+def test_a_stop_while_getting_ready_never_reports_ready(tmp_path: Path) -> None:
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    reactor = MemoryReactorClock()
+    preparing: Deferred[None] = Deferred()
+    metrics = Metrics(reactor)
+    factory: Any = StubFactory()
+    clients = ClientPortService(reactor, config, factory, lambda: preparing, metrics)
+    clients.bind()
+
+    clients.startService()
+    stopping = clients.stopService()
+    preparing.callback(None)
+
+    assert clients.status is NodeStatus.DRAINING
+    assert not metrics.snapshot().ready
+    result_of(stopping)
+
+
 class _BusyPortReactor(MemoryReactorClock):
     """Another process holds port 4041."""
 

@@ -908,3 +908,16 @@ async def test_an_internal_error_is_logged_and_answered_without_a_traceback(
     assert len(logged_errors) == 1
     assert "secret internal detail" in str(logged_errors[0]["log_failure"].value)
     logged_errors.clear()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_url_that_is_not_utf8_is_a_json_400(dashboard: Dashboard) -> None:
+    token = await login(dashboard)
+    for method, path in (("DELETE", "/users/%ff"), ("GET", "/users/%ff/acls")):
+        response = await http.request(
+            method, dashboard.url(path), headers={"Authorization": f"Bearer {token}"}
+        )
+        code, body = await answer(response)
+        assert (code, body["s"], body["reason"]) == (400, "err", "malformed_request")
+        assert header(response, "Content-Type") == "application/json"
+        assert header(response, "X-Content-Type-Options") == "nosniff"

@@ -79,7 +79,6 @@ def populated_metrics(logged_errors: list[dict[str, Any]]) -> Metrics:
     clock.advance(0.25)
     result_of(lag.stop())
 
-    metrics.scrub_segment("verified")
     metrics.auth_attempt("ok")
     metrics.auth_attempt("invalid_credentials")
     metrics.rate_limit_blocked("dashboard_auth")

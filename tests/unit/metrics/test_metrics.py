@@ -309,18 +309,15 @@ def test_without_group_commit_every_job_is_a_flush_too() -> None:
     assert metrics.snapshot().group_commit_flushes == 2
 
 
-def test_scrub_results_and_domain_violations() -> None:
+def test_scrub_results_and_domain_violations_show_at_zero_before_anything_feeds_them() -> None:
     metrics = Metrics(Clock())
 
-    metrics.scrub_segment("verified")
-    metrics.scrub_segment("verified")
-    metrics.scrub_segment("unrepairable")
-    metrics.set_domain_violations(3)
-
     snapshot = metrics.snapshot()
-    assert snapshot.scrub_segments == {"verified": 2, "repaired": 0, "unrepairable": 1}
-    assert snapshot.domain_violations == 3
-    assert value(metrics, "svc_storage_scrub_segments_total", result="unrepairable") == 1
+    assert snapshot.scrub_segments == {"verified": 0, "repaired": 0, "unrepairable": 0}
+    assert snapshot.domain_violations == 0
+    for result in ("verified", "repaired", "unrepairable"):
+        assert value(metrics, "svc_storage_scrub_segments_total", result=result) == 0
+    assert value(metrics, "svc_domain_violations") == 0
 
 
 # -- clients and security ------------------------------------------------------------------------

@@ -178,3 +178,18 @@ def test_never_more_than_limit_plus_refill_get_through(
         assert decision.allowed or 0 < decision.retry_after_ms <= window_ms
     elapsed = sum(steps) - steps[0]
     assert allowed <= limit + 1 + elapsed * limit / window_ms
+
+
+def test_cleanup_keeps_a_bucket_that_is_not_full_again() -> None:
+    """A bucket driven below 0 needs more than one window to refill: forgetting it early would
+    hand its owner extra attempts."""
+    clock = Clock()
+    limits = limiter(clock, auth=RateLimit(limit=2, window_ms=1000))
+    for _ in range(3):
+        limits.check("a", Action.AUTH)
+    advance_ms(clock, 1)
+    limits.check("a", Action.AUTH)  # a fraction above 0 lets this through: about -1 left
+    advance_ms(clock, 1000)
+    assert limits.remove_expired() == 0
+    advance_ms(clock, 500)
+    assert limits.remove_expired() == 1

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.ratelimit import Action
+from logbroker.security.sessions import Origin
 from logbroker.server.protocol import (
+    MAX_WAITING_REFUSALS,
     REFUSAL_GRACE_SECONDS,
     AuthResult,
     ClientFactory,
@@ -208,7 +214,7 @@ def test_expired_buckets_and_sessions_are_removed_every_cleanup_interval() -> No
     task = cleanup_task(guards, 300_000, clock)
     task.startService()
     guards.limiter.check("10.0.0.1", Action.AUTH)
-    session = guards.sessions.create("admin", "10.0.0.1")
+    session = guards.sessions.create("admin", "10.0.0.1", Origin.DASHBOARD)
     clock.advance(299)
     assert guards.limiter.bucket_count() == 1
     clock.advance(1)  # 300 s: the bucket is full again (60 s window), the session lives on
@@ -247,15 +253,50 @@ def test_on_a_tls_port_a_refusal_answers_the_first_frame_in_the_layer_it_came_in
     assert transport.disconnecting
 
 
-def test_on_a_tls_port_a_refused_client_that_says_nothing_is_closed_without_a_word() -> None:
+@implementer(ITCPTransport)
+class _TcpTransport(StringTransport):
+    """A TCP connection as far as an abort goes."""
+
+    aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+
+
+def test_on_a_tls_port_a_refused_client_that_says_nothing_is_dropped_without_a_word() -> None:
     server, _ = server_with({"SVC_CONNECTION_LIMIT_ENABLED": "true", "SVC_MAX_TOTAL_CONN": "1"})
     factory = tls_factory(server, required=True)
     factory.buildProtocol(address("10.0.0.1")).makeConnection(StringTransport())
-    transport = StringTransport()
-    factory.buildProtocol(address("10.0.0.2")).makeConnection(transport)
+    transport = _TcpTransport()
+    refused = factory.buildProtocol(address("10.0.0.2"))
+    refused.makeConnection(transport)
     server.clock.advance(REFUSAL_GRACE_SECONDS - 0.1)
-    assert not transport.disconnecting
+    assert not transport.aborted
     server.clock.advance(0.1)
-    assert transport.disconnecting
+    assert transport.aborted
     assert transport.value() == b""
     assert server.guards.connections.total == 1
+    refused.connectionLost(Failure(ConnectionDone()))
+
+
+def test_past_so_many_waiting_refusals_a_tls_port_refuses_at_once_in_plaintext() -> None:
+    server, _ = server_with({"SVC_CONNECTION_LIMIT_ENABLED": "true", "SVC_MAX_TOTAL_CONN": "1"})
+    factory = tls_factory(server, required=True)
+    factory.buildProtocol(address("10.0.0.1")).makeConnection(StringTransport())
+    waiting = []
+    for _ in range(MAX_WAITING_REFUSALS):
+        transport = _TcpTransport()
+        protocol = factory.buildProtocol(address("10.0.0.2"))
+        protocol.makeConnection(transport)
+        waiting.append((protocol, transport))
+    assert all(transport.value() == b"" for _, transport in waiting)
+    at_once = StringTransport()
+    factory.buildProtocol(address("10.0.0.3")).makeConnection(at_once)
+    assert at_once.value() == wire.encode_error(0, wire.Reason.GLOBAL_LIMIT_EXCEEDED)
+    assert at_once.disconnecting
+    # A waiting refusal that ends makes room for the next to wait.
+    protocol, _ = waiting[0]
+    protocol.connectionLost(Failure(ConnectionDone()))
+    later = _TcpTransport()
+    factory.buildProtocol(address("10.0.0.4")).makeConnection(later)
+    assert later.value() == b""
