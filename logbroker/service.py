@@ -205,7 +205,15 @@ class DualStackPort(tcp.Port):
     def createInternetSocket(self) -> socket.socket:
         made: socket.socket = super().createInternetSocket()
         if made.family == socket.AF_INET6:
-            made.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            try:
+                made.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            except OSError as error:
+                log.warn(
+                    "IPv4 clients cannot reach {host}: this system keeps IPv6 sockets IPv6-only"
+                    " ({error}); set SVC_BIND_HOST=0.0.0.0 for IPv4",
+                    host=self.interface,
+                    error=error,
+                )
         return made
 
 
@@ -289,6 +297,9 @@ class ClientPortService(Service):
         )
 
     def _failed(self, failure: Failure) -> None:
+        if not self.running:
+            # Told to stop while getting ready: that stop is under way, and orderly.
+            return
         log.failure("The broker could not get ready; stopping", failure)
         # After the orderly stop (storage flushed), leave with a failure status, as a
         # supervisor expects of a service that could not start.

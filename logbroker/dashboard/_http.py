@@ -43,7 +43,9 @@ SECURITY_HEADERS = (
 STRICT_TRANSPORT_SECURITY = (b"Strict-Transport-Security", b"max-age=31536000")
 
 INTERNAL_ERROR_BODY = b'{"s":"err","reason":"internal_error"}'
-MALFORMED_URL_BODY = b'{"s":"err","reason":"malformed_request","message":"the URL is not UTF-8"}'
+MALFORMED_URL_BODY = (
+    b'{"s":"err","reason":"malformed_request","message":"the URL or Host is not UTF-8"}'
+)
 
 
 class DashboardRequest(Request):
@@ -78,8 +80,10 @@ class DashboardRequest(Request):
             self.setHeader(*STRICT_TRANSPORT_SECURITY)
         try:
             urllib.parse.unquote_to_bytes(self.path).decode("utf-8")
+            self.getRequestHostname().decode("utf-8")
         except UnicodeDecodeError:
-            # Klein would answer this itself, in plain text: every answer here is JSON.
+            # Klein would answer this itself, in plain text and with a logged traceback:
+            # every answer here is JSON, and bad input is not an error of the broker's.
             self._answer_now(400, MALFORMED_URL_BODY)
             return
         super().process()

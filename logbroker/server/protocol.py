@@ -30,7 +30,7 @@ from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, ITCPTransport
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -52,6 +52,8 @@ _T = TypeVar("_T")
 
 DEFAULT_WINDOW = 100
 MAX_WINDOW = 10_000
+#: How long a connection the broker closes may take to get its last bytes out.
+CLOSE_GRACE_SECONDS = 5.0
 #: A subscription's long polls end this often (at most), so its member's session stays fresh.
 _SUBSCRIPTION_POLL_MS = 10_000
 
@@ -124,6 +126,8 @@ class ClientProtocol(Protocol):
         self.client_ip = client_ip
         #: Counted in the connection registry (by the factory) until the connection is lost.
         self._counted = True
+        #: Aborts the connection if a close the broker began has not finished in time.
+        self._closing: IDelayedCall | None = None
         self._decoder = wire.FrameDecoder(settings.max_frame_size)
         self._state = _State.AWAITING_AUTH
         self._user: User | None = None
@@ -160,6 +164,9 @@ class ClientProtocol(Protocol):
         self._state = _State.CLOSED
         self._inbox.clear()
         self._cancel_auth_timer()
+        if self._closing is not None and self._closing.active():
+            self._closing.cancel()
+        self._closing = None
         for subscription in list(self._subscriptions.values()):
             subscription.stop()
             # The member is gone with its connection: hand its share over now, not after
@@ -224,8 +231,24 @@ class ClientProtocol(Protocol):
         for pending, correlation_id in list(self._pending.items()):
             self._send(wire.encode_error(correlation_id, Reason.UNREACHABLE))
             pending.cancel()
-        if self.transport is not None:
-            self.transport.loseConnection()
+        self._close()
+
+    def _close(self) -> None:
+        """Close once what was written is out, but for at most ``CLOSE_GRACE_SECONDS``: a
+        client that stopped reading would otherwise hold the connection, and its slot under the
+        connection limits, for ever (a paused transport never finishes a ``loseConnection``)."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.loseConnection()
+        if self._closing is None:
+            self._closing = self._clock.callLater(CLOSE_GRACE_SECONDS, self._abort)
+
+    def _abort(self) -> None:
+        self._closing = None
+        transport = self.transport
+        if ITCPTransport.providedBy(transport):
+            transport.abortConnection()
 
     def _auth_timed_out(self) -> None:
         self._auth_timer = None
@@ -241,7 +264,7 @@ class ClientProtocol(Protocol):
         """Answer with an error frame, then close: the connection cannot go on."""
         self._send(wire.encode_error(correlation_id, reason))
         self._state = _State.CLOSED
-        self.transport.loseConnection()  # type: ignore[union-attr]
+        self._close()
 
     def _closed(self) -> bool:
         return self._state is _State.CLOSED
@@ -646,8 +669,12 @@ class _Refused(Protocol):
         self.transport.loseConnection()
 
     def _give_up(self) -> None:
-        assert self.transport is not None
-        self.transport.abortConnection()  # type: ignore[attr-defined]
+        transport = self.transport
+        assert transport is not None
+        if ITCPTransport.providedBy(transport):
+            transport.abortConnection()
+        else:
+            transport.loseConnection()
 
 
 def _empty(_: object) -> bytes:

@@ -218,7 +218,14 @@ class _TlsOrPlaintext(Protocol):
 
     def _abort_tcp(self) -> None:
         self._closing = None
-        ITCPTransport(self.transport).abortConnection()
+        self._abort_below()
+
+    def _abort_below(self) -> None:
+        transport = self._tcp()
+        if ITCPTransport.providedBy(transport):
+            transport.abortConnection()
+        else:
+            transport.loseConnection()
 
     def getPeer(self) -> IAddress:
         return self._tcp().getPeer()
@@ -253,7 +260,7 @@ class _TlsOrPlaintext(Protocol):
             assert self._layer is not None
             self._layer.abortConnection()
         else:
-            ITCPTransport(self.transport).abortConnection()
+            self._abort_below()
 
     def loseWriteConnection(self) -> None:
         ITCPTransport(self.transport).loseWriteConnection()

@@ -13,6 +13,7 @@ import pytest
 import pytest_twisted
 from twisted.internet.defer import succeed
 from twisted.web.client import UNKNOWN_LENGTH
+from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
@@ -921,3 +922,13 @@ async def test_a_url_that_is_not_utf8_is_a_json_400(dashboard: Dashboard) -> Non
         assert (code, body["s"], body["reason"]) == (400, "err", "malformed_request")
         assert header(response, "Content-Type") == "application/json"
         assert header(response, "X-Content-Type-Options") == "nosniff"
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_host_header_that_is_not_utf8_is_a_json_400_not_a_logged_error(
+    dashboard: Dashboard, logged_errors: list[dict[str, Any]]
+) -> None:
+    response = await http.get(dashboard.url("/health"), headers=Headers({b"Host": [b"\xff\xfe"]}))
+    code, body = await answer(response)
+    assert (code, body["reason"]) == (400, "malformed_request")
+    assert logged_errors == []

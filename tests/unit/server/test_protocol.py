@@ -7,15 +7,21 @@ import struct
 import pytest
 from argon2 import PasswordHasher
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IAddress
+from twisted.internet.interfaces import IAddress, ITCPTransport
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from zope.interface import implementer
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
 from logbroker.records import Record
 from logbroker.security import UserDirectory, seed_accounts
-from logbroker.server.protocol import ClientFactory, ClientProtocol, ProtocolSettings
+from logbroker.server.protocol import (
+    CLOSE_GRACE_SECONDS,
+    ClientFactory,
+    ClientProtocol,
+    ProtocolSettings,
+)
 from logbroker.testing import ImmediateExecutor, ManualExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
@@ -431,6 +437,8 @@ def test_draining_answers_long_polls_at_once_and_fails_what_is_left_after_the_gr
     assert drained.called
     assert client.responses() == [wire.Response(91, b"", "unreachable")]
     assert client.transport.disconnecting
+    # Once the transport reports the close, nothing of the connection is left scheduled.
+    client.protocol.connectionLost()
     assert clock.getDelayedCalls() == []
 
 
@@ -463,7 +471,40 @@ def test_draining_with_nothing_in_flight_closes_at_once(world: World) -> None:
 
     assert drained.called
     assert client.transport.disconnecting
+    # Once the transport reports the close, nothing of the connection is left scheduled.
+    client.protocol.connectionLost()
     assert clock.getDelayedCalls() == []
+
+
+def test_a_close_the_client_does_not_let_finish_is_aborted_after_the_grace(world: World) -> None:
+    """A client that stops reading pauses the transport, and a paused transport never finishes
+    a ``loseConnection``: the connection (and its slot) would stay for ever."""
+    clock, server = world
+    transport = _AbortableTransport()
+    factory = ClientFactory(
+        server.broker,  # type: ignore[arg-type]
+        server.users,
+        clock,
+        ProtocolSettings(auth_timeout_ms=1000),
+        server.guards,
+    )
+    protocol = factory.buildProtocol(None)
+    protocol.makeConnection(transport)
+    clock.advance(1)  # no auth in time: the broker closes
+    assert transport.disconnecting
+    assert not transport.aborted
+    clock.advance(CLOSE_GRACE_SECONDS)
+    assert transport.aborted
+    protocol.connectionLost()
+    assert clock.getDelayedCalls() == []
+
+
+@implementer(ITCPTransport)
+class _AbortableTransport(TcpTransport):
+    aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
 
 
 # -- found in review -----------------------------------------------------------------------
