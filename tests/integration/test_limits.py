@@ -3,7 +3,9 @@ several loopback addresses (127.0.0.2 is another client IP on Linux) and on IPv6
 
 from __future__ import annotations
 
+import json
 import socket
+import urllib.request
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from logbroker.client.blocking import BlockingClient, BrokerRefused, ConnectionClosed
+from logbroker.records import Record
 from tests.integration.twistd import RunningBroker, running_broker
 
 pytestmark = pytest.mark.integration
@@ -112,3 +115,26 @@ def test_an_ipv6_client_on_the_loopback_is_served_and_its_session_bound_to_it(
         with open_from("127.0.0.1", broker.port) as elsewhere, pytest.raises(BrokerRefused) as e:
             elsewhere.auth(None, token)
         assert e.value.reason == "invalid_credentials"
+
+
+def test_the_high_traffic_tuning_is_reported_and_publish_is_never_limited(tmp_path: Path) -> None:
+    # The spec's high-traffic example tuning, with a publish limit well below what is sent.
+    settings = {
+        "SVC_RATE_LIMIT_ENABLED": "true",
+        "SVC_PUBLISH_RATE_LIMIT": "10000",
+        "SVC_MAX_TOTAL_CONN": "50000",
+    }
+    with running_broker(tmp_path, settings=settings) as broker:
+        with BlockingClient.connect("127.0.0.1", broker.port, "app", "app123") as client:
+            client.create_topic("busy")
+            batch = [Record(b"x" * 10)] * 1000
+            # 30 000 records within a second or two: three times the publish limit.
+            assert sum(client.produce("busy", batch) for _ in range(30)) == 30_000
+        base = f"http://127.0.0.1:{broker.dashboard_port}"
+        with urllib.request.urlopen(f"{base}/rate_limits", timeout=30) as response:
+            limits = json.load(response)
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+            rate_limiting = json.load(response)["system"]["rate_limiting"]
+    assert limits["config"]["publish"] == {"limit": 10000, "window_ms": 1000}
+    assert limits["top_blocked"]["publish"] == []
+    assert rate_limiting["publish_blocked"] == 0
