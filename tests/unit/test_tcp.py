@@ -19,6 +19,16 @@ class TcpTransport(StringTransport):
         self.no_delay = enabled
 
 
+@implementer(ITCPTransport)
+class AbortableTransport(TcpTransport):
+    """A TCP connection as far as an abort goes."""
+
+    aborted = False
+
+    def abortConnection(self) -> None:
+        self.aborted = True
+
+
 def test_a_tcp_transport_gets_no_delay() -> None:
     transport = TcpTransport()
 

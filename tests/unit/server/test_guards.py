@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.error import ConnectionDone
-from twisted.internet.interfaces import ITCPTransport
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
-from zope.interface import implementer
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
@@ -30,6 +28,7 @@ from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
 from tests.unit.server.test_protocol import CHEAP, Client, Server
 from tests.unit.storage.helpers import result_of
+from tests.unit.test_tcp import AbortableTransport
 
 
 def address(host: str) -> IPv4Address | IPv6Address:
@@ -253,21 +252,11 @@ def test_on_a_tls_port_a_refusal_answers_the_first_frame_in_the_layer_it_came_in
     assert transport.disconnecting
 
 
-@implementer(ITCPTransport)
-class _TcpTransport(StringTransport):
-    """A TCP connection as far as an abort goes."""
-
-    aborted = False
-
-    def abortConnection(self) -> None:
-        self.aborted = True
-
-
 def test_on_a_tls_port_a_refused_client_that_says_nothing_is_dropped_without_a_word() -> None:
     server, _ = server_with({"SVC_CONNECTION_LIMIT_ENABLED": "true", "SVC_MAX_TOTAL_CONN": "1"})
     factory = tls_factory(server, required=True)
     factory.buildProtocol(address("10.0.0.1")).makeConnection(StringTransport())
-    transport = _TcpTransport()
+    transport = AbortableTransport()
     refused = factory.buildProtocol(address("10.0.0.2"))
     refused.makeConnection(transport)
     server.clock.advance(REFUSAL_GRACE_SECONDS - 0.1)
@@ -285,7 +274,7 @@ def test_past_so_many_waiting_refusals_a_tls_port_refuses_at_once_in_plaintext()
     factory.buildProtocol(address("10.0.0.1")).makeConnection(StringTransport())
     waiting = []
     for _ in range(MAX_WAITING_REFUSALS):
-        transport = _TcpTransport()
+        transport = AbortableTransport()
         protocol = factory.buildProtocol(address("10.0.0.2"))
         protocol.makeConnection(transport)
         waiting.append((protocol, transport))
@@ -297,6 +286,6 @@ def test_past_so_many_waiting_refusals_a_tls_port_refuses_at_once_in_plaintext()
     # A waiting refusal that ends makes room for the next to wait.
     protocol, _ = waiting[0]
     protocol.connectionLost(Failure(ConnectionDone()))
-    later = _TcpTransport()
+    later = AbortableTransport()
     factory.buildProtocol(address("10.0.0.4")).makeConnection(later)
     assert later.value() == b""

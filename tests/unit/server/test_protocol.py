@@ -7,10 +7,9 @@ import struct
 import pytest
 from argon2 import PasswordHasher
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IAddress, ITCPTransport
+from twisted.internet.interfaces import IAddress
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from zope.interface import implementer
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
@@ -26,7 +25,7 @@ from logbroker.testing import ImmediateExecutor, ManualExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
 from tests.unit.storage.helpers import result_of
-from tests.unit.test_tcp import TcpTransport
+from tests.unit.test_tcp import AbortableTransport, TcpTransport
 
 CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
 
@@ -480,7 +479,7 @@ def test_a_close_the_client_does_not_let_finish_is_aborted_after_the_grace(world
     """A client that stops reading pauses the transport, and a paused transport never finishes
     a ``loseConnection``: the connection (and its slot) would stay for ever."""
     clock, server = world
-    transport = _AbortableTransport()
+    transport = AbortableTransport()
     factory = ClientFactory(
         server.broker,  # type: ignore[arg-type]
         server.users,
@@ -497,14 +496,6 @@ def test_a_close_the_client_does_not_let_finish_is_aborted_after_the_grace(world
     assert transport.aborted
     protocol.connectionLost()
     assert clock.getDelayedCalls() == []
-
-
-@implementer(ITCPTransport)
-class _AbortableTransport(TcpTransport):
-    aborted = False
-
-    def abortConnection(self) -> None:
-        self.aborted = True
 
 
 # -- found in review -----------------------------------------------------------------------
