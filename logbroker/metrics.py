@@ -127,6 +127,17 @@ class Metrics:
         self._integrity = _children(
             self._integrity_failures, [reason.value for reason in DamageReason]
         )
+        # The subset that is corruption at rest, apart, so that an alert need not tell it from
+        # ordinary crash recovery (which only active segments see).
+        self._sealed_integrity_failures = Counter(
+            "svc_storage_sealed_integrity_failures_total",
+            "Integrity failures found in sealed segments (corruption at rest), by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self._sealed_integrity = _children(
+            self._sealed_integrity_failures, [reason.value for reason in DamageReason]
+        )
         self._scrub_segments = Counter(
             "svc_storage_scrub_segments_total",
             "Sealed segments the integrity scrub checked, by result.",
@@ -135,6 +146,12 @@ class Metrics:
         )
         # Shown at 0 until the scrub exists (the spec's alerts watch ``verified`` advance).
         _children(self._scrub_segments, SCRUB_RESULTS)
+        # 0 until the scrub is built: the "scrub stalled" alert keys on it being 1.
+        Gauge(
+            "svc_scrub_enabled",
+            "1 while the integrity scrub runs on this node (SVC_SCRUB_ENABLED and built).",
+            registry=r,
+        )
         self._domain_violations = Gauge(
             "svc_domain_violations",
             "Segments whose replicas do not meet their placement spread.",
@@ -272,6 +289,8 @@ class Metrics:
         """A range log's ``on_integrity_event`` hook: counts what it reports as a failure."""
         if event.counted:
             self._integrity[event.reason.value].inc()
+        if event.sealed:
+            self._sealed_integrity[event.reason.value].inc()
 
     def flushed(self, flush: Flush) -> None:
         """A range log's ``on_flushed`` hook."""

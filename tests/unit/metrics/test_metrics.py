@@ -244,6 +244,8 @@ def test_rot_found_on_open_counts_as_an_integrity_failure(
         "checksum": 1,
     }
     assert value(metrics, "svc_storage_integrity_failures_total", reason="checksum") == 1
+    # Rot in the active segment: not corruption at rest.
+    assert value(metrics, "svc_storage_sealed_integrity_failures_total", reason="checksum") == 0
 
 
 def test_a_torn_tail_of_an_active_segment_is_not_counted() -> None:
@@ -277,6 +279,8 @@ def test_damage_in_a_sealed_segment_found_by_verify_counts_once(
     assert len(logged_errors) == 1
     logged_errors.clear()
     assert metrics.snapshot().integrity_failures["checksum"] == 1
+    assert value(metrics, "svc_storage_sealed_integrity_failures_total", reason="checksum") == 1
+    assert value(metrics, "svc_scrub_enabled") == 0
 
 
 def test_group_commit_flushes_are_observed_once_each_with_their_records() -> None:
