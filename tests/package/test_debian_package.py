@@ -37,7 +37,11 @@ TLS_DIR = Path("/etc/logbroker/tls")
 DATA_DIR = Path("/var/lib/logbroker")
 UNIT = Path("/lib/systemd/system/logbroker.service")
 CLI = Path("/usr/bin/logbroker")
+WANTS = Path("/etc/systemd/system/multi-user.target.wants/logbroker.service")
 PASSWORD = "package-test-admin"
+#: apt-get that waits for another apt's lock instead of failing, and never asks.
+APT = ("apt-get", "-y", "-q", "-o", "DPkg::Lock::Timeout=300")
+APT_ENV = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
 
 
 def sh(*command: str, timeout: float = 300, **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -53,21 +57,15 @@ def sh(*command: str, timeout: float = 300, **kwargs: object) -> subprocess.Comp
 
 
 def purge() -> None:
-    sh(
-        "apt-get",
-        "purge",
-        "-y",
-        "-q",
-        "logbroker",
-        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"},
-    )
+    sh(*APT, "purge", "logbroker", env=APT_ENV)
 
 
 def installed() -> bool:
+    """Whether dpkg knows the package at all (installed, half-installed or its conffiles left)."""
     status = subprocess.run(
         ["dpkg-query", "-W", "-f=${Status}", "logbroker"], capture_output=True, text=True
     ).stdout
-    return "installed" in status
+    return bool(status) and not status.endswith("not-installed")
 
 
 @pytest.fixture(scope="module")
@@ -81,16 +79,13 @@ def package() -> Iterator[Path]:
         old.unlink()
     sh("make", "deb", cwd=ROOT, timeout=900)
     [deb] = ROOT.glob("dist/logbroker_*.deb")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     sh(
-        "apt-get",
+        *APT,
         "install",
-        "-y",
-        "-q",
         "--no-install-recommends",
         f"./{deb.relative_to(ROOT)}",
         cwd=ROOT,
-        env=env,
+        env=APT_ENV,
     )
     try:
         yield deb
@@ -146,7 +141,7 @@ def test_unit_file(package: Path) -> None:
         "NoNewPrivileges=yes",
     ]:
         assert line in unit.splitlines()
-    assert Path("/etc/systemd/system/multi-user.target.wants/logbroker.service").is_symlink()
+    assert WANTS.is_symlink(), "the unit is enabled"
 
 
 def free_port() -> int:
@@ -253,9 +248,8 @@ def test_without_an_admin_password_it_exits_2_naming_the_variable(package: Path)
 
 def test_purge_leaves_nothing(package: Path) -> None:
     purge()
-    left = [
-        str(path) for path in (VENV, ENV_FILE.parent, DATA_DIR, CLI, UNIT) if os.path.lexists(path)
-    ]
+    paths = (VENV, ENV_FILE.parent, DATA_DIR, CLI, UNIT, WANTS, Path("/usr/share/logbroker"))
+    left = [str(path) for path in paths if os.path.lexists(path)]
     assert not left, f"left after purge: {left}"
     for database in ("passwd", "group"):
         found = subprocess.run(["getent", database, "logbroker"], capture_output=True, check=False)
