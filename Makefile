@@ -6,8 +6,17 @@ BUILD_DEPENDS := debhelper dh-virtualenv devscripts build-essential python3-all 
 
 .PHONY: deb
 deb:
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-		-o DPkg::Lock::Timeout=300 $(BUILD_DEPENDS)
+	@# only what is missing, so a machine that has them builds offline
+	set -e; missing=; \
+	for package in $(BUILD_DEPENDS); do \
+	  dpkg-query -W -f='$${Status}' $$package 2>/dev/null | grep -q "ok installed" \
+	    || missing="$$missing $$package"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get update -q; \
+	  apt-get install -y -q --no-install-recommends -o DPkg::Lock::Timeout=300 $$missing; \
+	fi
 	dpkg-buildpackage -us -uc -b
 	@# dpkg-buildpackage writes the package and its .buildinfo and .changes to the parent
 	@# directory; move this version's files into dist/.
