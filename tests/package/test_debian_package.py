@@ -118,8 +118,9 @@ def test_files_owners_and_modes(package: Path) -> None:
 
     assert CLI.is_symlink()
     assert os.readlink(CLI) == str(VENV / "bin/logbroker")
-    rules = Path("/usr/share/logbroker/prometheus/logbroker-alerts.yml")
-    assert rules.read_bytes() == (ROOT / "etc/prometheus/logbroker-alerts.yml").read_bytes()
+    for shipped in ("prometheus/logbroker-alerts.yml", "grafana/logbroker-dashboard.json"):
+        installed = Path("/usr/share/logbroker") / shipped
+        assert installed.read_bytes() == (ROOT / "etc" / shipped).read_bytes()
     # The native batch encoder was built into the package.
     sh(str(VENV / "bin/python"), "-c", "import logbroker.storage._speedups")
     # postinst wrote the plugin cache, so the service user never has to.
