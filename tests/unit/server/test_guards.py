@@ -38,11 +38,13 @@ def address(host: str) -> IPv4Address | IPv6Address:
 def server_with(settings: dict[str, str]) -> tuple[Server, list[AuthResult]]:
     clock = Clock()
     broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=1))
-    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
+    built = make_guards(clock, settings)
+    users = UserDirectory(
+        control, ImmediateExecutor(), CHEAP, on_credentials_revoked=built.sessions.revoke_user
+    )
     result_of(seed_accounts(users, "dev", {}))
     server = Server(broker, users, clock)
     results: list[AuthResult] = []
-    built = make_guards(clock, settings)
     server.guards = Guards(built.connections, built.limiter, built.sessions, results.append)
     return server, results
 
@@ -191,6 +193,19 @@ def test_a_token_of_a_deleted_user_is_refused() -> None:
     server, _ = server_with({})
     token = token_of(connect(server, "10.0.0.1"), "consumer", "consumer123")
     result_of(server.users.delete_user("consumer"))
+    late = connect(server, "10.0.0.1")
+    late.send(wire.Auth(None, token), 2)
+    assert late.one().reason == "invalid_credentials"
+
+
+def test_a_password_changed_over_the_client_port_ends_the_user_s_sessions() -> None:
+    server, _ = server_with({})
+    token = token_of(connect(server, "10.0.0.1"), "producer", "producer123")
+    admin = connect(server, "10.0.0.2")
+    admin.login()
+    admin.send(wire.ChangePassword("producer", "a-new-password"), 5)
+    assert admin.one() == wire.Response(5, b"", None)
+
     late = connect(server, "10.0.0.1")
     late.send(wire.Auth(None, token), 2)
     assert late.one().reason == "invalid_credentials"
