@@ -55,16 +55,6 @@ class ConnectionRegistry:
         self._on_refused = on_refused
         self._per_ip: dict[str, int] = {}
         self.total = 0
-        #: Connections refused, by the reason they were told.
-        self.refused: dict[Reason, int] = {
-            Reason.CONNECTION_LIMIT_EXCEEDED: 0,
-            Reason.GLOBAL_LIMIT_EXCEEDED: 0,
-        }
-
-    @property
-    def blocks(self) -> int:
-        """Every refused connection (the spec's ``connection_blocks``)."""
-        return sum(self.refused.values())
 
     def acquire(self, client_ip: str) -> Reason | None:
         """Count a new connection from ``client_ip``; the reason to refuse it, if over a limit
@@ -80,7 +70,6 @@ class ConnectionRegistry:
                 refusal = Reason.GLOBAL_LIMIT_EXCEEDED
         if refusal is not None:
             self.release(client_ip)
-            self.refused[refusal] += 1
             self._on_refused(refusal)
         return refusal
 

@@ -101,8 +101,8 @@ class RateLimiter:
         self._clock = clock
         self._on_blocked = on_blocked
         self._buckets: dict[tuple[Action, str], Bucket] = {}
+        #: Blocks per identifier, for ``top_blocked``; the totals are counted by ``on_blocked``.
         self._blocked: dict[Action, dict[str, int]] = {action: {} for action in Action}
-        self._blocked_total: dict[Action, int] = dict.fromkeys(Action, 0)
 
     def limit(self, action: Action) -> RateLimit:
         return self._limits[action]
@@ -122,16 +122,11 @@ class RateLimiter:
         return decision
 
     def _count_block(self, action: Action, identifier: str) -> None:
-        self._blocked_total[action] += 1
         counts = self._blocked[action]
         if identifier not in counts and len(counts) >= MAX_TRACKED_IDENTIFIERS:
             del counts[min(counts, key=counts.__getitem__)]
         counts[identifier] = counts.get(identifier, 0) + 1
         self._on_blocked(action, identifier)
-
-    def blocked_total(self, action: Action) -> int:
-        """Every block of ``action`` since start."""
-        return self._blocked_total[action]
 
     def top_blocked(self, action: Action, count: int = 10) -> list[tuple[str, int]]:
         """The identifiers blocked most often, most first (ties by identifier)."""

@@ -96,8 +96,6 @@ class SessionStore:
         self._sessions: dict[bytes, Session] = {}
         #: The keys of each user's sessions from each origin, oldest first.
         self._owned: dict[tuple[str, Origin], dict[bytes, None]] = {}
-        self.expired_total = 0
-        self.hijack_total = 0
 
     def create(self, user: str, client_ip: str, origin: Origin) -> Session:
         now = self._now_ms()
@@ -130,10 +128,8 @@ class SessionStore:
         hijack = session.client_ip != client_ip
         if expired:
             self._forget(key)
-            self.expired_total += 1
             self._on_expired()
         if hijack:
-            self.hijack_total += 1
             self._on_hijack()
         if expired or hijack:
             return Validation(None, expired=expired, hijack=hijack)

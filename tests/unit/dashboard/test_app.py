@@ -404,7 +404,7 @@ async def test_a_token_from_another_ip_is_rejected_and_counted_as_a_hijack_attem
 
     assert await answer(stolen) == (401, {"s": "err", "reason": "session_hijack_attempt"})
     assert dashboard.metrics.snapshot().session_hijack_attempts == 1
-    assert dashboard.guards.sessions.hijack_total == 1
+    assert b"svc_session_hijack_attempt_total 1.0" in dashboard.metrics.render_text()
     body = (await answer(await http.get(dashboard.url("/metrics"))))[1]
     assert body["system"]["sessions"]["hijack_attempts"] == 1
     # The session stays with its owner (NAT rotation also looks like this).
@@ -510,7 +510,7 @@ async def test_dashboard_auth_blocks_are_counted_apart_from_tcp_auth_blocks(
     for _ in range(4):
         dashboard.tcp_client("127.0.0.1").send(wire.Auth("admin", "wrong"))
     assert await blocked() == (3, 2)
-    assert dashboard.guards.limiter.blocked_total(Action.DASHBOARD_AUTH) == 2
+    assert dashboard.metrics.snapshot().rate_limit_blocks[Action.DASHBOARD_AUTH] == 2
 
 
 # -- require admin -------------------------------------------------------------------------

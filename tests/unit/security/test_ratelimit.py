@@ -19,10 +19,21 @@ from logbroker.security.ratelimit import (
 AUTH = RateLimit(limit=10, window_ms=60_000)
 
 
-def limiter(clock: Clock, *, enabled: bool = True, auth: RateLimit = AUTH) -> RateLimiter:
+class CountingLimiter(RateLimiter):
+    """A limiter whose blocks are counted per action through its ``on_blocked`` hook."""
+
+    def __init__(self, limits: dict[Action, RateLimit], *, enabled: bool, clock: Clock) -> None:
+        self.blocks: dict[Action, int] = dict.fromkeys(Action, 0)
+        super().__init__(limits, enabled=enabled, clock=clock, on_blocked=self._blocked_by)
+
+    def _blocked_by(self, action: Action, identifier: str) -> None:
+        self.blocks[action] += 1
+
+
+def limiter(clock: Clock, *, enabled: bool = True, auth: RateLimit = AUTH) -> CountingLimiter:
     limits = {action: RateLimit(100, 1000) for action in Action}
     limits[Action.AUTH] = auth
-    return RateLimiter(limits, enabled=enabled, clock=clock)
+    return CountingLimiter(limits, enabled=enabled, clock=clock)
 
 
 def advance_ms(clock: Clock, ms: int) -> None:
@@ -36,7 +47,7 @@ def test_a_burst_in_one_millisecond_gets_exactly_the_limit_through() -> None:
     assert [d.allowed for d in decisions] == [True] * 10 + [False] * 2
     # retry after = window start + window length - now, at the window's start
     assert decisions[10] == Decision(False, 60_000)
-    assert limits.blocked_total(Action.AUTH) == 2
+    assert limits.blocks[Action.AUTH] == 2
     assert limits.top_blocked(Action.AUTH) == [("10.0.0.1", 2)]
 
 
@@ -95,14 +106,14 @@ def test_identifiers_and_actions_have_their_own_buckets() -> None:
     assert not limits.check("a", Action.AUTH).allowed
     assert limits.check("b", Action.AUTH).allowed
     assert limits.check("a", Action.DASHBOARD_AUTH).allowed
-    assert limits.blocked_total(Action.DASHBOARD_AUTH) == 0
+    assert limits.blocks[Action.DASHBOARD_AUTH] == 0
     assert limits.top_blocked(Action.AUTH) == [("a", 1)]
 
 
 def test_disabled_allows_everything_and_counts_nothing() -> None:
     limits = limiter(Clock(), enabled=False, auth=RateLimit(limit=1, window_ms=1000))
     assert all(limits.check("a", Action.AUTH).allowed for _ in range(100))
-    assert limits.blocked_total(Action.AUTH) == 0
+    assert limits.blocks[Action.AUTH] == 0
     assert limits.bucket_count() == 0
 
 
@@ -127,7 +138,7 @@ def test_blocked_counts_are_bounded_forgetting_the_fewest() -> None:
     top = limits.top_blocked(Action.AUTH, MAX_TRACKED_IDENTIFIERS + 10)
     assert len(top) == MAX_TRACKED_IDENTIFIERS
     assert top[0] == ("loud", 2)
-    assert limits.blocked_total(Action.AUTH) == 2 + MAX_TRACKED_IDENTIFIERS + 5
+    assert limits.blocks[Action.AUTH] == 2 + MAX_TRACKED_IDENTIFIERS + 5
 
 
 def test_cleanup_forgets_only_buckets_that_are_full_and_out_of_their_window() -> None:

@@ -12,7 +12,12 @@ from logbroker.server.protocol import Guards
 from logbroker.service import build_guards
 
 
-def make_guards(clock: IReactorTime, settings: Mapping[str, str] | None = None) -> Guards:
-    """Test mode's guards (limiters off) unless ``settings`` (``SVC_*``) say otherwise."""
+def make_guards(
+    clock: IReactorTime,
+    settings: Mapping[str, str] | None = None,
+    metrics: Metrics | None = None,
+) -> Guards:
+    """Test mode's guards (limiters off) unless ``settings`` (``SVC_*``) say otherwise, counting
+    what they refuse in ``metrics``."""
     config, _ = BrokerConfig.from_env({"SVC_ENV": "test", **(settings or {})}, cwd="/")
-    return build_guards(config, clock, Metrics(clock))
+    return build_guards(config, clock, metrics or Metrics(clock))

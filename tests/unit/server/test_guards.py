@@ -10,6 +10,7 @@ from twisted.python.failure import Failure
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
+from logbroker.metrics import Metrics
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.ratelimit import Action
 from logbroker.security.sessions import Origin
@@ -38,12 +39,14 @@ def address(host: str) -> IPv4Address | IPv6Address:
 def server_with(settings: dict[str, str]) -> tuple[Server, list[AuthResult]]:
     clock = Clock()
     broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=1))
-    built = make_guards(clock, settings)
+    metrics = Metrics(clock)
+    built = make_guards(clock, settings, metrics)
     users = UserDirectory(
         control, ImmediateExecutor(), CHEAP, on_credentials_revoked=built.sessions.revoke_user
     )
     result_of(seed_accounts(users, "dev", {}))
     server = Server(broker, users, clock)
+    server.metrics = metrics
     results: list[AuthResult] = []
     server.guards = Guards(built.connections, built.limiter, built.sessions, results.append)
     return server, results
@@ -65,7 +68,7 @@ def test_a_connection_over_the_per_ip_cap_gets_the_error_frame_and_a_close() -> 
     # Another IP is not affected.
     other = connect(server, "10.0.0.2")
     other.login()
-    assert server.guards.connections.blocks == 1
+    assert sum(server.metrics.snapshot().connection_limit_blocks.values()) == 1
     # Closing a connection frees its slot.
     first.protocol.connectionLost()
     third = connect(server, "10.0.0.1")
@@ -175,7 +178,7 @@ def test_a_token_from_another_ip_is_refused_and_counted_as_a_hijack() -> None:
     stolen = connect(server, "127.0.0.2")
     stolen.send(wire.Auth(None, token), 2)
     assert stolen.one() == wire.Response(2, b"", "invalid_credentials")
-    assert server.guards.sessions.hijack_total == 1
+    assert server.metrics.snapshot().session_hijack_attempts == 1
     assert results[-1] is AuthResult.INVALID_CREDENTIALS
 
 
@@ -186,7 +189,7 @@ def test_an_expired_token_is_refused_and_counted() -> None:
     late = connect(server, "10.0.0.1")
     late.send(wire.Auth(None, token), 2)
     assert late.one().reason == "invalid_credentials"
-    assert server.guards.sessions.expired_total == 1
+    assert server.metrics.snapshot().sessions_expired == 1
 
 
 def test_a_token_of_a_deleted_user_is_refused() -> None:

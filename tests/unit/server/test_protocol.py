@@ -13,6 +13,7 @@ from twisted.internet.testing import StringTransport
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
+from logbroker.metrics import Metrics
 from logbroker.records import Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import (
@@ -74,7 +75,9 @@ class Server:
         self.broker = broker
         self.users = users
         self.clock = clock
-        self.guards = make_guards(clock)
+        #: Counts what the guards refuse.
+        self.metrics = Metrics(clock)
+        self.guards = make_guards(clock, metrics=self.metrics)
         self.factories: list[ClientFactory] = []
 
     def connect(
