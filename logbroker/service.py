@@ -15,8 +15,8 @@ its connections drain (requests in flight are answered, or failed after a grace 
 dashboard port stops, the periodic tasks end their runs in progress, then the control plane
 flushes, and the store closes last, after every queued append has been flushed and fsynced.
 
-One ``Metrics`` holds every series; the range logs, the broker and the periodic tasks feed it,
-and ``BrokerService.metrics`` hands it to whatever serves it.
+One ``Metrics`` holds every series; the range logs, the broker, the guards and the periodic tasks
+feed it, the dashboard port serves it, and ``BrokerService.metrics`` exposes it to an embedder.
 """
 
 from __future__ import annotations
@@ -361,7 +361,8 @@ class OrderedServices(MultiService):
 
 
 class BrokerService(OrderedServices):
-    """The whole broker's service tree, and its ``metrics`` (for the dashboard to serve)."""
+    """The whole broker's service tree, and its ``metrics`` (the one registry the dashboard
+    serves, for a program that embeds the broker)."""
 
     def __init__(self, metrics: Metrics) -> None:
         super().__init__()
