@@ -36,7 +36,7 @@ from twisted.internet.task import deferLater
 
 from logbroker import __version__
 from logbroker.controlplane import ControlPlane
-from logbroker.storage import DamageReason, Flush, IntegrityEvent, RangeLog, SegmentState
+from logbroker.storage import CopyState, DamageReason, Flush, IntegrityEvent, RangeLog
 
 # The label values of each labelled series (topics and tasks aside). The methods take them as
 # strings, so that the callers' own string enums (``AuthResult``, ``Action``) pass as they are;
@@ -460,7 +460,7 @@ class _Inventory:
         control = self.control
         topics = control.topics() if control is not None else []
         ranges = sum(len(control.ranges(t.name)) for t in topics) if control is not None else 0
-        segments = dict.fromkeys((state.value for state in SegmentState), 0)
+        segments = dict.fromkeys((state.value for state in CopyState), 0)
         size = 0
         logs = self.storage.logs.values() if self.storage is not None else ()
         for range_log in logs:

@@ -24,7 +24,6 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker import wire
-from logbroker.broker._transcode import encode_stored, wire_records
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.groups import Group
 from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
@@ -32,6 +31,7 @@ from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, Rang
 from logbroker.metrics import Metrics
 from logbroker.records import Record
 from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
+from logbroker.transcode import encode_stored, wire_records
 from logbroker.wire.errors import Reason
 
 log = Logger()

@@ -11,18 +11,17 @@ round-robin over the topic's active ranges by the broker.
 
 from __future__ import annotations
 
-import re
-
 from crc32c import crc32c
 
+from logbroker.controlplane import MAX_KEYSPACE_BITS, valid_name
+
 DEFAULT_KEYSPACE_BITS = 8
-MAX_KEYSPACE_BITS = 32
-_TOPIC_NAME = re.compile(r"[A-Za-z0-9._-]{1,249}")
 
 
 def valid_topic_name(name: str | None) -> bool:
-    """``[A-Za-z0-9._-]{1,249}``, never ``.`` or ``..`` (names become directory names)."""
-    return name is not None and _TOPIC_NAME.fullmatch(name) is not None and name not in (".", "..")
+    """Whether a request's topic name is present and valid (the rule is the control plane's
+    ``valid_name``: names become directory names)."""
+    return name is not None and valid_name(name)
 
 
 def keyspace_bits(requested: int) -> int | None:

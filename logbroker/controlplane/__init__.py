@@ -8,6 +8,7 @@ from logbroker.controlplane._format import FORMAT_VERSION
 from logbroker.controlplane._interface import ControlPlane
 from logbroker.controlplane._model import (
     GRANT_OPERATIONS,
+    MAX_KEYSPACE_BITS,
     AclGrant,
     Range,
     RangeState,
@@ -37,6 +38,7 @@ from logbroker.controlplane.local import LocalControlPlane
 __all__ = [
     "FORMAT_VERSION",
     "GRANT_OPERATIONS",
+    "MAX_KEYSPACE_BITS",
     "AclGrant",
     "AlreadyExistsError",
     "ControlPlane",

@@ -18,7 +18,7 @@ from logbroker.controlplane import Topic
 from logbroker.metrics import MetricsSnapshot
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.server.protocol import Guards
-from logbroker.storage import SegmentInfo, SegmentState
+from logbroker.storage import CopyState, SegmentInfo
 
 #: Entries of the per-IP lists (top blocked, busiest connections).
 TOP_COUNT = 10
@@ -171,7 +171,7 @@ def metrics_payload(
             "topics": snapshot.topics,
             "ranges": snapshot.ranges,
             "segments": sum(snapshot.storage_segments.values()),
-            "sealed_segments": snapshot.storage_segments.get(SegmentState.SEALED.value, 0),
+            "sealed_segments": snapshot.storage_segments.get(CopyState.SEALED.value, 0),
             "damaged_segments": sum(
                 info.damage is not None for infos in segments.values() for info in infos
             ),

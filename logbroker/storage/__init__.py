@@ -5,9 +5,16 @@ See ``docs/storage-format.md`` for the bytes on disk and ``RangeLog`` for the AP
 
 from logbroker.records import Record, StoredRecord
 from logbroker.storage._executor import Executor, ThreadPoolExecutor
-from logbroker.storage._format import BATCH_ENCODER, FORMAT_VERSION, Damage, DamageReason, Seal
+from logbroker.storage._format import (
+    BATCH_ENCODER,
+    FORMAT_VERSION,
+    Damage,
+    DamageReason,
+    Seal,
+    iter_record_frames,
+)
 from logbroker.storage._fs import FileSystem, OsFileSystem
-from logbroker.storage._segment import IntegrityEvent, SegmentInfo, SegmentState, Verification
+from logbroker.storage._segment import CopyState, IntegrityEvent, SegmentInfo, Verification
 from logbroker.storage.errors import (
     FormatTooNewError,
     InvalidBatchError,
@@ -29,6 +36,7 @@ __all__ = [
     "FORMAT_VERSION",
     "Appended",
     "BatchSlice",
+    "CopyState",
     "Damage",
     "DamageReason",
     "DataDirectory",
@@ -51,10 +59,10 @@ __all__ = [
     "Seal",
     "SegmentInfo",
     "SegmentNotFoundError",
-    "SegmentState",
     "SegmentStateError",
     "StorageError",
     "StoredRecord",
     "ThreadPoolExecutor",
     "Verification",
+    "iter_record_frames",
 ]

@@ -465,8 +465,14 @@ def decode_record(frame: memoryview) -> StoredRecord:
 
 def iter_batch_records(view: memoryview, batch: BatchInfo) -> Iterator[StoredRecord]:
     """Yield the records of a batch that passed its checksum in ``scan_batches``."""
-    position = batch.position + BATCH_HEADER_SIZE
-    for _ in range(batch.record_count):
+    start = batch.position + BATCH_HEADER_SIZE
+    return iter_record_frames(view, start, batch.end)
+
+
+def iter_record_frames(view: memoryview, start: int, end: int) -> Iterator[StoredRecord]:
+    """Yield the records of the verified record frames filling ``view[start:end]``."""
+    position = start
+    while position < end:
         (length,) = _U32.unpack_from(view, position + 8)
         yield decode_record(view[position : position + length])
         position += length

@@ -55,7 +55,11 @@ def segment_stem(base_offset: int) -> str:
     return f"{base_offset:020d}"
 
 
-class SegmentState(StrEnum):
+class CopyState(StrEnum):
+    """The state of this node's copy of a segment. The control plane's ``SegmentState`` is the
+    segment's state in the cluster: a copy may be closed here while the segment is active, and a
+    replica's copy of a sealed segment carries no local seal marker."""
+
     #: Being appended to; the last segment of a range.
     ACTIVE = "active"
     #: Carries its own seal marker: complete and immutable.
@@ -148,7 +152,7 @@ class SegmentInfo:
     """A segment as ``RangeLog.segments`` lists it; sealing reports it to the control plane."""
 
     base_offset: int
-    state: SegmentState
+    state: CopyState
     #: Readable records (for a sealed segment: the count its seal recorded).
     record_count: int
     #: Readable bytes (for a sealed segment: the size its seal recorded).
@@ -170,7 +174,7 @@ class Segment:
 
     base_offset: int
     path: str
-    state: SegmentState
+    state: CopyState
     #: Bytes of the file that verify (or that the seal vouches for); reads stop here.
     readable_end: int
     #: The offset after the last readable record.
@@ -269,7 +273,7 @@ def _recover_sealed(
     segment = Segment(
         base,
         path,
-        SegmentState.SEALED,
+        CopyState.SEALED,
         readable_end,
         next_offset,
         seal.next_offset,
@@ -292,7 +296,7 @@ def _recover_unsealed(
     truncated = None
     damage = scan.damage
     end_offset = next_offset
-    state = SegmentState.ACTIVE
+    state = CopyState.ACTIVE
     if damage is not None:
         events.append(IntegrityEvent(damage.reason, path, base, damage.position, has_marker))
         if damage.torn and not has_marker:
@@ -300,7 +304,7 @@ def _recover_unsealed(
             truncated = (path, len(data), damage.position)
             damage = None
         else:
-            state = SegmentState.CLOSED
+            state = CopyState.CLOSED
             end_offset = salvage_end_offset(data, scan.end, next_offset)
     segment = Segment(
         base,
@@ -361,11 +365,11 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
         fs.sync_dir(directory)
     # Only the last segment may take appends; an earlier unsealed one is a closed copy.
     for segment in segments[:-1]:
-        if segment.state is SegmentState.ACTIVE:
-            segment.state = SegmentState.CLOSED
-    if segments and segments[-1].has_marker and segments[-1].state is SegmentState.ACTIVE:
-        segments[-1].state = SegmentState.CLOSED
-    if segments and segments[-1].state is not SegmentState.ACTIVE:
+        if segment.state is CopyState.ACTIVE:
+            segment.state = CopyState.CLOSED
+    if segments and segments[-1].has_marker and segments[-1].state is CopyState.ACTIVE:
+        segments[-1].state = CopyState.CLOSED
+    if segments and segments[-1].state is not CopyState.ACTIVE:
         # The next segment starts where this one ends, and must never take its file name: a
         # closed copy that holds no readable record (say, an empty file beside an unreadable
         # marker) still gives up one offset.

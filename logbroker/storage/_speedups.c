@@ -492,7 +492,7 @@ PyDoc_STRVAR(wire_records_doc,
              "The record frames in data[start:end] from first_offset on, as client protocol\n"
              "records: (wire bytes, record count, next offset, key and value bytes). Stops at\n"
              "max_records, or once max_bytes of keys and values are taken (at least one\n"
-             "record). Same result as logbroker.broker._transcode.wire_records_python.");
+             "record). Same result as logbroker.transcode.wire_records_python.");
 
 static PyObject *
 wire_records(PyObject *module, PyObject *args)

@@ -56,11 +56,11 @@ from logbroker.storage._segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     SEAL_SUFFIX,
+    CopyState,
     IntegrityEvent,
     RecoveredLog,
     Segment,
     SegmentInfo,
-    SegmentState,
     Verification,
     build_index,
     recover_log,
@@ -308,7 +308,7 @@ class RangeLog:
         #: In base-offset order; bisected by ``_base``.
         self._segments = recovered.segments
         last = self._segments[-1] if self._segments else None
-        self._active = last if last is not None and last.state is SegmentState.ACTIVE else None
+        self._active = last if last is not None and last.state is CopyState.ACTIVE else None
         #: The offset the next append takes (appends in flight included).
         self._next_offset = last.end_offset if last is not None else start_offset
         #: The offset after the last durable record: the log end readers see.
@@ -567,7 +567,7 @@ class RangeLog:
         sealing: tuple[_SealPlan, Segment, Seal] | None = None
         if target is not None and target.damage is not None:
             # Rot was found in the active segment: it takes no more appends.
-            target.state = SegmentState.CLOSED
+            target.state = CopyState.CLOSED
             if target.writer is not None:
                 target.writer.close()
                 target.writer = None
@@ -626,7 +626,7 @@ class RangeLog:
         if segment.writer is not None:
             segment.writer.close()
             segment.writer = None
-        segment.state = SegmentState.SEALED
+        segment.state = CopyState.SEALED
         segment.seal = seal
         segment.has_marker = True
         self._start_segment(seal.next_offset, next_writer)
@@ -641,9 +641,7 @@ class RangeLog:
         return info
 
     def _start_segment(self, base: int, writer: AppendFile) -> Segment:
-        segment = Segment(
-            base, self._segment_path(base), SegmentState.ACTIVE, 0, base, base, [], None
-        )
+        segment = Segment(base, self._segment_path(base), CopyState.ACTIVE, 0, base, base, [], None)
         segment.writer = writer
         self._segments.append(segment)
         self._active = segment
@@ -743,7 +741,7 @@ class RangeLog:
             self._timer.cancel()
             self._timer = None
         if self._active is not None:
-            self._active.state = SegmentState.CLOSED
+            self._active.state = CopyState.CLOSED
         queued, self._queue = list(self._queue), deque()
         self._queued_controls = 0
         self._parked_records = 0
@@ -878,7 +876,7 @@ class RangeLog:
             before = (segment.state, segment.readable_end, self._active)
             if segment is self._active:
                 self._active = None
-            segment.state = SegmentState.CLOSED
+            segment.state = CopyState.CLOSED
             # Reads must not reach bytes the trim is about to cut.
             segment.readable_end = byte_size
 
@@ -891,7 +889,7 @@ class RangeLog:
                 if last:
                     self._next_offset = self._durable_offset = segment.next_offset
                 if byte_size == 0 and last:
-                    segment.state = SegmentState.ACTIVE
+                    segment.state = CopyState.ACTIVE
                     self._active = segment
                 info = segment.info()
                 if byte_size == 0 and not last:
@@ -931,7 +929,7 @@ class RangeLog:
 
         def start() -> Deferred[object]:
             segment = self._find(base_offset)
-            limit = None if segment.state is not SegmentState.ACTIVE else segment.readable_end
+            limit = None if segment.state is not CopyState.ACTIVE else segment.readable_end
 
             def checked(result: Verification) -> Verification:
                 if result.damage is not None:

@@ -4,6 +4,7 @@ Nothing here imports Twisted or touches a socket: ``logbroker.server`` and ``log
 are the thin adapters. The byte layout is documented in ``docs/protocol.md``.
 """
 
+from logbroker.wire._primitives import record as encode_record
 from logbroker.wire.errors import FrameTooLargeError, Reason, WireError
 from logbroker.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
 from logbroker.wire.messages import (
@@ -98,6 +99,7 @@ __all__ = [
     "encode_error",
     "encode_frame",
     "encode_ok",
+    "encode_record",
     "encode_records",
     "encode_records_data",
     "encode_request",

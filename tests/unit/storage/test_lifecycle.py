@@ -12,6 +12,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker.storage import (
+    CopyState,
     DamageReason,
     IntegrityEvent,
     InvalidBatchError,
@@ -19,7 +20,6 @@ from logbroker.storage import (
     LogFailedError,
     RangeLog,
     SegmentInfo,
-    SegmentState,
     SegmentStateError,
 )
 from logbroker.storage._format import encode_batch, scan_batches
@@ -91,7 +91,7 @@ def test_every_seal_is_reported_with_its_count_and_size() -> None:
 
     assert manual in sealed
     assert [s.base_offset for s in sealed] == [s.base_offset for s in log.segments()[:-1]]
-    assert all(s.state is SegmentState.SEALED and s.record_count >= 1 for s in sealed)
+    assert all(s.state is CopyState.SEALED and s.record_count >= 1 for s in sealed)
     assert sum(s.record_count for s in sealed) == 4
 
 
@@ -180,7 +180,7 @@ def test_a_refused_trim_changes_nothing() -> None:
 
     assert fs.size(segment_path(0)) == size
     assert offsets(log) == [0, 1, 2, 3]
-    assert log.segments()[0].state is SegmentState.ACTIVE
+    assert log.segments()[0].state is CopyState.ACTIVE
     assert result_of(log.append([record(4)])).base_offset == 4
     assert offsets(log) == [0, 1, 2, 3, 4]
 

@@ -9,6 +9,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from logbroker.storage import (
+    CopyState,
     InvalidBatchError,
     LogConfig,
     NotContiguousError,
@@ -16,7 +17,6 @@ from logbroker.storage import (
     RangeLog,
     Record,
     SegmentNotFoundError,
-    SegmentState,
     SegmentStateError,
     StorageError,
 )
@@ -75,8 +75,8 @@ def test_active_segment_rolls_before_it_would_pass_the_roll_size() -> None:
 
     segments = log.segments()
     assert all(s.byte_size <= 300 for s in segments)
-    assert [s.state for s in segments[:-1]] == [SegmentState.SEALED] * (len(segments) - 1)
-    assert segments[-1].state is SegmentState.ACTIVE
+    assert [s.state for s in segments[:-1]] == [CopyState.SEALED] * (len(segments) - 1)
+    assert segments[-1].state is CopyState.ACTIVE
     for sealed in segments[:-1]:
         assert fs.exists(segment_path(sealed.base_offset, ".sealed"))
         assert fs.exists(segment_path(sealed.base_offset, ".index"))
@@ -104,7 +104,7 @@ def test_roll_seals_with_record_count_and_byte_size_for_the_control_plane() -> N
     assert sealed.base_offset == 0
     assert sealed.record_count == 4
     assert sealed.byte_size == fs.size(segment_path(0))
-    assert sealed.state is SegmentState.SEALED
+    assert sealed.state is CopyState.SEALED
     assert result_of(log.roll()) is None  # nothing new to seal
     append_each(log, 4, 1)
     assert [s.base_offset for s in log.segments()] == [0, 4]

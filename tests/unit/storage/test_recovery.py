@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from logbroker.storage import (
+    CopyState,
     DamageReason,
     DataDirectory,
     FormatTooNewError,
     IntegrityEvent,
     LogConfig,
     NotADataDirectoryError,
-    SegmentState,
     StorageError,
 )
 from logbroker.storage._format import BATCH_HEADER_SIZE, encode_batch
@@ -116,7 +116,7 @@ def test_bad_checksum_in_active_segment_is_never_truncated(
     assert events[0].counted
     assert positions[2][0] <= events[0].position <= flipped
     expect_errors(logged_errors, 1)
-    assert reopened.segments()[0].state is SegmentState.CLOSED
+    assert reopened.segments()[0].state is CopyState.CLOSED
 
 
 def test_reads_from_damaged_copy_return_records_before_damage_and_nothing_after(
@@ -267,7 +267,7 @@ def test_replica_copy_without_seal_marker_drops_its_torn_tail() -> None:
 
     assert fs.size(segment_path(0)) == len(copy)
     assert [e.counted for e in events] == [False]
-    assert [s.state for s in reopened.segments()] == [SegmentState.CLOSED, SegmentState.ACTIVE]
+    assert [s.state for s in reopened.segments()] == [CopyState.CLOSED, CopyState.ACTIVE]
 
 
 def test_unreadable_seal_marker_is_counted_and_file_never_truncated(
@@ -289,7 +289,7 @@ def test_unreadable_seal_marker_is_counted_and_file_never_truncated(
     assert [e.reason for e in events] == [DamageReason.METADATA, DamageReason.INCOMPLETE]
     assert all(e.counted for e in events)
     expect_errors(logged_errors, 2)
-    assert reopened.segments()[0].state is SegmentState.CLOSED
+    assert reopened.segments()[0].state is CopyState.CLOSED
 
 
 def test_leftovers_of_interrupted_writes_and_deletes_are_removed() -> None:

@@ -1,21 +1,21 @@
-"""Stored records to the client protocol's record encoding, without building record objects.
+"""The bridge between the two codecs: stored records to the client protocol's record encoding,
+without building record objects.
 
 A fetch answers with records in the wire encoding (``logbroker.wire``); the log stores them in
-its own frames (``logbroker.storage._format``). ``wire_records`` turns the record frames of a
-verified batch straight into wire records: the native version (``_speedups.c``) where it was
-built, else ``wire_records_python``, its reference, which the tests hold it to.
+its own frames (``logbroker.storage``). Neither codec knows the other, so the translation lives
+here, on their public functions. ``wire_records`` turns the record frames of a verified batch
+straight into wire records: the native version where it was built (compiled into the storage
+extension, ``logbroker/storage/_speedups.c``, which already walks these frames), else
+``wire_records_python``, its reference, which the tests hold it to.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 
 from logbroker.records import StoredRecord
-from logbroker.storage._format import decode_record
-from logbroker.wire import _primitives
-
-_LENGTH = struct.Struct(">I")
+from logbroker.storage import iter_record_frames
+from logbroker.wire import encode_record
 
 #: ``(data, start, end, first_offset, max_records, max_bytes)`` ->
 #: ``(wire bytes, records, last offset + 1 or first_offset, key and value bytes)``
@@ -36,7 +36,7 @@ def encode_stored(
         if len(parts) >= max_records or (parts and taken >= max_bytes):
             break
         record = stored.record
-        parts.append(_primitives.record(record))
+        parts.append(encode_record(record))
         taken += len(record.value) + len(record.key or b"")
         next_offset = stored.offset + 1
     return b"".join(parts), len(parts), next_offset, taken
@@ -46,15 +46,7 @@ def wire_records_python(
     data: memoryview, start: int, end: int, first_offset: int, max_records: int, max_bytes: int
 ) -> tuple[bytes, int, int, int]:
     """The record frames in ``data[start:end]`` (a verified batch's) as wire records."""
-    return encode_stored(_frames(data, start, end), first_offset, max_records, max_bytes)
-
-
-def _frames(data: memoryview, start: int, end: int) -> Iterator[StoredRecord]:
-    position = start
-    while position < end:
-        (length,) = _LENGTH.unpack_from(data, position + 8)
-        yield decode_record(data[position : position + length])
-        position += length
+    return encode_stored(iter_record_frames(data, start, end), first_offset, max_records, max_bytes)
 
 
 wire_records: Transcoder

@@ -7,12 +7,11 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from logbroker import wire
-from logbroker.broker import _transcode
-from logbroker.broker._transcode import wire_records_python
+from logbroker import transcode, wire
 from logbroker.records import Record
 from logbroker.storage import _speedups
 from logbroker.storage._format import BATCH_HEADER_SIZE, encode_batch
+from logbroker.transcode import wire_records_python
 
 parts = st.one_of(st.none(), st.binary(max_size=12))
 records = st.builds(
@@ -25,7 +24,7 @@ records = st.builds(
 
 
 def test_the_broker_uses_the_native_transcoder() -> None:
-    assert _transcode.wire_records is _speedups.wire_records
+    assert transcode.wire_records is _speedups.wire_records
 
 
 @given(
