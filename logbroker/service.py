@@ -51,10 +51,11 @@ from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.connections import ConnectionRegistry
+from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.security.sessions import SessionStore
 from logbroker.security.tls import ServerTls
-from logbroker.server.protocol import ClientFactory, Guards, ProtocolSettings
+from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.storage import (
     BATCH_ENCODER,
     DataDirectory,

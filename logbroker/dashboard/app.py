@@ -54,9 +54,9 @@ from logbroker.dashboard.payload import (
 from logbroker.metrics import Metrics
 from logbroker.security import Permission, SecurityError, UserDirectory
 from logbroker.security.connections import client_identifier
+from logbroker.security.guards import AuthResult, Guards
 from logbroker.security.ratelimit import Action
 from logbroker.security.sessions import Origin, Session
-from logbroker.server.protocol import AuthResult, Guards
 from logbroker.storage import RangeLog, SegmentInfo
 
 log = Logger()

@@ -16,8 +16,8 @@ from typing import Any, Generic, TypeVar
 from logbroker import __version__
 from logbroker.controlplane import Topic
 from logbroker.metrics import MetricsSnapshot
+from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
-from logbroker.server.protocol import Guards
 from logbroker.storage import CopyState, SegmentInfo
 
 #: Entries of the per-IP lists (top blocked, busiest connections).

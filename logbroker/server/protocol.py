@@ -25,7 +25,7 @@ from __future__ import annotations
 import contextlib
 from collections import deque
 from collections.abc import Callable
-from enum import Enum, StrEnum, auto
+from enum import Enum, auto
 from typing import Any, TypeVar
 
 import attrs
@@ -40,9 +40,10 @@ from logbroker._tcp import no_delay
 from logbroker.broker.core import Broker, BrokerError, FetchResult, fetch_limit
 from logbroker.controlplane import ControlPlaneError, User
 from logbroker.security import Operation, Permission, SecurityError, UserDirectory
-from logbroker.security.connections import ConnectionRegistry, client_identifier
-from logbroker.security.ratelimit import Action, RateLimiter
-from logbroker.security.sessions import Origin, SessionStore
+from logbroker.security.connections import client_identifier
+from logbroker.security.guards import AuthResult, Guards
+from logbroker.security.ratelimit import Action
+from logbroker.security.sessions import Origin
 from logbroker.security.tls import ServerTls
 from logbroker.server.tls import secure_protocol
 from logbroker.wire import Reason
@@ -67,25 +68,6 @@ class ProtocolSettings:
     #: Requests one connection may have in flight; past it, its socket is not read until
     #: half of them are answered.
     max_in_flight: int = 1024
-
-
-class AuthResult(StrEnum):
-    """How an ``auth`` attempt ended (counted in ``svc_auth_attempts_total``)."""
-
-    OK = "ok"
-    INVALID_CREDENTIALS = "invalid_credentials"
-    RATE_LIMITED = "rate_limited"
-
-
-@attrs.frozen
-class Guards:
-    """What stands between a client and the broker: the connection limits, the ``auth`` rate
-    limit and the sessions (shared with the dashboard)."""
-
-    connections: ConnectionRegistry
-    limiter: RateLimiter
-    sessions: SessionStore
-    on_auth: Callable[[AuthResult], None] = lambda result: None
 
 
 class _State(Enum):

@@ -25,7 +25,7 @@ from logbroker.config import BrokerConfig
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.metrics import Metrics
 from logbroker.security import UserDirectory, seed_accounts
-from logbroker.server.protocol import Guards
+from logbroker.security.guards import Guards
 from logbroker.service import build_guards
 from logbroker.testing import ImmediateExecutor
 from tests.unit.broker.helpers import make_broker_and_control

@@ -8,7 +8,7 @@ from twisted.internet.interfaces import IReactorTime
 
 from logbroker.config import BrokerConfig
 from logbroker.metrics import Metrics
-from logbroker.server.protocol import Guards
+from logbroker.security.guards import Guards
 from logbroker.service import build_guards
 
 

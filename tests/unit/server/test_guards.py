@@ -12,14 +12,13 @@ from logbroker import wire
 from logbroker.broker.core import BrokerSettings
 from logbroker.metrics import Metrics
 from logbroker.security import UserDirectory, seed_accounts
+from logbroker.security.guards import AuthResult, Guards
 from logbroker.security.ratelimit import Action
 from logbroker.security.sessions import Origin
 from logbroker.server.protocol import (
     MAX_WAITING_REFUSALS,
     REFUSAL_GRACE_SECONDS,
-    AuthResult,
     ClientFactory,
-    Guards,
     ProtocolSettings,
 )
 from logbroker.service import cleanup_task
