@@ -28,11 +28,11 @@ from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.groups import Group
 from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
+from logbroker.errors import LogbrokerError, Reason
 from logbroker.metrics import Metrics
 from logbroker.records import Record
 from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
 from logbroker.transcode import encode_stored, wire_records
-from logbroker.wire.errors import Reason
 
 log = Logger()
 
@@ -45,13 +45,11 @@ MAX_FETCH_BYTES = 4 * 1024 * 1024
 MAX_NAME_LENGTH = 249
 
 
-class BrokerError(Exception):
-    """A request the broker refuses; ``reason`` is the error frame's reason string."""
+class BrokerError(LogbrokerError):
+    """A request the broker refuses, for ``reason``."""
 
     def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
+        super().__init__(detail, reason)
 
 
 class RangeLogs(Protocol):

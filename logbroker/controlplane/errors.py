@@ -1,53 +1,95 @@
 """Errors the control plane raises; each says what happened, where, and what to do.
 
-``reason`` is the error reason a client or the dashboard is answered with.
+Each carries the ``Reason`` a client or the dashboard is answered with (``logbroker.errors``).
 """
 
 from __future__ import annotations
 
+from logbroker.errors import LogbrokerError, Reason
 
-class ControlPlaneError(Exception):
+
+class ControlPlaneError(LogbrokerError):
     """Base of every control plane error."""
 
-    reason = "control_plane_error"
+    default_reason = Reason.CONTROL_PLANE_ERROR
 
 
 class AlreadyExistsError(ControlPlaneError):
     """A topic or range with that name exists already."""
 
-    reason = "already_exists"
+    default_reason = Reason.ALREADY_EXISTS
 
 
 class NotFoundError(ControlPlaneError):
     """The topic, range, segment or ACL grant named does not exist."""
 
-    reason = "not_found"
+    default_reason = Reason.NOT_FOUND
 
 
 class UserExistsError(ControlPlaneError):
-    reason = "user_exists"
+    default_reason = Reason.USER_EXISTS
 
 
 class UserNotFoundError(ControlPlaneError):
-    reason = "user_not_found"
+    default_reason = Reason.USER_NOT_FOUND
 
 
 class InvalidChangeError(ControlPlaneError):
     """The change contradicts the recorded state (say, unsealing a segment, a lower epoch)."""
 
-    reason = "invalid_change"
+    default_reason = Reason.INVALID_CHANGE
 
 
 class ControlPlaneWriteError(ControlPlaneError):
     """The change could not be made durable, so it did not take effect."""
 
-    reason = "control_plane_unavailable"
+    default_reason = Reason.CONTROL_PLANE_UNAVAILABLE
 
 
 class ControlPlaneClosedError(ControlPlaneError):
     """The control plane is not started, or is closing (the broker is shutting down)."""
 
-    reason = "control_plane_unavailable"
+    default_reason = Reason.CONTROL_PLANE_UNAVAILABLE
+
+
+class ControlPlaneUnavailableError(ControlPlaneError):
+    """No member of the store (etcd) answered, so the change did not take effect."""
+
+    default_reason = Reason.UNREACHABLE
+
+
+class OutcomeUnknownError(ControlPlaneUnavailableError):
+    """The request reached the store but no answer came back: the change may or may not have
+    taken effect. Read the state once the store answers again before retrying."""
+
+
+class ContendedError(ControlPlaneError):
+    """Other nodes kept changing what the change depends on; it was retried, then given up."""
+
+    default_reason = Reason.CONTENDED
+
+
+class CompactedError(ControlPlaneError):
+    """A watch asked for history the store has compacted away."""
+
+    default_reason = Reason.COMPACTED
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+class LeaseNotFoundError(ControlPlaneError):
+    """The lease named has expired or was revoked."""
+
+    default_reason = Reason.LEASE_NOT_FOUND
+
+
+class StoreError(ControlPlaneError):
+    """The store answered with an error this client does not expect (a bug, or a
+    misconfiguration such as a proxy in front of etcd)."""
+
+    default_reason = Reason.CONTROL_PLANE_ERROR
 
 
 class StateFileError(ControlPlaneError):

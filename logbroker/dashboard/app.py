@@ -10,8 +10,9 @@ Every login attempt and every presented token is first checked against the ``das
 rate limit of the client IP (spec, "Authentication" 2), before any password or token is looked
 at. Routes that need no session never look at a token, so they cost no rate-limit token.
 
-Every error is answered ``{"s": "err", "reason": ...}`` with the status ``ERRORS`` gives its
-kind; anything unforeseen is logged and answered 500 ``internal_error``, never with a traceback.
+Every error is answered ``{"s": "err", "reason": ...}`` with the status the one reason table
+(``logbroker.errors.HTTP_STATUS``) gives its reason; anything unforeseen is logged and answered
+500 ``internal_error``, never with a traceback.
 """
 
 from __future__ import annotations
@@ -35,13 +36,8 @@ from werkzeug.exceptions import NotFound as NoSuchRoute
 from logbroker.broker.core import Broker
 from logbroker.config import DashboardSettings
 from logbroker.controlplane import (
-    AlreadyExistsError,
-    ControlPlaneClosedError,
-    ControlPlaneWriteError,
-    NotFoundError,
     Topic,
     User,
-    UserExistsError,
     UserNotFoundError,
 )
 from logbroker.dashboard._http import JSON_CONTENT_TYPE, MAX_BODY_BYTES, DashboardRequest
@@ -51,6 +47,7 @@ from logbroker.dashboard.payload import (
     metrics_payload,
     rate_limits_payload,
 )
+from logbroker.errors import HTTP_STATUS, LogbrokerError, Reason
 from logbroker.metrics import Metrics
 from logbroker.security import Permission, SecurityError, UserDirectory
 from logbroker.security.connections import client_identifier
@@ -78,65 +75,35 @@ ASSET_TYPES = {
 HTML_CONTENT_TYPE = b"text/html; charset=utf-8"
 
 
-class DashboardError(Exception):
-    """An error answer: ``reason`` goes in the body, the status comes from ``ERRORS``; the
-    message, when there is one, says what was wrong in words."""
+class DashboardError(LogbrokerError):
+    """An error answer of this port's own: the status comes from ``HTTP_STATUS`` by ``reason``;
+    the message, when there is one, says what was wrong in words."""
 
-    def __init__(self, reason: str, message: str = "") -> None:
-        super().__init__(message)
-        self.reason = reason
-
-
-class BadRequest(DashboardError):
-    pass
+    def __init__(self, reason: Reason, message: str = "") -> None:
+        super().__init__(message, reason)
 
 
 class Unauthenticated(DashboardError):
-    pass
+    """No valid session (or credentials) for a route that needs one."""
 
 
 class Forbidden(DashboardError):
-    pass
-
-
-class NotFound(DashboardError):
-    pass
-
-
-class BodyTooLarge(DashboardError):
-    pass
-
-
-class UnsupportedMediaType(DashboardError):
-    pass
+    """A valid session whose user lacks the permission the route needs."""
 
 
 class RateLimited(DashboardError):
     def __init__(self, retry_after_ms: int) -> None:
-        super().__init__("rate_limit_exceeded")
+        super().__init__(Reason.RATE_LIMIT_EXCEEDED)
         self.retry_after_ms = retry_after_ms
 
 
-#: The one table of error answers: the first row whose class the error is an instance of gives
-#: the status; the reason is the row's, else the error's own ``reason``.
-ERRORS: tuple[tuple[type[Exception], int, str | None], ...] = (
-    (BadRequest, 400, None),
-    (SecurityError, 400, None),
-    (Unauthenticated, 401, None),
-    (Forbidden, 403, None),
-    (NotFound, 404, None),
-    (UserNotFoundError, 404, None),
-    (NotFoundError, 404, None),
-    (NoSuchRoute, 404, "not_found"),
-    (MethodNotAllowed, 405, "method_not_allowed"),
-    (UserExistsError, 409, None),
-    (AlreadyExistsError, 409, None),
-    (BodyTooLarge, 413, None),
-    (UnsupportedMediaType, 415, None),
-    (RateLimited, 429, None),
-    (ControlPlaneWriteError, 503, None),
-    (ControlPlaneClosedError, 503, None),
+#: Errors of the routing layer, which knows nothing of reasons.
+_ROUTING_ERRORS: tuple[tuple[type[Exception], Reason], ...] = (
+    (NoSuchRoute, Reason.NOT_FOUND),
+    (MethodNotAllowed, Reason.METHOD_NOT_ALLOWED),
 )
+#: Reasons that mean something went wrong here, not in the request: logged with the failure.
+_FAULTS = frozenset({Reason.INTERNAL_ERROR, Reason.CONTROL_PLANE_ERROR})
 
 #: Errors whose message is meant for whoever sent the request (bad input, in words).
 _EXPLAINED = (DashboardError, SecurityError)
@@ -228,47 +195,47 @@ def _json_body(request: IRequest) -> dict[str, Any]:
     JSON, or not a JSON object."""
     ours = _ours(request)
     if ours.body_too_large:
-        raise BodyTooLarge(
-            "body_too_large", f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB"
+        raise DashboardError(
+            Reason.BODY_TOO_LARGE, f"the request body is larger than {MAX_BODY_BYTES // 1024} KiB"
         )
     declared = request.getHeader(b"content-type") or b""
     if declared.partition(b";")[0].strip().lower() != JSON_CONTENT_TYPE:
         # A page on another site can send a form or text/plain here without asking; JSON it
         # cannot, without a CORS preflight this port never grants.
-        raise UnsupportedMediaType(
-            "unsupported_media_type", "send the body as Content-Type: application/json"
+        raise DashboardError(
+            Reason.UNSUPPORTED_MEDIA_TYPE, "send the body as Content-Type: application/json"
         )
     try:
         body = json.loads(ours.content.getvalue())
     except (ValueError, RecursionError):
-        raise BadRequest("malformed_request", "the body is not JSON") from None
+        raise DashboardError(Reason.MALFORMED_REQUEST, "the body is not JSON") from None
     if not isinstance(body, dict):
-        raise BadRequest("malformed_request", "the body must be a JSON object")
+        raise DashboardError(Reason.MALFORMED_REQUEST, "the body must be a JSON object")
     return body
 
 
 def _text(body: Mapping[str, Any], field: str) -> str:
     value = body.get(field)
     if not isinstance(value, str):
-        raise BadRequest("malformed_request", f"{field} must be a string")
+        raise DashboardError(Reason.MALFORMED_REQUEST, f"{field} must be a string")
     return value
 
 
 def _texts(body: Mapping[str, Any], field: str) -> list[str]:
     value = body.get(field, [])
     if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise BadRequest("malformed_request", f"{field} must be a list of strings")
+        raise DashboardError(Reason.MALFORMED_REQUEST, f"{field} must be a list of strings")
     return value
 
 
 def _query(request: IRequest, field: str) -> str:
     values = request.args.get(field.encode("ascii"))
     if not values:
-        raise BadRequest("malformed_request", f"{field} is missing")
+        raise DashboardError(Reason.MALFORMED_REQUEST, f"{field} is missing")
     try:
         return str(values[0].decode("utf-8"))
     except UnicodeDecodeError:
-        raise BadRequest("malformed_request", f"{field} is not UTF-8") from None
+        raise DashboardError(Reason.MALFORMED_REQUEST, f"{field} is not UTF-8") from None
 
 
 def _user_json(user: User) -> dict[str, Any]:
@@ -316,17 +283,17 @@ class DashboardApp:
     @app.handle_errors(Exception)
     def _error(self, request: IRequest, failure: Failure) -> bytes:
         error = failure.value
-        row = next((row for row in ERRORS if isinstance(error, row[0])), None)
-        if row is None:
+        reason = _reason_of(error)
+        if reason is None or reason in _FAULTS:
             log.failure(
                 "Dashboard request {method} {path} failed unexpectedly",
                 failure,
                 method=request.method.decode("ascii", "replace"),
                 path=request.path.decode("ascii", "replace"),
             )
-            return _answer(request, {"s": "err", "reason": "internal_error"}, 500)
-        _, status, reason = row
-        body: dict[str, Any] = {"s": "err", "reason": reason or getattr(error, "reason", "")}
+        if reason is None:
+            return _answer(request, {"s": "err", "reason": Reason.INTERNAL_ERROR}, 500)
+        body: dict[str, Any] = {"s": "err", "reason": reason}
         if isinstance(error, _EXPLAINED) and str(error):
             body["message"] = str(error)
         if isinstance(error, RateLimited):
@@ -335,7 +302,7 @@ class DashboardApp:
             body["retry_after_ms"] = error.retry_after_ms
         if isinstance(error, MethodNotAllowed) and error.valid_methods:
             request.setHeader(b"Allow", ", ".join(error.valid_methods).encode("ascii"))
-        return _answer(request, body, status)
+        return _answer(request, body, HTTP_STATUS[reason])
 
     # -- sessions ----------------------------------------------------------------------------
 
@@ -365,25 +332,25 @@ class DashboardApp:
                     " that logged in (a stolen token, or NAT rotation)",
                     client_ip=client_ip,
                 )
-            raise Unauthenticated(validation.rejection.value)
+            raise Unauthenticated(Reason(validation.rejection.value))
         return validation.session
 
     def _user(self, request: IRequest) -> User:
         """The user of the session presented (401 without one)."""
         token = self._token(request)
         if token is None:
-            raise Unauthenticated("auth_required", "log in first (POST /login)")
+            raise Unauthenticated(Reason.AUTH_REQUIRED, "log in first (POST /login)")
         session = self._validate(request, token)
         user = self._users.user(session.user)
         if user is None:
             # Deleted while its session was being checked (deleting revokes its sessions).
-            raise Unauthenticated("invalid_session")
+            raise Unauthenticated(Reason.INVALID_SESSION)
         return user
 
     def _admin(self, request: IRequest) -> User:
         user = self._user(request)
         if Permission.ADMIN not in user.permissions:
-            raise Forbidden("permission_denied", "this needs the admin permission")
+            raise Forbidden(Reason.PERMISSION_DENIED, "this needs the admin permission")
         return user
 
     def _viewer(self, request: IRequest) -> User:
@@ -456,7 +423,7 @@ class DashboardApp:
         if user is None:
             self._guards.on_auth(AuthResult.INVALID_CREDENTIALS)
             log.info("Dashboard login refused from {client_ip}", client_ip=client_ip)
-            raise Unauthenticated("invalid_credentials")
+            raise Unauthenticated(Reason.INVALID_CREDENTIALS)
         self._guards.on_auth(AuthResult.OK)
         session = self._sessions.create(user.name, client_ip, Origin.DASHBOARD)
         self._set_cookie(request, session.token, self._settings.session_timeout_sec)
@@ -501,7 +468,7 @@ class DashboardApp:
     def static(self, request: IRequest, name: str) -> bytes:
         asset = self._assets.get(name)
         if asset is None or asset.content_type == HTML_CONTENT_TYPE:
-            raise NotFound("not_found")
+            raise DashboardError(Reason.NOT_FOUND)
         request.setHeader(b"Content-Type", asset.content_type)
         # Revalidated on every load, so that an upgraded broker's page is never half old.
         request.setHeader(b"Cache-Control", b"no-cache")
@@ -593,3 +560,13 @@ class DashboardApp:
             pattern=pattern,
         )
         return _answer(request, OK)
+
+
+def _reason_of(error: object) -> Reason | None:
+    """The reason a failed request is answered with; None for an error nobody expected."""
+    if isinstance(error, LogbrokerError):
+        return error.reason
+    for kind, reason in _ROUTING_ERRORS:
+        if isinstance(error, kind):
+            return reason
+    return None

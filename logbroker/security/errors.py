@@ -2,31 +2,33 @@
 
 from __future__ import annotations
 
+from logbroker.errors import LogbrokerError, Reason
 
-class SecurityError(Exception):
+
+class SecurityError(LogbrokerError):
     """Base of every security error."""
 
-    reason = "security_error"
+    default_reason = Reason.SECURITY_ERROR
 
 
 class InvalidUsernameError(SecurityError):
-    reason = "invalid_username"
+    default_reason = Reason.INVALID_USERNAME
 
 
 class InvalidPasswordError(SecurityError):
-    reason = "invalid_password"
+    default_reason = Reason.INVALID_PASSWORD
 
 
 class InvalidPermissionsError(SecurityError):
     """A permission other than ``admin``, ``produce`` and ``consume`` was named."""
 
-    reason = "invalid_permissions"
+    default_reason = Reason.INVALID_PERMISSIONS
 
 
 class InvalidAclError(SecurityError):
     """A grant names an operation other than produce or consume, or a bad topic pattern."""
 
-    reason = "invalid_operation"
+    default_reason = Reason.INVALID_OPERATION
 
 
 class MissingAdminPasswordError(SecurityError):

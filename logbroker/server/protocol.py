@@ -38,8 +38,9 @@ from twisted.python.failure import Failure
 from logbroker import wire
 from logbroker._tcp import no_delay
 from logbroker.broker.core import Broker, BrokerError, FetchResult, fetch_limit
-from logbroker.controlplane import ControlPlaneError, User
-from logbroker.security import Operation, Permission, SecurityError, UserDirectory
+from logbroker.controlplane import User
+from logbroker.errors import CLIENT_REASON, LogbrokerError
+from logbroker.security import Operation, Permission, UserDirectory
 from logbroker.security.connections import client_identifier
 from logbroker.security.guards import AuthResult, Guards
 from logbroker.security.ratelimit import Action
@@ -311,7 +312,7 @@ class ClientProtocol(Protocol):
             self._dispatch(correlation_id, request)
         except Exception as error:
             # Whatever a handler raises fails that request, never the connection.
-            if not isinstance(error, _EXPECTED):
+            if not isinstance(error, LogbrokerError):
                 log.failure("A request failed unexpectedly")
             self._send(wire.encode_error(correlation_id, _reason_of(error)))
 
@@ -667,20 +668,18 @@ def _records_payload(result: FetchResult) -> list[bytes]:
     return wire.records_payload_parts(result.count, result.data, result.next_cursor)
 
 
-#: Errors that carry the reason a client is told.
-_EXPECTED = (BrokerError, SecurityError, ControlPlaneError)
-
-
-def _reason_of(error: BaseException) -> Reason | str:
-    if isinstance(error, _EXPECTED):
-        return error.reason
+def _reason_of(error: BaseException) -> Reason:
+    """What the error frame says: the domain error's reason as the client port answers it
+    (``logbroker.errors.CLIENT_REASON``); anything else was not meant to happen."""
+    if isinstance(error, LogbrokerError):
+        return CLIENT_REASON[error.reason]
     return Reason.UNREACHABLE
 
 
-def _reason(failure: Failure) -> Reason | str:
+def _reason(failure: Failure) -> Reason:
     error = failure.value
     assert error is not None
-    if not isinstance(error, _EXPECTED):
+    if not isinstance(error, LogbrokerError):
         log.failure("A request failed unexpectedly", failure)
     return _reason_of(error)
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from logbroker.errors import LogbrokerError, Reason
 
-class StorageError(Exception):
-    """Base of every storage error. ``reason`` is the wire error reason it maps to."""
 
-    reason = "storage_error"
+class StorageError(LogbrokerError):
+    """Base of every storage error."""
+
+    default_reason = Reason.STORAGE_ERROR
 
 
 class OverloadedError(StorageError):
     """Too many records are waiting for their fsync; the append was refused at once."""
 
-    reason = "overloaded"
+    default_reason = Reason.OVERLOADED
 
 
 class LogClosedError(StorageError):
@@ -30,7 +32,7 @@ class LogFailedError(StorageError):
 class OffsetOutOfRangeError(StorageError):
     """A read asked for an offset below the start of the log (deleted by retention)."""
 
-    reason = "offset_out_of_range"
+    default_reason = Reason.OFFSET_OUT_OF_RANGE
 
     def __init__(self, offset: int, start_offset: int, end_offset: int) -> None:
         super().__init__(

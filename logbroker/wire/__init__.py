@@ -4,8 +4,9 @@ Nothing here imports Twisted or touches a socket: ``logbroker.server`` and ``log
 are the thin adapters. The byte layout is documented in ``docs/protocol.md``.
 """
 
+from logbroker.errors import Reason
 from logbroker.wire._primitives import record as encode_record
-from logbroker.wire.errors import FrameTooLargeError, Reason, WireError
+from logbroker.wire.errors import FrameTooLargeError, WireError
 from logbroker.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
 from logbroker.wire.messages import (
     REQUEST_TYPES,

@@ -18,10 +18,11 @@ from typing import Any, ClassVar, Self, TypeVar
 
 import attrs
 
+from logbroker.errors import Reason
 from logbroker.records import Record
 from logbroker.wire import _primitives as p
 from logbroker.wire._primitives import Reader, Truncated
-from logbroker.wire.errors import Reason, WireError
+from logbroker.wire.errors import WireError
 from logbroker.wire.frames import encode_frame
 
 _REQUEST_HEAD = struct.Struct(">HI")
