@@ -1,0 +1,1 @@
+"""Running as one of several nodes: where segments' replicas live (``placement``)."""
