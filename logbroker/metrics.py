@@ -17,8 +17,7 @@ range logs' state, which only the reactor thread changes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from typing import Protocol
+from collections.abc import Callable, Iterable
 
 import attrs
 from prometheus_client import (
@@ -36,7 +35,7 @@ from twisted.internet.task import deferLater
 
 from logbroker import __version__
 from logbroker.controlplane import ControlPlane
-from logbroker.storage import CopyState, DamageReason, Flush, IntegrityEvent, RangeLog
+from logbroker.storage import CopyState, DamageReason, Flush, IntegrityEvent, OpenLogs
 
 # The label values of each labelled series (topics and tasks aside). The methods take them as
 # strings, so that the callers' own string enums (``AuthResult``, ``Action``) pass as they are;
@@ -68,13 +67,6 @@ FLUSH_SECONDS_BUCKETS = (
 )
 #: How far ahead the reactor-lag probe asks for its call.
 REACTOR_LAG_PROBE_DELAY_SECONDS = 0.1
-
-
-class OpenLogs(Protocol):
-    """The open range logs of this node (``logbroker.service.StorageService``)."""
-
-    @property
-    def logs(self) -> Mapping[str, RangeLog]: ...
 
 
 @attrs.frozen

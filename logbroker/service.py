@@ -44,6 +44,7 @@ from twisted.python.failure import Failure
 
 from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
+from logbroker.broker.ranges import LocalRanges
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.controlplane import LocalControlPlane
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
@@ -510,7 +511,7 @@ def build_service(
     )
     broker = Broker(
         control,
-        storage,
+        LocalRanges(storage),
         reactor,
         BrokerSettings(
             initial_ranges=config.topics.initial_ranges,

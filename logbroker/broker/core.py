@@ -2,7 +2,8 @@
 
 Transport-free: ``logbroker.server`` turns requests into these calls and their results (or
 ``BrokerError``'s reason) into response frames. Topics and ranges live in the control plane;
-each range's records live in its own ``RangeLog`` (range id = storage directory name).
+the core reaches each range's records through its ``RangeHandle`` (``logbroker.broker.ranges``),
+whether they live in this process or on another node.
 
 Routing: a keyed record goes to the range owning its key's slot (``keyspace.key_slot``), so
 records with one key stay in order. The keyless records of one produce go together to the
@@ -15,24 +16,31 @@ from __future__ import annotations
 import bisect
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Protocol
+from typing import Any
 
 import attrs
-from twisted.internet.defer import CancelledError, Deferred, fail, gatherResults, succeed
+from twisted.internet.defer import (
+    Deferred,
+    FirstError,
+    ensureDeferred,
+    fail,
+    gatherResults,
+    succeed,
+)
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker import wire
 from logbroker.broker.cursor import Cursor, InvalidCursorError
+from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import Group
 from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
+from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
-from logbroker.errors import LogbrokerError, Reason
+from logbroker.errors import Reason
 from logbroker.metrics import Metrics
 from logbroker.records import Record
-from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
-from logbroker.transcode import encode_stored, wire_records
 
 log = Logger()
 
@@ -43,22 +51,6 @@ MAX_WAIT_MS = 30_000
 MAX_FETCH_BYTES = 4 * 1024 * 1024
 #: Longest consumer group or member name.
 MAX_NAME_LENGTH = 249
-
-
-class BrokerError(LogbrokerError):
-    """A request the broker refuses, for ``reason``."""
-
-    def __init__(self, reason: Reason, detail: str) -> None:
-        super().__init__(detail, reason)
-
-
-class RangeLogs(Protocol):
-    """Where the broker finds each range's log (``logbroker.service.StorageService``)."""
-
-    @property
-    def logs(self) -> Mapping[str, RangeLog]: ...
-
-    def open_range(self, name: str) -> Deferred[RangeLog]: ...
 
 
 @attrs.frozen
@@ -95,13 +87,13 @@ class Broker:
     def __init__(
         self,
         control_plane: ControlPlane,
-        storage: RangeLogs,
+        ranges: RangeDirectory,
         clock: IReactorTime,
         settings: BrokerSettings | None = None,
         metrics: Metrics | None = None,
     ) -> None:
         self._control = control_plane
-        self._storage = storage
+        self._ranges = ranges
         self._clock = clock
         self._settings = settings or BrokerSettings()
         self._metrics = metrics or Metrics(clock)
@@ -115,15 +107,14 @@ class Broker:
     # -- topics --------------------------------------------------------------------------
 
     def open(self) -> Deferred[None]:
-        """Open the log of every range the control plane knows (created if missing)."""
-        missing = [
-            range_.range_id
-            for topic in self._control.topics()
-            for range_ in self._control.ranges(topic.name)
-            if range_.range_id not in self._storage.logs
-        ]
-        opened = [self._storage.open_range(range_id) for range_id in missing]
-        return gatherResults(opened, consumeErrors=True).addCallback(lambda _: None)
+        """Make every range the control plane knows reachable (its storage created if new)."""
+        return self._ranges.open(
+            [
+                range_.range_id
+                for topic in self._control.topics()
+                for range_ in self._control.ranges(topic.name)
+            ]
+        )
 
     def create_topic(self, name: str | None, requested_bits: int) -> Deferred[None]:
         if not valid_topic_name(name):
@@ -146,13 +137,12 @@ class Broker:
             name, bits, round(self._clock.seconds() * 1000), tuple(r.range_id for r in ranges)
         )
 
-        def open_logs(_: object) -> Deferred[None]:
-            opened = [self._storage.open_range(range_.range_id) for range_ in ranges]
-            return gatherResults(opened, consumeErrors=True).addCallback(lambda _: None)
+        def open_ranges(_: object) -> Deferred[None]:
+            return self._ranges.open([range_.range_id for range_ in ranges])
 
-        # The logs are opened once the topic is durable in the control plane: a crash between
-        # the two leaves a topic whose logs ``open`` creates at the next start.
-        created = self._control.create_topic(topic, ranges).addCallback(open_logs)
+        # The ranges are opened once the topic is durable in the control plane: a crash between
+        # the two leaves a topic whose ranges ``open`` creates at the next start.
+        created = self._control.create_topic(topic, ranges).addCallback(open_ranges)
         return created.addErrback(_translate_exists, name)
 
     def topics(self) -> list[Topic]:
@@ -165,11 +155,8 @@ class Broker:
             raise BrokerError(Reason.NO_SUCH_TOPIC, f"no topic {name!r}")
         return topic
 
-    def _log(self, range_id: str) -> RangeLog:
-        range_log = self._storage.logs.get(range_id)
-        if range_log is None:
-            raise BrokerError(Reason.UNREACHABLE, f"range {range_id} is not open on this node")
-        return range_log
+    def _handles(self, range_ids: Iterable[str]) -> dict[str, RangeHandle]:
+        return {range_id: self._ranges.handle(range_id) for range_id in range_ids}
 
     # -- produce -------------------------------------------------------------------------
 
@@ -184,19 +171,17 @@ class Broker:
         try:
             topic = self._topic(topic_name)
             routed = self._route(topic, records)
-            logs = {range_id: self._log(range_id) for range_id in routed}
+            handles = self._handles(routed)
             for range_id, batch in routed.items():
-                refusal = logs[range_id].refusal(len(batch))
+                refusal = handles[range_id].refusal(len(batch))
                 if refusal is not None:
-                    raise _storage_error(refusal)
+                    raise refusal
         except BrokerError as error:
             return fail(error)
         if not routed:
             return succeed(0)
-        appends = [self._append(logs[range_id], range_id, b) for range_id, b in routed.items()]
-        stored = gatherResults(appends, consumeErrors=True).addCallbacks(
-            lambda _: self._produced(topic.name, records), _first_error
-        )
+        appends = [self._append(handles[range_id], batch) for range_id, batch in routed.items()]
+        stored = _gather(appends).addCallback(lambda _: self._produced(topic.name, records))
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
         return _detached(stored)
@@ -227,14 +212,11 @@ class Broker:
             routed.setdefault(owner.range_id, []).append(record)
         return routed
 
-    def _append(
-        self, range_log: RangeLog, range_id: str, batch: list[Record]
-    ) -> Deferred[Appended]:
-        def wake(result: Appended) -> Appended:
-            self._wake(range_id)
-            return result
+    def _append(self, handle: RangeHandle, batch: list[Record]) -> Deferred[None]:
+        def wake(_: None) -> None:
+            self._wake(handle.range_id)
 
-        return range_log.append(batch).addCallback(wake)
+        return handle.append(batch).addCallback(wake)
 
     # -- fetch ---------------------------------------------------------------------------
 
@@ -256,23 +238,39 @@ class Broker:
             topic = self._topic(topic_name)
             _check_name("group", group)
             _check_name("member", member)
-            start = self._cursor(topic, cursor) if cursor is not None else {}
+            start = self._decode_cursor(topic, cursor) if cursor is not None else {}
             range_ids = self._share(topic, group, member)
-            positions = self._positions(topic, start, group, range_ids)
-            limit = fetch_limit(max_records)
-            result = self._read(topic.name, positions, limit)
+            handles = self._handles([*start, *range_ids])
         except BrokerError as error:
             return fail(error)
+        limit = fetch_limit(max_records)
         wait_ms = min(wait_ms, MAX_WAIT_MS)
-        if result.count or wait_ms == 0:
-            return succeed(result)
-        # Nothing was read, so the positions are where the next read starts, over the same
-        # share.
-        return self._wait(range_ids, wait_ms).addCallback(
-            lambda _: self._read(topic.name, positions, limit)
+        return ensureDeferred(
+            self._fetch(topic.name, start, group, range_ids, handles, limit, wait_ms)
         )
 
-    def _cursor(self, topic: Topic, text: str) -> dict[str, int]:
+    async def _fetch(
+        self,
+        topic: str,
+        start: dict[str, int],
+        group: str | None,
+        range_ids: list[str],
+        handles: dict[str, RangeHandle],
+        limit: int,
+        wait_ms: int,
+    ) -> FetchResult:
+        bounds = await self._bounds(handles)
+        _check_positions(start, bounds)
+        positions = self._positions(topic, start, group, range_ids, bounds)
+        result = await self._read(topic, positions, handles, limit)
+        if result.count or wait_ms == 0:
+            return result
+        # Nothing was read, so the positions are where the next read starts, over the same
+        # share.
+        await self._wait(range_ids, wait_ms)
+        return await self._read(topic, positions, handles, limit)
+
+    def _decode_cursor(self, topic: Topic, text: str) -> dict[str, int]:
         try:
             cursor = Cursor.decode(text)
         except InvalidCursorError as error:
@@ -283,25 +281,29 @@ class Broker:
                 Reason.INVALID_CURSOR,
                 f"cursor names ranges of another topic: {', '.join(sorted(foreign))}",
             )
-        for range_id, offset in cursor.positions.items():
-            end = self._log(range_id).end_offset
-            if offset > end:
-                raise BrokerError(
-                    Reason.INVALID_CURSOR,
-                    f"cursor is past the end of {range_id} ({offset} > {end})",
-                )
         return dict(cursor.positions)
 
+    async def _bounds(self, handles: Mapping[str, RangeHandle]) -> dict[str, Bounds]:
+        """Every range's bounds, asked of all at once."""
+        range_ids = list(handles)
+        found = await _gather([handles[range_id].bounds() for range_id in range_ids])
+        return dict(zip(range_ids, found, strict=True))
+
     def _positions(
-        self, topic: Topic, start: dict[str, int], group: str | None, range_ids: list[str]
+        self,
+        topic: str,
+        start: dict[str, int],
+        group: str | None,
+        range_ids: list[str],
+        bounds: Mapping[str, Bounds],
     ) -> dict[str, int]:
-        committed = self._committed(topic.name, group) if group is not None else {}
+        committed = self._committed(topic, group) if group is not None else {}
         positions = {}
         for range_id in range_ids:
-            range_log = self._log(range_id)
-            offset = start.get(range_id, committed.get(range_id, range_log.start_offset))
+            first = bounds[range_id].start
+            offset = start.get(range_id, committed.get(range_id, first))
             # Records below the start were removed by retention: go on from the oldest kept.
-            positions[range_id] = max(offset, range_log.start_offset)
+            positions[range_id] = max(offset, first)
         return positions
 
     def _committed(self, topic: str, group: str) -> dict[str, int]:
@@ -329,7 +331,13 @@ class Broker:
         state.expire(self._now())
         return state
 
-    def _read(self, topic: str, positions: Mapping[str, int], limit: int) -> FetchResult:
+    async def _read(
+        self,
+        topic: str,
+        positions: Mapping[str, int],
+        handles: Mapping[str, RangeHandle],
+        limit: int,
+    ) -> FetchResult:
         """Read from the ranges of ``positions``, starting with a different range each time so
         that a busy range cannot starve the others."""
         range_ids = list(positions)
@@ -343,24 +351,11 @@ class Broker:
         for range_id in range_ids:
             if count >= limit or budget <= 0:
                 break
-            range_log = self._log(range_id)
-            offset = max(next_positions[range_id], range_log.start_offset)
-            for chunk in range_log.read_batches(offset, budget):
-                if chunk.verified:
-                    start, end = chunk.records_region
-                    data, taken, offset, used = wire_records(
-                        chunk.view, start, end, offset, limit - count, budget
-                    )
-                else:
-                    data, taken, offset, used = encode_stored(
-                        chunk.records(), offset, limit - count, budget
-                    )
-                parts.append(data)
-                count += taken
-                budget -= used
-                if count >= limit or budget <= 0:
-                    break
-            next_positions[range_id] = offset
+            read = await handles[range_id].read(next_positions[range_id], limit - count, budget)
+            parts.extend(read.data)
+            count += read.count
+            budget -= read.size
+            next_positions[range_id] = read.next_offset
         if count:
             self._metrics.consumed(topic, count, MAX_FETCH_BYTES - budget)
         return FetchResult(tuple(parts), count, Cursor(next_positions).encode())
@@ -408,13 +403,24 @@ class Broker:
             _check_name("group", group)
             if cursor is None:
                 raise BrokerError(Reason.INVALID_CURSOR, "commit needs a cursor")
-            positions = self._cursor(topic, cursor)
+            positions = self._decode_cursor(topic, cursor)
+            handles = self._handles(positions)
         except BrokerError as error:
             return fail(error)
-        committed = self._committed(topic.name, group)
+        return ensureDeferred(self._commit(topic.name, group, positions, handles))
+
+    async def _commit(
+        self,
+        topic: str,
+        group: str,
+        positions: dict[str, int],
+        handles: Mapping[str, RangeHandle],
+    ) -> None:
+        _check_positions(positions, await self._bounds(handles))
+        committed = self._committed(topic, group)
         committed.update(positions)
         merged = Cursor(committed).encode()
-        return self._control.commit_group_position(topic.name, group, merged)
+        await self._control.commit_group_position(topic, group, merged)
 
     def touch_member(self, topic: str, group: str, member: str) -> None:
         """``member`` is alive (it holds a subscription), whether or not it is fetching."""
@@ -495,23 +501,24 @@ def _detached(source: Deferred[int]) -> Deferred[int]:
     return result
 
 
-def _storage_error(error: StorageError) -> BrokerError:
-    if isinstance(error, OverloadedError):
-        return BrokerError(Reason.OVERLOADED, str(error))
-    return BrokerError(Reason.UNREACHABLE, f"storage refused the append: {error}")
+def _check_positions(positions: Mapping[str, int], bounds: Mapping[str, Bounds]) -> None:
+    """A cursor may name a range's end, never past it."""
+    for range_id, offset in positions.items():
+        end = bounds[range_id].end
+        if offset > end:
+            raise BrokerError(
+                Reason.INVALID_CURSOR,
+                f"cursor is past the end of {range_id} ({offset} > {end})",
+            )
 
 
-def _first_error(failure: Failure) -> int:
-    """The error of a produce whose appends failed: ``overloaded`` when storage shed load."""
+def _gather(deferreds: list[Deferred[Any]]) -> Deferred[list[Any]]:
+    """All the results, or the first failure itself (not wrapped in a ``FirstError``)."""
+    return gatherResults(deferreds, consumeErrors=True).addErrback(_first_error)
+
+
+def _first_error(failure: Failure) -> Any:
     error = failure.value
-    # gatherResults wraps the first failure in a FirstError.
-    inner = getattr(error, "subFailure", None)
-    cause = inner.value if inner is not None else error
-    if isinstance(cause, StorageError):
-        if not isinstance(cause, OverloadedError):
-            log.error("A produce failed in storage: {error}", error=cause)
-        raise _storage_error(cause)
-    if isinstance(cause, (BrokerError, CancelledError)):
-        raise cause
+    if isinstance(error, FirstError):
+        error.subFailure.raiseException()
     failure.raiseException()
-    raise AssertionError("unreachable")

@@ -37,7 +37,8 @@ from twisted.python.failure import Failure
 
 from logbroker import wire
 from logbroker._tcp import no_delay
-from logbroker.broker.core import Broker, BrokerError, FetchResult, fetch_limit
+from logbroker.broker.core import Broker, FetchResult, fetch_limit
+from logbroker.broker.errors import BrokerError
 from logbroker.controlplane import User
 from logbroker.errors import CLIENT_REASON, LogbrokerError
 from logbroker.security import Operation, Permission, UserDirectory

@@ -29,7 +29,7 @@ from logbroker.storage.errors import (
     StorageError,
 )
 from logbroker.storage.log import Appended, BatchSlice, Flush, LogConfig, RangeLog
-from logbroker.storage.store import DataDirectory
+from logbroker.storage.store import DataDirectory, OpenLogs
 
 __all__ = [
     "BATCH_ENCODER",
@@ -52,6 +52,7 @@ __all__ = [
     "NotADataDirectoryError",
     "NotContiguousError",
     "OffsetOutOfRangeError",
+    "OpenLogs",
     "OsFileSystem",
     "OverloadedError",
     "RangeLog",

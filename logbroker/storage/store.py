@@ -16,7 +16,10 @@ the command line turns that into exit status 3 (see ``logbroker.exitcodes``).
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Protocol
 
+from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from logbroker.storage._format import FORMAT_VERSION
@@ -32,6 +35,19 @@ _MARKER = re.compile(rb"^logbroker storage format (\d+)\n$")
 _NAME_PART = re.compile(r"^[A-Za-z0-9._-]{1,255}$")
 
 log = Logger()
+
+if TYPE_CHECKING:
+    from logbroker.storage.log import RangeLog
+
+
+class OpenLogs(Protocol):
+    """The range logs open on this node, and a way to open another (created if new);
+    ``logbroker.service.StorageService`` in the broker."""
+
+    @property
+    def logs(self) -> Mapping[str, RangeLog]: ...
+
+    def open_range(self, name: str) -> Deferred[RangeLog]: ...
 
 
 def _marker(version: int) -> bytes:

@@ -6,7 +6,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from logbroker import wire
-from logbroker.broker.core import BrokerError
+from logbroker.broker.errors import BrokerError
 from logbroker.controlplane import ControlPlaneError, ControlPlaneWriteError
 from logbroker.errors import CLIENT_REASON, HTTP_STATUS, LogbrokerError, Reason
 from logbroker.security import SecurityError

@@ -8,6 +8,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker.broker.core import Broker, BrokerSettings
+from logbroker.broker.ranges import LocalRanges
 from logbroker.controlplane import LocalControlPlane
 from logbroker.metrics import Metrics
 from logbroker.storage import Executor, LogConfig, RangeLog
@@ -16,7 +17,7 @@ from tests.unit.controlplane.helpers import started
 
 
 class MemoryRangeLogs:
-    """Range logs on a MemoryFileSystem (``RangeLogs`` for the broker), opened at once unless
+    """Range logs on a MemoryFileSystem (``OpenLogs`` for ``LocalRanges``), opened at once unless
     an executor that holds jobs is given; they report to ``metrics`` as the broker's storage
     service makes them do."""
 
@@ -71,4 +72,5 @@ def make_broker_and_control(
     fs = MemoryFileSystem()
     storage = MemoryRangeLogs(fs, clock, metrics, executor)
     control = started(fs)
-    return Broker(control, storage, clock, settings, metrics), storage, clock, control
+    broker = Broker(control, LocalRanges(storage), clock, settings, metrics)
+    return broker, storage, clock, control

@@ -7,8 +7,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 
-from logbroker.broker.core import BrokerError, BrokerSettings, FetchResult
+from logbroker.broker.core import BrokerSettings, FetchResult
 from logbroker.broker.cursor import Cursor
+from logbroker.broker.errors import BrokerError
 from logbroker.broker.keyspace import key_slot
 from logbroker.records import Record
 from logbroker.wire import Reason

@@ -1,0 +1,170 @@
+"""How the broker reaches a range, wherever its data lives: the ``RangeHandle`` seam.
+
+The broker core routes records to ranges and reads ranges back; it does not know whether a
+range's active segment is in this process (``LocalRange``, over a ``RangeLog``), on another node
+(a forwarder over the peer link) or replicated to a quorum (the replicated range). Each handle
+keeps its own rule for when an append is durable and what a read may see; the core only waits
+for the Deferreds. A ``RangeDirectory`` hands out the handle of each range.
+
+Every handle answers in the broker's terms: refusals and failures are ``BrokerError`` with the
+reason the client is told (``overloaded``, ``unreachable``...), never a storage error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import attrs
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.broker.errors import BrokerError
+from logbroker.errors import Reason
+from logbroker.records import Record
+from logbroker.storage import OpenLogs, OverloadedError, RangeLog, StorageError
+from logbroker.transcode import encode_stored, wire_records
+
+log = Logger()
+
+
+@attrs.frozen
+class Bounds:
+    """The offsets a range can be read from: ``[start, end)`` (start moves up with retention)."""
+
+    start: int
+    end: int
+
+
+@attrs.frozen
+class RangeRead:
+    """Records of one range in the client protocol's record encoding, ready to send."""
+
+    #: ``count`` records, in pieces to send as they are (not copied into one string).
+    data: tuple[bytes, ...]
+    count: int
+    #: Where the next read of the range goes on from.
+    next_offset: int
+    #: Key and value bytes taken (what the fetch's byte budget counts).
+    size: int
+
+
+class RangeHandle(Protocol):
+    """One range, as the broker core reaches it."""
+
+    @property
+    def range_id(self) -> str: ...
+
+    def refusal(self, count: int) -> BrokerError | None:
+        """Why an append of ``count`` records would be refused right now, if it would: asked
+        of every range a produce goes to before any is written, so a refusal stores nothing."""
+
+    def append(self, records: Sequence[Record]) -> Deferred[None]:
+        """Store ``records``; fires once they are durable by the handle's rule."""
+
+    def bounds(self) -> Deferred[Bounds]:
+        """The range's readable offsets."""
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
+        """Records from ``offset`` (or from the start, if that is later), at most
+        ``max_records``, stopping once ``max_bytes`` of keys and values are taken (at least one
+        record, if there is one)."""
+
+
+class RangeDirectory(Protocol):
+    """Where the broker core finds the handle of each range."""
+
+    def handle(self, range_id: str) -> RangeHandle:
+        """The range's handle; ``BrokerError`` (``unreachable``) if it cannot be reached."""
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        """Make the ranges reachable (a new range's storage is created where it lives)."""
+
+
+class LocalRange:
+    """A range whose log is open in this process: an append is durable once fsynced here."""
+
+    def __init__(self, range_id: str, range_log: RangeLog) -> None:
+        self._range_id = range_id
+        self._log = range_log
+
+    @property
+    def range_id(self) -> str:
+        return self._range_id
+
+    def refusal(self, count: int) -> BrokerError | None:
+        refused = self._log.refusal(count)
+        return None if refused is None else _storage_error(refused)
+
+    def append(self, records: Sequence[Record]) -> Deferred[None]:
+        return self._log.append(records).addCallbacks(_nothing, self._append_failed)
+
+    def _append_failed(self, failure: Failure) -> None:
+        error = failure.value
+        if isinstance(error, StorageError):
+            if not isinstance(error, OverloadedError):
+                log.error(
+                    "A produce to {range_id} failed in storage: {error}",
+                    range_id=self._range_id,
+                    error=error,
+                )
+            raise _storage_error(error)
+        failure.raiseException()
+
+    def bounds(self) -> Deferred[Bounds]:
+        return succeed(Bounds(self._log.start_offset, self._log.end_offset))
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
+        parts: list[bytes] = []
+        count = 0
+        budget = max_bytes
+        offset = max(offset, self._log.start_offset)
+        for chunk in self._log.read_batches(offset, budget):
+            if chunk.verified:
+                start, end = chunk.records_region
+                data, taken, offset, used = wire_records(
+                    chunk.view, start, end, offset, max_records - count, budget
+                )
+            else:
+                data, taken, offset, used = encode_stored(
+                    chunk.records(), offset, max_records - count, budget
+                )
+            parts.append(data)
+            count += taken
+            budget -= used
+            if count >= max_records or budget <= 0:
+                break
+        return succeed(RangeRead(tuple(parts), count, offset, max_bytes - budget))
+
+
+class LocalRanges:
+    """The ``RangeDirectory`` of a single node: every range is a ``LocalRange`` on ``storage``."""
+
+    def __init__(self, storage: OpenLogs) -> None:
+        self._storage = storage
+        self._handles: dict[str, LocalRange] = {}
+
+    def handle(self, range_id: str) -> RangeHandle:
+        handle = self._handles.get(range_id)
+        if handle is None:
+            range_log = self._storage.logs.get(range_id)
+            if range_log is None:
+                raise BrokerError(Reason.UNREACHABLE, f"range {range_id} is not open on this node")
+            handle = self._handles[range_id] = LocalRange(range_id, range_log)
+        return handle
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        missing = [r for r in range_ids if r not in self._storage.logs]
+        opened = [self._storage.open_range(range_id) for range_id in missing]
+        return gatherResults(opened, consumeErrors=True).addCallback(_nothing)
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+def _storage_error(error: StorageError) -> BrokerError:
+    if isinstance(error, OverloadedError):
+        return BrokerError(Reason.OVERLOADED, str(error))
+    return BrokerError(Reason.UNREACHABLE, f"storage refused the append: {error}")
