@@ -10,7 +10,7 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 from logbroker import exitcodes
-from logbroker.config import VARIABLES, BrokerConfig, ConfigError
+from logbroker.config import VARIABLES, BrokerConfig, ConfigError, check_built
 from logbroker.controlplane import ControlPlaneError
 from logbroker.security.tls import server_tls
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
@@ -62,6 +62,7 @@ def makeService(options: Options) -> IService:
             env[variable] = options[flag]
     try:
         config, warnings = BrokerConfig.from_env(env)
+        warnings += check_built(config)
         tls = server_tls(config.tls, config.mode, datetime.now(UTC), warnings)
     except ConfigError as error:
         _warn(error.warnings)

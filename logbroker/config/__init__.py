@@ -28,6 +28,7 @@ from logbroker.config._broker import (
     tls_off_warning,
 )
 from logbroker.config._env import ConfigError, parse_bool, parse_int
+from logbroker.config._unbuilt import check_built
 from logbroker.config._variables import VARIABLES, Variable
 
 __all__ = [
@@ -53,6 +54,7 @@ __all__ = [
     "TlsVersion",
     "TopicSettings",
     "Variable",
+    "check_built",
     "parse_bool",
     "parse_int",
     "tls_off_warning",

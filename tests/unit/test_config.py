@@ -29,6 +29,7 @@ from logbroker.config import (
     TlsVerify,
     TlsVersion,
     Variable,
+    check_built,
 )
 from logbroker.storage import LogConfig
 
@@ -665,3 +666,48 @@ def test_a_cluster_setting_that_cannot_be_served_is_an_error(
 
     assert raised.value.variable == variable
     assert f"{variable}={env[variable]!r} is invalid: expected {expected}" in str(raised.value)
+
+
+def test_a_replication_factor_above_1_stops_the_boot_until_replication_is_built() -> None:
+    config = parse({"SVC_CONTROL_PLANE": "etcd://e:2379", "SVC_LOG_REPLICATION_FACTOR": "3"})
+
+    with pytest.raises(ConfigError) as raised:
+        check_built(config)
+    assert raised.value.variable == "SVC_LOG_REPLICATION_FACTOR"
+    assert "quorum replication is not built" in str(raised.value)
+
+
+def test_an_etcd_control_plane_stops_the_boot_until_the_cluster_is_built() -> None:
+    config = parse({"SVC_CONTROL_PLANE": "etcd://e1:2379,[::1]:2379"})
+
+    with pytest.raises(ConfigError) as raised:
+        check_built(config)
+    assert str(raised.value).startswith(
+        "SVC_CONTROL_PLANE='etcd://e1:2379,[::1]:2379' is invalid: expected local:"
+    )
+
+
+def test_the_scrub_warns_that_it_is_not_built_unless_turned_off() -> None:
+    [warning] = check_built(parse({}))
+    assert warning.startswith("SVC_SCRUB_ENABLED is true, but the integrity scrub is not built")
+
+    assert check_built(parse({"SVC_SCRUB_ENABLED": "false"})) == []
+
+
+def test_each_retention_limit_set_warns_that_it_is_not_in_effect() -> None:
+    warnings = check_built(
+        parse(
+            {
+                "SVC_SCRUB_ENABLED": "false",
+                "SVC_RETENTION_MAX_AGE_MS": "604800000",
+                "SVC_RETENTION_MAX_BYTES": "0",
+            }
+        )
+    )
+
+    assert warnings == [
+        "SVC_RETENTION_MAX_AGE_MS=604800000 is not in effect: retention is not built in this"
+        " version, so every segment is kept",
+        "SVC_RETENTION_MAX_BYTES=0 is not in effect: retention is not built in this version, so"
+        " every segment is kept",
+    ]

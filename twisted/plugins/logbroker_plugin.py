@@ -12,7 +12,7 @@ from zope.interface import implementer
 @implementer(IServiceMaker, IPlugin)
 class _LogbrokerServiceMaker:
     tapname = "logbroker"
-    description = "A replicated, append-only log broker."
+    description = "An append-only log broker (single node; replication is not built yet)."
 
     @property
     def options(self) -> Any:
