@@ -5,7 +5,6 @@ are the thin adapters. The byte layout is documented in ``docs/protocol.md``.
 """
 
 from logbroker.errors import Reason
-from logbroker.wire._primitives import record as encode_record
 from logbroker.wire.errors import FrameTooLargeError, WireError
 from logbroker.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
 from logbroker.wire.messages import (
@@ -55,6 +54,7 @@ from logbroker.wire.messages import (
     ok_frame_parts,
     records_payload_parts,
 )
+from logbroker.wire.primitives import record as encode_record
 
 __all__ = [
     "DEFAULT_MAX_FRAME_SIZE",

@@ -20,10 +20,10 @@ import attrs
 
 from logbroker.errors import Reason
 from logbroker.records import Record
-from logbroker.wire import _primitives as p
-from logbroker.wire._primitives import Reader, Truncated
+from logbroker.wire import primitives as p
 from logbroker.wire.errors import WireError
 from logbroker.wire.frames import encode_frame
+from logbroker.wire.primitives import Reader, Truncated
 
 _REQUEST_HEAD = struct.Struct(">HI")
 _RESPONSE_HEAD = struct.Struct(">IH")

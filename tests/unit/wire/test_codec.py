@@ -356,9 +356,9 @@ def test_an_ok_frame_in_parts_is_the_same_bytes_as_in_one_piece(
 def test_a_records_payload_from_encoded_records_matches_encode_records(
     batch: list[Record], cursor: str
 ) -> None:
-    from logbroker.wire import _primitives
+    from logbroker.wire import primitives
 
-    data = [_primitives.record(record) for record in batch]
+    data = [primitives.record(record) for record in batch]
 
     assert wire.encode_records_data(len(batch), b"".join(data), cursor) == encode_records(
         batch, cursor

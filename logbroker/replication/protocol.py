@@ -1,0 +1,753 @@
+"""The peer port (4042): a thin Twisted protocol over the peer codec and handshake.
+
+A ``PeerProtocol`` is one connection between two nodes of a cluster. Its lifecycle
+(``LinkState``)::
+
+    HANDSHAKING --handshake established--> ESTABLISHED --lost, dead, bad bytes, close()--> CLOSED
+    HANDSHAKING --refused (by either side), timed out, bad bytes, lost--> CLOSED
+
+In ``HANDSHAKING`` every message goes to the ``Handshake`` (``handshake.py``); a handshake not
+over within ``PeerSettings.handshake_timeout_s`` is refused (``timeout``). A refusal, either way,
+is logged with its reason and the connection is closed; the ``Refuse`` goes out first when this
+side refused. In ``ESTABLISHED`` the connection carries pipelined requests:
+
+* ``request(op, payload)`` sends a ``Request`` with a fresh correlation id and returns a
+  ``Deferred`` of the ok payload, failing with ``PeerError`` (the error response's reason). At
+  most ``max_in_flight`` requests wait for answers: past that, ``request`` fails at once with
+  ``overloaded``. When the connection ends, every request still waiting fails with
+  ``unreachable``; a request on a connection that is not ``ESTABLISHED`` fails so at once.
+  A request has no deadline of its own: a caller that needs one cancels it (for instance with
+  ``Deferred.addTimeout(seconds, clock)``), and its late answer is ignored.
+* A side with a handler (``RequestHandler``, the accepting side) hands each ``Request`` to it and
+  answers in whatever order the handler finishes. A handler's error with a ``reason`` attribute
+  (a string) is answered with that reason; anything else is logged and answered
+  ``internal_error``. At most ``max_inbound`` requests are handled at once: past that, or while
+  the transport's write buffer is full (the peer does not read its answers), the transport is
+  paused (``pauseProducing``), so a peer can never make this side buffer without bound. The
+  requesting side never stops reading (its answers are bounded by ``max_in_flight``), so two
+  nodes cannot deadlock on each other's full buffers.
+* A connection idle for ``ping_interval_s`` sends a ``Ping``; one that has received nothing for
+  ``dead_after_s`` is aborted, so a dead peer is noticed within ``dead_after_s +
+  ping_interval_s``.
+
+``PeerServerFactory`` builds the accepting side (one connection per peer node: a newer one from
+the same node replaces the older). ``PeerConnections`` keeps one outbound connection per peer
+node, each a ``ClientService`` that reconnects with backoff; its ``request`` answers
+``unreachable`` at once while there is no established connection to that node.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable
+from enum import Enum, auto
+from typing import Any
+
+import attrs
+from twisted.application.internet import ClientService, backoffPolicy
+from twisted.application.service import Service
+from twisted.internet.defer import (
+    CancelledError,
+    Deferred,
+    fail,
+    gatherResults,
+    maybeDeferred,
+    succeed,
+)
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker._tcp import no_delay
+from logbroker.replication.codec import (
+    DEFAULT_MAX_PEER_FRAME_SIZE,
+    PeerCodecError,
+    PeerFrameDecoder,
+    PeerMessage,
+    PeerOp,
+    PeerReason,
+    Ping,
+    Pong,
+    Refuse,
+    Request,
+    Response,
+    encode,
+)
+from logbroker.replication.handshake import (
+    Established,
+    Handshake,
+    PeerIdentity,
+    Refused,
+    Role,
+)
+
+log = Logger()
+
+#: How long a connection this side closes may take to get its last bytes out.
+CLOSE_GRACE_SECONDS = 5.0
+#: What a peer may make this side buffer before its handshake is through: room for a Hello
+#: with the longest ids the codec takes, and more than any other handshake message.
+MAX_HANDSHAKE_BUFFER = 256 * 1024
+#: The head of a Response's frame body: kind, correlation id, status.
+_RESPONSE_HEAD = 1 + 4 + 1
+_MAX_CORRELATION_ID = 0xFFFFFFFF
+
+#: ``(peer node id, op, payload) -> Deferred[ok payload]``: serves the peer's requests.
+RequestHandler = Callable[[str, PeerOp, bytes], "Deferred[bytes]"]
+
+
+def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
+    if not value > 0:
+        raise ValueError(f"{attribute.name} must be > 0, not {value!r}")
+
+
+@attrs.frozen
+class PeerSettings:
+    handshake_timeout_s: float = attrs.field(default=10.0, validator=_positive)
+    max_frame_size: int = attrs.field(default=DEFAULT_MAX_PEER_FRAME_SIZE, validator=_positive)
+    #: Requests this side may have waiting for answers on one connection.
+    max_in_flight: int = attrs.field(default=256, validator=_positive)
+    #: Requests from the peer handled at once before the connection stops reading. Above the
+    #: peers' ``max_in_flight``, so that a well-behaved peer is never paused (a paused
+    #: connection does not read the peer's pings either).
+    max_inbound: int = attrs.field(default=1024, validator=_positive)
+    #: A connection that has received nothing for this long sends a ping.
+    ping_interval_s: float = attrs.field(default=5.0, validator=_positive)
+    #: A connection that has received nothing for this long is dropped: the peer is dead.
+    dead_after_s: float = attrs.field(default=15.0, validator=_positive)
+
+    def __attrs_post_init__(self) -> None:
+        if self.dead_after_s <= self.ping_interval_s:
+            raise ValueError("dead_after_s must be longer than ping_interval_s")
+
+
+class PeerError(Exception):
+    """A peer request that failed: ``reason`` is a ``PeerReason`` or the peer's reason string."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else str(reason))
+        self.reason = reason
+        self.detail = detail
+
+
+class LinkState(Enum):
+    HANDSHAKING = auto()
+    ESTABLISHED = auto()
+    CLOSED = auto()
+
+
+def _ignore(protocol: PeerProtocol) -> None:
+    pass
+
+
+class PeerProtocol(Protocol):
+    """One peer connection, either side (``handshake.role``)."""
+
+    def __init__(
+        self,
+        handshake: Handshake,
+        clock: IReactorTime,
+        settings: PeerSettings,
+        *,
+        handler: RequestHandler | None = None,
+        on_established: Callable[[PeerProtocol], None] = _ignore,
+        on_ended: Callable[[PeerProtocol], None] = _ignore,
+    ) -> None:
+        self.handshake = handshake
+        self._clock = clock
+        self._settings = settings
+        self._handler = handler
+        self._on_established = on_established
+        self._on_ended = on_ended
+        self.state = LinkState.HANDSHAKING
+        self._decoder = PeerFrameDecoder(settings.max_frame_size)
+        #: Messages received and not handled yet (held while ``max_inbound`` requests run).
+        self._inbox: deque[PeerMessage] = deque()
+        #: This side's requests waiting for answers, by correlation id.
+        self._outstanding: dict[int, Deferred[bytes]] = {}
+        self._last_correlation_id = 0
+        #: The peer's requests being handled, by correlation id.
+        self._serving: dict[int, Deferred[bytes]] = {}
+        self._handshake_timer: IDelayedCall | None = None
+        self._liveness_timer: IDelayedCall | None = None
+        self._closing_timer: IDelayedCall | None = None
+        self._last_received = 0.0
+        self._ping_token = 0
+        self._writes_blocked = False
+        self._requests_blocked = False
+        self._reading_paused = False
+
+    @property
+    def peer_node_id(self) -> str | None:
+        """The peer's node id, once the handshake has established it."""
+        outcome = self.handshake.outcome
+        return outcome.peer_node_id if isinstance(outcome, Established) else None
+
+    @property
+    def in_flight(self) -> int:
+        """This side's requests waiting for answers."""
+        return len(self._outstanding)
+
+    # -- connection ----------------------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        transport = self.transport
+        assert transport is not None
+        no_delay(transport)
+        # Streaming producer: the transport pauses us when the peer stops reading.
+        transport.registerProducer(self, True)  # type: ignore[attr-defined]
+        self._last_received = self._clock.seconds()
+        self._handshake_timer = self._clock.callLater(
+            self._settings.handshake_timeout_s, self._handshake_timed_out
+        )
+        self._send_all(self.handshake.start())
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        was = self.state
+        self.state = LinkState.CLOSED
+        self._inbox.clear()
+        for timer in (self._handshake_timer, self._liveness_timer, self._closing_timer):
+            if timer is not None and timer.active():
+                timer.cancel()
+        self._handshake_timer = self._liveness_timer = self._closing_timer = None
+        peer = self.handshake.peer_node_id
+        if was is LinkState.HANDSHAKING:
+            log.warn(
+                "Peer connection {peer_address} lost during the handshake: {why}",
+                peer_address=self._peer_address(),
+                why=reason.getErrorMessage(),
+            )
+        elif was is LinkState.ESTABLISHED:
+            log.info(
+                "Peer link with node {peer_node_id} at {peer_address} lost: {why}",
+                peer_node_id=peer,
+                peer_address=self._peer_address(),
+                why=reason.getErrorMessage(),
+            )
+        outstanding, self._outstanding = self._outstanding, {}
+        for waiting in outstanding.values():
+            waiting.errback(
+                PeerError(PeerReason.UNREACHABLE, f"the connection to node {peer!r} was lost")
+            )
+        serving, self._serving = self._serving, {}
+        for handling in serving.values():
+            handling.cancel()
+        self._on_ended(self)
+
+    def close(self) -> None:
+        """End the connection (its requests waiting for answers fail with ``unreachable``)."""
+        if self.state is not LinkState.CLOSED:
+            self.state = LinkState.CLOSED
+            self._close_transport()
+
+    def _close_transport(self) -> None:
+        """Close once what was written is out, but for at most ``CLOSE_GRACE_SECONDS``."""
+        transport = self.transport
+        if transport is None:
+            return
+        transport.loseConnection()
+        if self._closing_timer is None:
+            self._closing_timer = self._clock.callLater(CLOSE_GRACE_SECONDS, self._abort)
+
+    def _abort(self) -> None:
+        self._closing_timer = None
+        transport = self.transport
+        abort = getattr(transport, "abortConnection", None)
+        if abort is not None:
+            abort()
+        elif transport is not None:
+            transport.loseConnection()
+
+    def _peer_address(self) -> str:
+        transport = self.transport
+        return str(transport.getPeer()) if transport is not None else "(none)"
+
+    def _send_all(self, messages: Iterable[PeerMessage]) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        for message in messages:
+            transport.write(encode(message))
+
+    # -- flow control (IPushProducer) ----------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        self._writes_blocked = True
+        self._update_reading()
+
+    def resumeProducing(self) -> None:
+        self._writes_blocked = False
+        self._update_reading()
+        self._process()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; ``connectionLost`` cleans up."""
+
+    def _update_reading(self) -> None:
+        transport = self.transport
+        if transport is None or self.state is LinkState.CLOSED:
+            return
+        # Only a side that serves requests stops reading for its writes: the requesting side
+        # must go on reading the answers that free the peer's buffers.
+        pause = self._requests_blocked or (self._writes_blocked and self._handler is not None)
+        if pause == self._reading_paused:
+            return
+        self._reading_paused = pause
+        if pause:
+            transport.pauseProducing()  # type: ignore[attr-defined]
+        else:
+            # The silence while this side did not read says nothing about the peer.
+            self._last_received = self._clock.seconds()
+            transport.resumeProducing()  # type: ignore[attr-defined]
+
+    # -- input ---------------------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.state is LinkState.CLOSED:
+            return
+        self._last_received = self._clock.seconds()
+        try:
+            messages = self._decoder.feed(data)
+        except PeerCodecError as error:
+            self._protocol_error(error.reason, error.detail)
+            return
+        self._inbox.extend(messages)
+        self._process()
+        if self.state is LinkState.HANDSHAKING and self._decoder.buffered > MAX_HANDSHAKE_BUFFER:
+            # A peer not yet authenticated may not make this side hold a large frame.
+            self._protocol_error(
+                PeerReason.FRAME_TOO_LARGE,
+                f"more than {MAX_HANDSHAKE_BUFFER} bytes of a frame during the handshake",
+            )
+
+    def _process(self) -> None:
+        """Handle queued messages in order while nothing holds them back."""
+        inbox = self._inbox
+        while inbox and self.state is not LinkState.CLOSED:
+            if self.state is LinkState.HANDSHAKING:
+                self._handshake_step(inbox.popleft())
+                continue
+            if isinstance(inbox[0], Request) and len(self._serving) >= self._settings.max_inbound:
+                self._requests_blocked = True
+                self._update_reading()
+                return
+            self._handle(inbox.popleft())
+
+    def _protocol_error(self, reason: PeerReason, detail: str) -> None:
+        """The peer broke the protocol (or the handshake timed out): tell it why, then close."""
+        if self.state is LinkState.HANDSHAKING:
+            self._send_all(self.handshake.fail(reason, detail))
+            self._handshake_ended()
+            return
+        log.warn(
+            "Dropping the peer link with node {peer_node_id} at {peer_address}: {reason}: {detail}",
+            peer_node_id=self.peer_node_id,
+            peer_address=self._peer_address(),
+            reason=str(reason),
+            detail=detail,
+        )
+        self._send_all([Refuse(reason, detail)])
+        self.close()
+
+    # -- handshake -----------------------------------------------------------------------
+
+    def _handshake_step(self, message: PeerMessage) -> None:
+        self._send_all(self.handshake.receive(message))
+        self._handshake_ended()
+
+    def _handshake_ended(self) -> None:
+        outcome = self.handshake.outcome
+        if outcome is None:
+            return
+        if self._handshake_timer is not None and self._handshake_timer.active():
+            self._handshake_timer.cancel()
+        self._handshake_timer = None
+        if isinstance(outcome, Refused):
+            self._refused(outcome)
+        else:
+            self._established(outcome)
+
+    def _refused(self, outcome: Refused) -> None:
+        fields = {
+            "peer_node_id": outcome.peer_node_id,
+            "peer_address": self._peer_address(),
+            "role": self.handshake.role.value,
+            "reason": outcome.reason,
+            "detail": outcome.detail,
+        }
+        if outcome.by_peer:
+            log.error(
+                "Peer node {peer_node_id} at {peer_address} refused this node ({role}):"
+                " {reason}: {detail}",
+                **fields,
+            )
+        else:
+            log.error(
+                "Refused peer node {peer_node_id} at {peer_address} ({role}): {reason}: {detail}",
+                **fields,
+            )
+        self.close()
+
+    def _established(self, outcome: Established) -> None:
+        self.state = LinkState.ESTABLISHED
+        log.info(
+            "Peer link with node {peer_node_id} at {peer_address} established ({role})",
+            peer_node_id=outcome.peer_node_id,
+            peer_address=self._peer_address(),
+            role=self.handshake.role.value,
+        )
+        self._last_received = self._clock.seconds()
+        self._schedule_liveness()
+        self._on_established(self)
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if self.state is LinkState.HANDSHAKING:
+            seconds = self._settings.handshake_timeout_s
+            self._protocol_error(PeerReason.TIMEOUT, f"no handshake within {seconds} seconds")
+
+    # -- liveness ------------------------------------------------------------------------
+
+    def _schedule_liveness(self) -> None:
+        self._liveness_timer = self._clock.callLater(
+            self._settings.ping_interval_s, self._check_liveness
+        )
+
+    def _check_liveness(self) -> None:
+        self._liveness_timer = None
+        if self.state is not LinkState.ESTABLISHED:
+            return
+        now = self._clock.seconds()
+        if self._reading_paused:
+            self._last_received = now
+        silent = now - self._last_received
+        if silent >= self._settings.dead_after_s:
+            log.warn(
+                "Peer node {peer_node_id} at {peer_address} sent nothing for {seconds} seconds:"
+                " dropping the link",
+                peer_node_id=self.peer_node_id,
+                peer_address=self._peer_address(),
+                seconds=silent,
+            )
+            self.state = LinkState.CLOSED
+            self._abort()
+            return
+        if silent >= self._settings.ping_interval_s:
+            self._ping_token = (self._ping_token + 1) & 0xFFFFFFFFFFFFFFFF
+            self._send_all([Ping(self._ping_token)])
+        self._schedule_liveness()
+
+    # -- established ---------------------------------------------------------------------
+
+    def _handle(self, message: PeerMessage) -> None:
+        match message:
+            case Request():
+                self._serve(message)
+            case Response(correlation_id, payload, error):
+                waiting = self._outstanding.pop(correlation_id, None)
+                # None: an answer to a request its caller cancelled.
+                if waiting is not None:
+                    if error is None:
+                        waiting.callback(payload)
+                    else:
+                        waiting.errback(PeerError(error, "answered by the peer"))
+            case Ping(token):
+                self._send_all([Pong(token)])
+            case Pong():
+                pass
+            case Refuse(reason, detail):
+                log.warn(
+                    "Peer node {peer_node_id} at {peer_address} closed the link: {reason}:"
+                    " {detail}",
+                    peer_node_id=self.peer_node_id,
+                    peer_address=self._peer_address(),
+                    reason=reason,
+                    detail=detail,
+                )
+                self.close()
+            case _:
+                self._protocol_error(
+                    PeerReason.UNEXPECTED_MESSAGE,
+                    f"{type(message).__name__} after the handshake",
+                )
+
+    def request(self, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        """Send a request; the Deferred fires with the ok payload or fails with ``PeerError``."""
+        if self.state is not LinkState.ESTABLISHED:
+            return fail(PeerError(PeerReason.UNREACHABLE, "the peer link is not established"))
+        settings = self._settings
+        if len(self._outstanding) >= settings.max_in_flight:
+            return fail(
+                PeerError(
+                    PeerReason.OVERLOADED,
+                    f"{settings.max_in_flight} requests are waiting for node"
+                    f" {self.peer_node_id!r} already",
+                )
+            )
+        correlation_id = self._next_correlation_id()
+        frame = encode(Request(correlation_id, op, payload))
+        if len(frame) - 4 > settings.max_frame_size:
+            return fail(
+                PeerError(
+                    PeerReason.FRAME_TOO_LARGE,
+                    f"a request of {len(frame)} bytes exceeds the maximum frame"
+                    f" of {settings.max_frame_size}",
+                )
+            )
+
+        def cancel(_: Deferred[bytes]) -> None:
+            self._outstanding.pop(correlation_id, None)
+
+        waiting: Deferred[bytes] = Deferred(cancel)
+        self._outstanding[correlation_id] = waiting
+        assert self.transport is not None
+        self.transport.write(frame)
+        return waiting
+
+    def _next_correlation_id(self) -> int:
+        candidate = self._last_correlation_id
+        while True:
+            candidate = candidate + 1 if candidate < _MAX_CORRELATION_ID else 0
+            if candidate not in self._outstanding:
+                self._last_correlation_id = candidate
+                return candidate
+
+    def _serve(self, request: Request) -> None:
+        correlation_id = request.correlation_id
+        if correlation_id in self._serving:
+            self._protocol_error(
+                PeerReason.UNEXPECTED_MESSAGE,
+                f"request {correlation_id} reuses the id of a request still in flight",
+            )
+            return
+        handler = self._handler
+        if handler is None:
+            self._answer_error(correlation_id, PeerReason.UNEXPECTED_MESSAGE)
+            return
+        try:
+            op = PeerOp(request.op)
+        except ValueError:
+            self._answer_error(correlation_id, PeerReason.UNKNOWN_OP)
+            return
+        peer = self.peer_node_id
+        assert peer is not None
+        handling = maybeDeferred(handler, peer, op, request.payload)
+        self._serving[correlation_id] = handling
+
+        def ok(payload: bytes) -> Response:
+            if not isinstance(payload, bytes):
+                raise TypeError(f"the handler answered {type(payload).__name__}, not bytes")
+            if len(payload) + _RESPONSE_HEAD > self._settings.max_frame_size:
+                raise ValueError(f"an answer of {len(payload)} bytes exceeds the maximum frame")
+            return Response(correlation_id, payload)
+
+        def error(failure: Failure) -> Response | None:
+            if self.state is LinkState.CLOSED and isinstance(failure.value, CancelledError):
+                return None  # cancelled with its connection: there is no one to answer
+            reason = getattr(failure.value, "reason", None)
+            if not isinstance(reason, str) or not reason:
+                log.failure(
+                    "A peer {op} request from node {peer_node_id} failed unexpectedly",
+                    failure,
+                    op=op.name.lower(),
+                    peer_node_id=peer,
+                )
+                reason = PeerReason.INTERNAL_ERROR
+            return Response(correlation_id, error=str(reason))
+
+        def answer(response: Response | None) -> None:
+            self._serving.pop(correlation_id, None)
+            if response is not None:
+                self._answer(response)
+                self._request_finished()
+
+        # An answer that cannot be sent (not bytes, too large) fails like the handler would.
+        handling.addCallback(ok).addErrback(error).addCallback(answer)
+
+    def _answer(self, response: Response) -> None:
+        if self.state is LinkState.ESTABLISHED:
+            self._send_all([response])
+
+    def _answer_error(self, correlation_id: int, reason: str) -> None:
+        self._answer(Response(correlation_id, error=str(reason)))
+
+    def _request_finished(self) -> None:
+        if self._requests_blocked and len(self._serving) <= self._settings.max_inbound // 2:
+            self._requests_blocked = False
+            self._update_reading()
+            self._process()
+
+
+class PeerServerFactory(Factory):
+    """The accepting side of the peer port: serves each established peer's requests with
+    ``handler``, one connection per peer node (a newer connection from a node replaces its
+    older one, which is likely half-open from before the node reconnected)."""
+
+    def __init__(
+        self,
+        identity: PeerIdentity,
+        clock: IReactorTime,
+        handler: RequestHandler,
+        settings: PeerSettings | None = None,
+    ) -> None:
+        self._identity = identity
+        self._clock = clock
+        self._handler = handler
+        self._settings = settings or PeerSettings()
+        #: Every open connection, established or not.
+        self.connections: set[PeerProtocol] = set()
+        self._by_peer: dict[str, PeerProtocol] = {}
+
+    def buildProtocol(self, addr: IAddress | None) -> PeerProtocol:
+        protocol = PeerProtocol(
+            Handshake(Role.LISTENER, self._identity),
+            self._clock,
+            self._settings,
+            handler=self._handler,
+            on_established=self._established,
+            on_ended=self._ended,
+        )
+        protocol.factory = self
+        self.connections.add(protocol)
+        return protocol
+
+    def _established(self, protocol: PeerProtocol) -> None:
+        peer = protocol.peer_node_id
+        assert peer is not None
+        older = self._by_peer.get(peer)
+        self._by_peer[peer] = protocol
+        if older is not None:
+            older.close()
+
+    def _ended(self, protocol: PeerProtocol) -> None:
+        self.connections.discard(protocol)
+        peer = protocol.peer_node_id
+        if peer is not None and self._by_peer.get(peer) is protocol:
+            del self._by_peer[peer]
+
+    def close_all(self) -> None:
+        for protocol in list(self.connections):
+            protocol.close()
+
+
+class _Link:
+    """The outbound connection to one peer node."""
+
+    def __init__(self, owner: PeerConnections, node_id: str) -> None:
+        self.node_id = node_id
+        self._owner = owner
+        #: The established connection, if there is one.
+        self.protocol: PeerProtocol | None = None
+        #: Connections in a row that ended before their handshake succeeded.
+        self.failed_handshakes = 0
+        self.service = ClientService(
+            owner._endpoint_for(node_id),
+            _DialerFactory(self),
+            retryPolicy=lambda attempt: owner._retry_policy(attempt + self.failed_handshakes),
+            clock=owner._clock,
+        )
+
+    def build(self) -> PeerProtocol:
+        owner = self._owner
+        return PeerProtocol(
+            Handshake(Role.DIALER, owner._identity, expected_peer=self.node_id),
+            owner._clock,
+            owner._settings,
+            on_established=self._established,
+            on_ended=self._ended,
+        )
+
+    def _established(self, protocol: PeerProtocol) -> None:
+        self.failed_handshakes = 0
+        self.protocol = protocol
+
+    def _ended(self, protocol: PeerProtocol) -> None:
+        if self.protocol is protocol:
+            self.protocol = None
+        if not isinstance(protocol.handshake.outcome, Established):
+            self.failed_handshakes += 1
+
+
+class _DialerFactory(Factory):
+    def __init__(self, link: _Link) -> None:
+        self._link = link
+
+    def buildProtocol(self, addr: IAddress | None) -> PeerProtocol:
+        protocol = self._link.build()
+        protocol.factory = self
+        return protocol
+
+
+class PeerConnections(Service):
+    """One outbound peer link per peer node, each kept up by a ``ClientService``.
+
+    ``endpoint_for(node_id)`` gives the endpoint to dial a node at (wrapped for TLS by the
+    caller when TLS is on). ``retry_policy`` maps failed attempts in a row to the seconds to wait
+    (default ``backoffPolicy()``). The handshake runs inside the connection rather than in
+    ``ClientService``'s ``prepareConnection``, which cannot take a connection that closes
+    before it was handed over (as a refused one does); so the backoff adds the handshakes that
+    failed in a row to the attempts ``ClientService`` counts, and a refusing peer is retried
+    ever more slowly rather than every second.
+    """
+
+    def __init__(
+        self,
+        identity: PeerIdentity,
+        clock: IReactorTime,
+        endpoint_for: Callable[[str], IStreamClientEndpoint],
+        settings: PeerSettings | None = None,
+        retry_policy: Callable[[int], float] | None = None,
+    ) -> None:
+        self._identity = identity
+        self._clock = clock
+        self._endpoint_for = endpoint_for
+        self._settings = settings or PeerSettings()
+        self._retry_policy = retry_policy or backoffPolicy()
+        self._links: dict[str, _Link] = {}
+
+    @property
+    def peers(self) -> frozenset[str]:
+        return frozenset(self._links)
+
+    def add_peer(self, node_id: str) -> None:
+        """Keep a link to ``node_id`` (dialing at once if the service runs)."""
+        if node_id == self._identity.node_id:
+            raise ValueError(f"node {node_id!r} is this node")
+        if node_id in self._links:
+            return
+        link = _Link(self, node_id)
+        self._links[node_id] = link
+        if self.running:
+            link.service.startService()
+
+    def remove_peer(self, node_id: str) -> Deferred[None]:
+        """Stop keeping a link to ``node_id``; fires once its connection is closed."""
+        link = self._links.pop(node_id, None)
+        if link is None or not link.service.running:
+            return succeed(None)
+        return link.service.stopService()
+
+    def established(self, node_id: str) -> PeerProtocol | None:
+        """The established connection to ``node_id``, if there is one now."""
+        link = self._links.get(node_id)
+        return None if link is None else link.protocol
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        """Send a request to ``node_id``: fails with ``unreachable`` at once when there is no
+        established connection to it (never waits for one)."""
+        protocol = self.established(node_id)
+        if protocol is None:
+            known = "no established link" if node_id in self._links else "not a known peer"
+            return fail(PeerError(PeerReason.UNREACHABLE, f"node {node_id!r}: {known}"))
+        return protocol.request(op, payload)
+
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]
+        for link in self._links.values():
+            link.service.startService()
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()  # type: ignore[no-untyped-call]
+        stopping = [link.service.stopService() for link in self._links.values()]
+        return gatherResults(stopping).addCallback(lambda _: None)
