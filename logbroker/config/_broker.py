@@ -212,6 +212,17 @@ class ClusterSettings:
     spread_policy: SpreadPolicy
     replication_group_commit: bool
     replication_group_commit_interval_ms: int
+    #: This node's stable id; None: generated once and kept in the data directory.
+    node_id: str | None = None
+    #: The cluster this node belongs to: peers of another cluster are refused, and the
+    #: control plane keeps its keys under it.
+    cluster_id: str = "logbroker"
+    #: The address peers dial; None: the host's name.
+    advertise_host: str | None = None
+    #: The TTL of the node's membership lease: this long without a keepalive, it is dead.
+    node_lease_ms: int = 5000
+    #: Peers prove they know it (HMAC) at the peer handshake, unless mutual TLS is on.
+    cluster_secret: str | None = attrs.field(default=None, repr=False)
 
 
 _DEFAULT_TLS_VERSIONS: tuple[TlsVersion, ...] = (TlsVersion.TLSV1_3, TlsVersion.TLSV1_2)
@@ -568,7 +579,37 @@ def _cluster(env: Mapping[str, str], warnings: list[str]) -> ClusterSettings:
         replication_group_commit_interval_ms=parse_int(
             env, "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS", 10, 1, 60_000
         ),
+        node_id=_identifier(env, "SVC_NODE_ID"),
+        cluster_id=_identifier(env, "SVC_CLUSTER_ID") or "logbroker",
+        advertise_host=parse_text(env, "SVC_ADVERTISE_HOST"),
+        node_lease_ms=parse_int(env, "SVC_NODE_LEASE_MS", 5000, 2000, 600_000),
+        cluster_secret=_cluster_secret(env),
     )
+
+
+#: Node and cluster ids travel in the peer handshake and name control-plane keys.
+_IDENTIFIER = re.compile(r"[A-Za-z0-9._-]{1,64}")
+#: Shorter secrets are too easy to guess offline from one recorded handshake.
+MIN_CLUSTER_SECRET_LENGTH = 16
+
+
+def _identifier(env: Mapping[str, str], variable: str) -> str | None:
+    text = parse_text(env, variable)
+    if text is not None and (not _IDENTIFIER.fullmatch(text) or text in (".", "..")):
+        raise ConfigError(variable, env[variable], "1 to 64 of A-Z a-z 0-9 . _ -, not . or ..")
+    return text
+
+
+def _cluster_secret(env: Mapping[str, str]) -> str | None:
+    secret = _secret(env, "SVC_CLUSTER_SECRET")
+    if secret is not None and len(secret) < MIN_CLUSTER_SECRET_LENGTH:
+        # The value is a secret: never echoed back.
+        raise ConfigError(
+            "SVC_CLUSTER_SECRET",
+            "<hidden>",
+            f"at least {MIN_CLUSTER_SECRET_LENGTH} characters (a long random string)",
+        )
+    return secret
 
 
 def _control_plane(

@@ -236,6 +236,27 @@ VARIABLES: tuple[Variable, ...] = (
         ),
         ("SVC_PEER_PORT", "4042", "peer replication port; 0 picks a free port"),
         (
+            "SVC_NODE_ID",
+            "generated",
+            "this node's stable id; unset: generated once and kept in the data directory",
+        ),
+        (
+            "SVC_CLUSTER_ID",
+            "logbroker",
+            "the cluster's name: peers of another cluster are refused at the handshake",
+        ),
+        ("SVC_ADVERTISE_HOST", "the host's name", "the address other nodes dial this node at"),
+        (
+            "SVC_NODE_LEASE_MS",
+            "5000",
+            "membership lease TTL: a node silent this long is dead to the cluster",
+        ),
+        (
+            "SVC_CLUSTER_SECRET",
+            "unset",
+            "shared secret peers prove they know at the handshake (secret; 16+ characters)",
+        ),
+        (
             "SVC_LOG_REPLICATION_FACTOR",
             "1",
             "replicas per segment; writes wait for floor(RF/2)+1 of them",

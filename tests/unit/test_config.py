@@ -96,6 +96,8 @@ RULE_DEFAULTS = {
     "SVC_ENABLE_TLS",
     "SVC_DASHBOARD_BIND_HOST",
     "SVC_ADMIN_PASS",
+    "SVC_NODE_ID",
+    "SVC_ADVERTISE_HOST",
 }
 
 
@@ -711,3 +713,51 @@ def test_each_retention_limit_set_warns_that_it_is_not_in_effect() -> None:
         "SVC_RETENTION_MAX_BYTES=0 is not in effect: retention is not built in this version, so"
         " every segment is kept",
     ]
+
+
+def test_a_node_s_identity_in_the_cluster() -> None:
+    cluster = parse(
+        {
+            "SVC_NODE_ID": "broker-1",
+            "SVC_CLUSTER_ID": "prod-eu",
+            "SVC_ADVERTISE_HOST": "10.0.0.5",
+            "SVC_NODE_LEASE_MS": "3000",
+            "SVC_CLUSTER_SECRET": "a long random cluster secret",
+        }
+    ).cluster
+
+    assert (cluster.node_id, cluster.cluster_id, cluster.advertise_host) == (
+        "broker-1",
+        "prod-eu",
+        "10.0.0.5",
+    )
+    assert cluster.node_lease_ms == 3000
+    assert cluster.cluster_secret == "a long random cluster secret"
+    assert "a long random" not in repr(cluster)
+    defaults = parse({}).cluster
+    assert (defaults.node_id, defaults.cluster_id, defaults.advertise_host) == (
+        None,
+        "logbroker",
+        None,
+    )
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [
+        ("SVC_NODE_ID", "node/1", "1 to 64 of A-Z a-z 0-9 . _ -, not . or .."),
+        ("SVC_CLUSTER_ID", "..", "1 to 64 of A-Z a-z 0-9 . _ -, not . or .."),
+        ("SVC_NODE_LEASE_MS", "500", "an integer from 2000 to 600000"),
+    ],
+)
+def test_a_bad_node_identity_names_its_variable(variable: str, value: str, expected: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse({variable: value})
+    assert str(raised.value) == f"{variable}={value!r} is invalid: expected {expected}"
+
+
+def test_a_short_cluster_secret_is_refused_without_echoing_it() -> None:
+    with pytest.raises(ConfigError) as raised:
+        parse({"SVC_CLUSTER_SECRET": "hunter2"})
+    assert "hunter2" not in str(raised.value)
+    assert raised.value.variable == "SVC_CLUSTER_SECRET"

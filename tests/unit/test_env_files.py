@@ -20,6 +20,7 @@ CREDENTIALS = {
     "SVC_CONSUMER_PASS",
     "SVC_APP_PASS",
     "SVC_CLIENT_PASSWORD",
+    "SVC_CLUSTER_SECRET",
 }
 _ASSIGNMENT = re.compile(r"^(#?)([A-Z_]+)=(.*)$")
 
