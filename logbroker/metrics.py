@@ -34,7 +34,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import deferLater
 
 from logbroker import __version__
-from logbroker.controlplane import ControlPlane
+from logbroker.controlplane import ControlPlane, ControlPlaneClosedError
 from logbroker.storage import CopyState, DamageReason, Flush, IntegrityEvent, OpenLogs
 
 # The label values of each labelled series (topics and tasks aside). The methods take them as
@@ -450,8 +450,12 @@ class _Inventory:
 
     def values(self) -> _InventoryValues:
         control = self.control
-        topics = control.topics() if control is not None else []
-        ranges = sum(len(control.ranges(t.name)) for t in topics) if control is not None else 0
+        try:
+            topics = control.topics() if control is not None else []
+            ranges = sum(len(control.ranges(t.name)) for t in topics) if control is not None else 0
+        except ControlPlaneClosedError:
+            # Not started yet (or stopping): no topics to report meanwhile.
+            topics, ranges = [], 0
         segments = dict.fromkeys((state.value for state in CopyState), 0)
         size = 0
         logs = self.storage.logs.values() if self.storage is not None else ()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import secrets
 import signal
 import socket
 import sys
@@ -45,9 +46,11 @@ from twisted.python.failure import Failure
 from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.ranges import LocalRanges
+from logbroker.broker.segments import SegmentRecorder
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
-from logbroker.controlplane import LocalControlPlane
+from logbroker.controlplane import ControlPlane, LocalControlPlane
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
+from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.security import UserDirectory, seed_accounts
@@ -64,6 +67,7 @@ from logbroker.storage import (
     LogConfig,
     OsFileSystem,
     RangeLog,
+    SegmentInfo,
     ThreadPoolExecutor,
 )
 from logbroker.wire import Reason
@@ -105,6 +109,8 @@ class StorageService(Service):
         self._metrics = metrics
         self._executor = ThreadPoolExecutor(reactor)
         self.logs: dict[str, RangeLog] = {}
+        #: Told of every seal, with the range's name: the control plane records them.
+        self.on_sealed: Callable[[str, SegmentInfo], None] = lambda name, info: None
 
     @property
     def executor(self) -> ThreadPoolExecutor:
@@ -117,13 +123,7 @@ class StorageService(Service):
         started = time.monotonic()
         for name in self._data_dir.range_names():
             self.logs[name] = RangeLog.recover(
-                self._data_dir.range_path(name),
-                fs=self._fs,
-                clock=self._reactor,
-                executor=self._executor,
-                config=self._log_config,
-                on_integrity_event=self._metrics.integrity_event,
-                on_flushed=self._metrics.flushed,
+                self._data_dir.range_path(name), **self._log_arguments(name)
             )
         log.info(
             "Storage recovered in {path}: {ranges} ranges in {seconds:.3f} s",
@@ -140,14 +140,19 @@ class StorageService(Service):
             return range_log
 
         return RangeLog.open(
-            self._data_dir.range_path(name),
-            fs=self._fs,
-            clock=self._reactor,
-            executor=self._executor,
-            config=self._log_config,
-            on_integrity_event=self._metrics.integrity_event,
-            on_flushed=self._metrics.flushed,
+            self._data_dir.range_path(name), **self._log_arguments(name)
         ).addCallback(opened)
+
+    def _log_arguments(self, name: str) -> dict[str, Any]:
+        return {
+            "fs": self._fs,
+            "clock": self._reactor,
+            "executor": self._executor,
+            "config": self._log_config,
+            "on_integrity_event": self._metrics.integrity_event,
+            "on_flushed": self._metrics.flushed,
+            "on_sealed": lambda info: self.on_sealed(name, info),
+        }
 
     def startService(self) -> None:
         super().startService()
@@ -178,14 +183,37 @@ class StorageService(Service):
 
 
 class ControlPlaneService(Service):
-    """Flushes the control plane on stop (it is loaded before the reactor runs)."""
+    """Starts the control plane once the reactor runs (it loads its state: from the data
+    directory, or from etcd) and closes it on stop, once every change asked for is settled."""
 
-    def __init__(self, control_plane: LocalControlPlane) -> None:
+    def __init__(self, control_plane: ControlPlane) -> None:
         self.control_plane = control_plane
+        #: Fires once the control plane has started (fails if it could not); the broker's
+        #: readiness waits on it. Its one consumer is the client port's preparation.
+        self.started: Deferred[None] = Deferred()
+
+    def startService(self) -> None:
+        super().startService()
+        self.control_plane.start().chainDeferred(self.started)
 
     def stopService(self) -> Deferred[None]:
         super().stopService()
         return self.control_plane.close()
+
+
+class ExecutorService(Service):
+    """Runs a thread pool for the lifetime of the service (password hashing, say)."""
+
+    def __init__(self, executor: ThreadPoolExecutor) -> None:
+        self.executor = executor
+
+    def startService(self) -> None:
+        super().startService()
+        self.executor.start()
+
+    def stopService(self) -> None:
+        super().stopService()
+        self.executor.stop()
 
 
 #: How long a stopping broker lets requests in flight finish before failing them.
@@ -302,7 +330,11 @@ class ClientPortService(Service):
         if not self.running:
             # Told to stop while getting ready: that stop is under way, and orderly.
             return
-        log.failure("The broker could not get ready; stopping", failure)
+        if isinstance(failure.value, LogbrokerError):
+            # Said in words (a damaged control state file, say): no traceback needed.
+            log.critical("The broker could not get ready: {error}; stopping", error=failure.value)
+        else:
+            log.failure("The broker could not get ready; stopping", failure)
         # After the orderly stop (storage flushed), leave with a failure status, as a
         # supervisor expects of a service that could not start.
         self._reactor.addSystemEventTrigger("after", "shutdown", os._exit, exitcodes.FAILURE)
@@ -462,6 +494,21 @@ def _forget_expired(guards: Guards) -> None:
         )
 
 
+def _node_id(config: BrokerConfig, data_dir: DataDirectory) -> str:
+    """This node's id: kept in the data directory from its first start (``SVC_NODE_ID``, or
+    generated); a different ``SVC_NODE_ID`` later is refused, since the data is that node's."""
+    configured = config.cluster.node_id
+    stored = data_dir.node_id(lambda: configured or f"node-{secrets.token_hex(6)}")
+    if configured is not None and configured != stored:
+        raise ConfigError(
+            "SVC_NODE_ID",
+            configured,
+            f"{stored}, the id of the node whose data is in {data_dir.path} (unset it, or"
+            " point SVC_DATA_DIR at this node's own data)",
+        )
+    return stored
+
+
 def build_service(
     reactor: Any, config: BrokerConfig, data_dir: DataDirectory, tls: ServerTls | None
 ) -> BrokerService:
@@ -482,12 +529,14 @@ def build_service(
     storage.setName("storage")
     storage.setServiceParent(root)
 
+    node_id = _node_id(config, data_dir)
     control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
-    control.load()
     control_service = ControlPlaneService(control)
     control_service.setName("control-plane")
     control_service.setServiceParent(root)
     metrics.watch(control, storage)
+    recorder = SegmentRecorder(control, node_id)
+    storage.on_sealed = recorder.sealed
 
     lag = PeriodicTask(
         "reactor_lag",
@@ -505,6 +554,9 @@ def build_service(
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.
     auth_executor = ThreadPoolExecutor(reactor, threads=2, name="logbroker-auth")
+    auth_threads = ExecutorService(auth_executor)
+    auth_threads.setName("auth-threads")
+    auth_threads.setServiceParent(root)
     guards = build_guards(config, reactor, metrics)
     users = UserDirectory(
         control, auth_executor, on_credentials_revoked=guards.sessions.revoke_user
@@ -528,10 +580,11 @@ def build_service(
     }
 
     def prepare() -> Deferred[None]:
-        auth_executor.start()
-        reactor.addSystemEventTrigger("after", "shutdown", auth_executor.stop)
-        seeding = seed_accounts(users, config.mode.value, passwords)
-        return seeding.addCallback(lambda _: broker.open())
+        started = control_service.started
+        started.addCallback(lambda _: log.info("This node is {node_id}", node_id=node_id))
+        started.addCallback(lambda _: seed_accounts(users, config.mode.value, passwords))
+        started.addCallback(lambda _: broker.open())
+        return started.addCallback(lambda _: recorder.reconcile(storage.logs))
 
     cleanup = cleanup_task(guards, config.rate_limits.cleanup_interval_ms, reactor, metrics)
     cleanup.setName("rate-limit-cleanup")

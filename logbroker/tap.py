@@ -11,7 +11,6 @@ from twisted.python import usage
 
 from logbroker import exitcodes
 from logbroker.config import VARIABLES, BrokerConfig, ConfigError, check_built
-from logbroker.controlplane import ControlPlaneError
 from logbroker.security.tls import server_tls
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.store import DataDirectory
@@ -85,5 +84,3 @@ def makeService(options: Options) -> IService:
         raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
     except (StorageError, OSError) as error:
         raise _exit(exitcodes.FAILURE, f"storage recovery failed: {error}") from None
-    except ControlPlaneError as error:
-        raise _exit(exitcodes.FAILURE, f"the control plane could not be loaded: {error}") from None

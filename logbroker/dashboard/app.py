@@ -36,6 +36,7 @@ from werkzeug.exceptions import NotFound as NoSuchRoute
 from logbroker.broker.core import Broker
 from logbroker.config import DashboardSettings
 from logbroker.controlplane import (
+    ControlPlaneClosedError,
     Topic,
     User,
     UserNotFoundError,
@@ -135,7 +136,11 @@ class BrokerNode:
         return self._status()
 
     def topics(self) -> Sequence[Topic]:
-        return self._broker.topics()
+        try:
+            return self._broker.topics()
+        except ControlPlaneClosedError:
+            # Still starting (or stopping): the page and metrics show no topics meanwhile.
+            return []
 
     def segments(self) -> Mapping[str, Sequence[SegmentInfo]]:
         return {range_id: log.segments() for range_id, log in self._logs.items()}

@@ -4,6 +4,7 @@ Layout::
 
     <data dir>/FORMAT                       "logbroker storage format 1\\n"
     <data dir>/LOCK                         held (flock) by the broker using the directory
+    <data dir>/NODE_ID                      the id of the node this directory belongs to
     <data dir>/ranges/<range name>/         one directory per range (names may nest: topic/range)
         00000000000000000000.log            segment files, named by zero-padded base offset
         00000000000000000000.index          sparse index, written at seal
@@ -16,7 +17,7 @@ the command line turns that into exit status 3 (see ``logbroker.exitcodes``).
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred
@@ -28,6 +29,7 @@ from logbroker.storage._segment import is_segment_file
 from logbroker.storage.errors import FormatTooNewError, NotADataDirectoryError, StorageError
 
 FORMAT_FILE = "FORMAT"
+NODE_ID_FILE = "NODE_ID"
 LOCK_FILE = "LOCK"
 RANGES_DIR = "ranges"
 _MARKER = re.compile(rb"^logbroker storage format (\d+)\n$")
@@ -116,6 +118,17 @@ class DataDirectory:
                 f"data directory {path} is in use by another logbroker process; stop it, or "
                 "point SVC_DATA_DIR elsewhere"
             ) from None
+
+    def node_id(self, new: Callable[[], str]) -> str:
+        """The id of the node this directory belongs to: kept in ``NODE_ID``, written once (from
+        ``new()``) by the first start. Blocking: call it at startup."""
+        path = f"{self.path}/{NODE_ID_FILE}"
+        if self._fs.exists(path):
+            return self._fs.read_file(path).decode("ascii").strip()
+        node_id = new()
+        self._fs.write_atomic(path, f"{node_id}\n".encode("ascii"))
+        log.info("This node's id is {node_id}, kept in {path}", node_id=node_id, path=path)
+        return node_id
 
     def range_path(self, name: str) -> str:
         return f"{self.path}/{RANGES_DIR}/{check_range_name(name)}"

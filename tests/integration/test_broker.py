@@ -4,6 +4,7 @@ byte for byte, errors carry their reasons, data and positions survive restarts a
 from __future__ import annotations
 
 import itertools
+import json
 import socket
 import struct
 import threading
@@ -256,3 +257,37 @@ def test_a_subscription_never_exceeds_its_window_and_resumes_after_acks(tmp_path
             received.extend(wire.decode_records(client.receive().payload).records)
 
     assert [r.value for r in received[:40]] == [b"%d" % i for i in range(40)]
+
+
+def test_each_sealed_segment_s_counts_are_recorded_in_the_control_plane(tmp_path: Path) -> None:
+    settings = {"SVC_SEGMENT_MAX_BYTES": "1024", "SVC_TOPIC_RANGES": "1"}
+    with running_broker(tmp_path, settings=settings) as broker:
+        with BlockingClient.connect("127.0.0.1", broker.port, "app", "app123") as client:
+            client.create_topic("orders")
+            for i in range(40):
+                client.produce("orders", [Record(b"x" * 100, key=b"k%d" % i)])
+        output = broker.stop()
+    assert broker.process.returncode == 0, output
+
+    state = json.loads((tmp_path / "data" / "control" / "state.json").read_text())["state"]
+    node_id = (tmp_path / "data" / "NODE_ID").read_text().strip()
+    segments = sorted(
+        (s for s in state["segments"] if s["range_id"] == "orders.0"),
+        key=lambda s: s["base_offset"],
+    )
+    files = sorted((tmp_path / "data" / "ranges" / "orders.0").glob("*.log"))
+    sealed, active = segments[:-1], segments[-1]
+    assert len(sealed) >= 3
+    assert len(segments) == len(files)
+    # Every sealed segment: its record count and byte size as stored, on this node alone.
+    next_base = 0
+    for meta, file in zip(sealed, files, strict=False):
+        assert meta["state"] == "sealed"
+        assert meta["base_offset"] == next_base == int(file.stem)
+        assert meta["byte_size"] == file.stat().st_size
+        assert meta["replicas"] == [node_id]
+        next_base += meta["record_count"]
+    assert active["state"] == "active"
+    assert active["base_offset"] == next_base
+    assert active["record_count"] is None
+    assert sum(s["record_count"] for s in sealed) <= 40

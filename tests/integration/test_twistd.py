@@ -171,3 +171,42 @@ def test_a_second_broker_on_the_same_data_directory_is_refused(tmp_path: Path) -
 
     assert second.returncode == 1, output
     assert "in use by another logbroker process" in output
+
+
+def test_a_node_keeps_its_id_and_refuses_another_one_for_its_data(tmp_path: Path) -> None:
+    first = run_twistd(tmp_path, settings={"SVC_NODE_ID": "broker-1"})
+    try:
+        seen = wait_for_line(first, "This node is broker-1")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=30)
+    assert (tmp_path / "data" / "NODE_ID").read_text() == "broker-1\n", "".join(seen)
+
+    again = run_twistd(tmp_path)
+    try:
+        wait_for_line(again, "This node is broker-1")
+    finally:
+        again.send_signal(signal.SIGTERM)
+        again.communicate(timeout=30)
+
+    other = run_twistd(tmp_path, settings={"SVC_NODE_ID": "broker-2"})
+    output, _ = other.communicate(timeout=60)
+    assert other.returncode == 2, output
+    assert "SVC_NODE_ID='broker-2' is invalid: expected broker-1, the id of the node" in output
+
+
+def test_a_damaged_control_state_stops_the_boot_with_status_1_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    control = tmp_path / "data" / "control"
+    control.mkdir(parents=True)
+    (tmp_path / "data" / "FORMAT").write_text("logbroker storage format 1\n")
+    (control / "state.json").write_text('{"format":1,"crc32c":1,"state":{}}\n')
+
+    broker = run_twistd(tmp_path)
+    output, _ = broker.communicate(timeout=60)
+
+    assert broker.returncode == 1, output
+    assert "The broker could not get ready:" in output
+    assert str(control / "state.json") in output
+    assert "Traceback" not in output
