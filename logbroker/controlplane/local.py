@@ -120,11 +120,6 @@ class LocalControlPlane:
     def start(self) -> Deferred[None]:
         return self._executor.run(_load_job, self._fs, self.directory).addCallback(self._loaded)
 
-    def load(self) -> None:
-        """``start`` in this thread. Blocking: for the composition root, before the reactor
-        runs, so a broker whose state cannot be read never starts serving."""
-        self._loaded(_load_job(self._fs, self.directory))
-
     def _loaded(self, loaded: _Loaded) -> None:
         self._lock = loaded.lock
         self._durable = self._pending = loaded.state
