@@ -8,6 +8,9 @@
   inject an error before any of them.
 * ``ImmediateExecutor`` runs storage jobs inline; ``ManualExecutor`` holds them until the test
   runs them, so a test decides exactly what is in flight.
+* ``MemoryKeyValueStore`` is an etcd in memory for the etcd control plane: revisions,
+  transactions, watches, compaction and leases on an injected clock, with hooks that make it
+  unavailable, hold requests so that clients race, or drop watches.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
+
+from logbroker.controlplane._memory_kv import MemoryKeyValueStore
 
 _T = TypeVar("_T")
 
@@ -302,3 +307,12 @@ class ManualExecutor:
     def run_all(self) -> None:
         while self.pending:
             self.run_next()
+
+
+__all__ = [
+    "ImmediateExecutor",
+    "JournalEntry",
+    "ManualExecutor",
+    "MemoryFileSystem",
+    "MemoryKeyValueStore",
+]

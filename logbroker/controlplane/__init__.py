@@ -1,11 +1,15 @@
 """Where the cluster's metadata lives: topics, ranges, segments, users, ACLs, group positions.
 
 ``ControlPlane`` is the interface the broker uses (DESIGN section 7); ``LocalControlPlane``
-keeps it in one file in the data directory for a single node.
+keeps it in one file in the data directory for a single node, ``EtcdControlPlane`` in etcd for
+a cluster (through a ``KeyValueStore``: ``EtcdGatewayStore`` for a real etcd,
+``logbroker.testing.MemoryKeyValueStore`` in tests).
 """
 
+from logbroker.controlplane._etcd_gateway import EtcdGatewayStore
 from logbroker.controlplane._format import FORMAT_VERSION
 from logbroker.controlplane._interface import ControlPlane
+from logbroker.controlplane._kv import KeyValueStore
 from logbroker.controlplane._model import (
     GRANT_OPERATIONS,
     MAX_KEYSPACE_BITS,
@@ -23,16 +27,23 @@ from logbroker.controlplane._model import (
 )
 from logbroker.controlplane.errors import (
     AlreadyExistsError,
+    CompactedError,
+    ContendedError,
     ControlPlaneClosedError,
     ControlPlaneError,
+    ControlPlaneUnavailableError,
     ControlPlaneWriteError,
     InvalidChangeError,
+    LeaseNotFoundError,
     NotFoundError,
+    OutcomeUnknownError,
     StateFileError,
     StateFormatTooNewError,
+    StoreError,
     UserExistsError,
     UserNotFoundError,
 )
+from logbroker.controlplane.etcd import EtcdControlPlane
 from logbroker.controlplane.local import LocalControlPlane
 
 __all__ = [
@@ -41,19 +52,28 @@ __all__ = [
     "MAX_KEYSPACE_BITS",
     "AclGrant",
     "AlreadyExistsError",
+    "CompactedError",
+    "ContendedError",
     "ControlPlane",
     "ControlPlaneClosedError",
     "ControlPlaneError",
+    "ControlPlaneUnavailableError",
     "ControlPlaneWriteError",
+    "EtcdControlPlane",
+    "EtcdGatewayStore",
     "InvalidChangeError",
+    "KeyValueStore",
+    "LeaseNotFoundError",
     "LocalControlPlane",
     "NotFoundError",
+    "OutcomeUnknownError",
     "Range",
     "RangeState",
     "SegmentMeta",
     "SegmentState",
     "StateFileError",
     "StateFormatTooNewError",
+    "StoreError",
     "Topic",
     "User",
     "UserExistsError",

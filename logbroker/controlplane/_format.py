@@ -20,6 +20,9 @@ with ``\\u`` escapes), which is also how it is written; a reader re-serializes t
 by their key fields, so equal states give equal bytes. Every string round-trips exactly,
 including characters outside ASCII.
 
+Each entry is one entity's record (``topic_record`` and ``topic_from_record``, and so on); the
+etcd control plane stores the same records, canonically serialized, as the values of its keys.
+
 A format newer than ``FORMAT_VERSION`` is refused (``StateFormatTooNewError``): a newer build
 may record things this one would drop on its next write. The golden file
 ``tests/unit/controlplane/golden/state-v1.json`` pins these bytes.
@@ -50,69 +53,80 @@ FORMAT_VERSION = 1
 _T = TypeVar("_T")
 
 
-def _canonical(value: object) -> bytes:
+def canonical(value: object) -> bytes:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode(
         "ascii"
     )
 
 
+def topic_record(t: Topic) -> dict[str, Any]:
+    return {
+        "name": t.name,
+        "keyspace_bits": t.keyspace_bits,
+        "created_ms": t.created_ms,
+        "range_ids": list(t.range_ids),
+    }
+
+
+def range_record(r: Range) -> dict[str, Any]:
+    return {
+        "range_id": r.range_id,
+        "topic": r.topic,
+        "start": r.start,
+        "end": r.end,
+        "state": r.state.value,
+        "parent": r.parent,
+    }
+
+
+def segment_record(s: SegmentMeta) -> dict[str, Any]:
+    return {
+        "range_id": s.range_id,
+        "base_offset": s.base_offset,
+        "state": s.state.value,
+        "record_count": s.record_count,
+        "byte_size": s.byte_size,
+        "replicas": list(s.replicas),
+        "epoch": s.epoch,
+    }
+
+
+def user_record(u: User) -> dict[str, Any]:
+    return {"name": u.name, "password_hash": u.password_hash, "permissions": sorted(u.permissions)}
+
+
+def grant_record(g: AclGrant) -> dict[str, Any]:
+    return {"user": g.user, "operation": g.operation, "pattern": g.pattern}
+
+
+def position_record(topic: str, group: str, cursor: str) -> dict[str, Any]:
+    return {"topic": topic, "group": group, "cursor": cursor}
+
+
 def _state_document(state: ControlState) -> dict[str, list[dict[str, Any]]]:
     return {
-        "topics": [
-            {
-                "name": t.name,
-                "keyspace_bits": t.keyspace_bits,
-                "created_ms": t.created_ms,
-                "range_ids": list(t.range_ids),
-            }
-            for _, t in sorted(state.topics.items())
-        ],
-        "ranges": [
-            {
-                "range_id": r.range_id,
-                "topic": r.topic,
-                "start": r.start,
-                "end": r.end,
-                "state": r.state.value,
-                "parent": r.parent,
-            }
-            for _, r in sorted(state.ranges.items())
-        ],
+        "topics": [topic_record(t) for _, t in sorted(state.topics.items())],
+        "ranges": [range_record(r) for _, r in sorted(state.ranges.items())],
         "segments": [
-            {
-                "range_id": s.range_id,
-                "base_offset": s.base_offset,
-                "state": s.state.value,
-                "record_count": s.record_count,
-                "byte_size": s.byte_size,
-                "replicas": list(s.replicas),
-                "epoch": s.epoch,
-            }
+            segment_record(s)
             for _, segments in sorted(state.segments.items())
             for _, s in sorted(segments.items())
         ],
-        "users": [
-            {
-                "name": u.name,
-                "password_hash": u.password_hash,
-                "permissions": sorted(u.permissions),
-            }
-            for _, u in sorted(state.users.items())
-        ],
+        "users": [user_record(u) for _, u in sorted(state.users.items())],
         "acls": [
-            {"user": g.user, "operation": g.operation, "pattern": g.pattern}
+            grant_record(g)
             for _, grants in sorted(state.acls.items())
             for g in sorted(grants, key=lambda g: (g.operation, g.pattern))
         ],
         "group_positions": [
-            {"topic": topic, "group": group, "cursor": cursor}
+            position_record(topic, group, cursor)
             for (topic, group), cursor in sorted(state.positions.items())
         ],
     }
 
 
 def encode_state(state: ControlState) -> bytes:
-    body = _canonical(_state_document(state))
+    body = canonical(_state_document(state))
     return b'{"format":%d,"crc32c":%d,"state":%s}\n' % (FORMAT_VERSION, crc32c(body), body)
 
 
@@ -135,7 +149,7 @@ def _strings(record: dict[str, Any], key: str) -> list[str]:
     return values
 
 
-def _topic(r: dict[str, Any]) -> Topic:
+def topic_from_record(r: dict[str, Any]) -> Topic:
     return Topic(
         _get(r, "name", str),
         _get(r, "keyspace_bits", int),
@@ -144,7 +158,7 @@ def _topic(r: dict[str, Any]) -> Topic:
     )
 
 
-def _range(r: dict[str, Any]) -> Range:
+def range_from_record(r: dict[str, Any]) -> Range:
     parent = r["parent"]
     return Range(
         _get(r, "range_id", str),
@@ -156,7 +170,7 @@ def _range(r: dict[str, Any]) -> Range:
     )
 
 
-def _segment(r: dict[str, Any]) -> SegmentMeta:
+def segment_from_record(r: dict[str, Any]) -> SegmentMeta:
     return SegmentMeta(
         _get(r, "range_id", str),
         _get(r, "base_offset", int),
@@ -168,7 +182,7 @@ def _segment(r: dict[str, Any]) -> SegmentMeta:
     )
 
 
-def _user(r: dict[str, Any]) -> User:
+def user_from_record(r: dict[str, Any]) -> User:
     return User(
         _get(r, "name", str),
         _get(r, "password_hash", str),
@@ -176,8 +190,13 @@ def _user(r: dict[str, Any]) -> User:
     )
 
 
-def _grant(r: dict[str, Any]) -> AclGrant:
+def grant_from_record(r: dict[str, Any]) -> AclGrant:
     return AclGrant(_get(r, "user", str), _get(r, "operation", str), _get(r, "pattern", str))
+
+
+def position_from_record(r: dict[str, Any]) -> tuple[tuple[str, str], str]:
+    """``((topic, group), cursor)``."""
+    return (_get(r, "topic", str), _get(r, "group", str)), _get(r, "cursor", str)
 
 
 def _records(document: dict[str, Any], key: str, build: Callable[[Any], _T]) -> list[_T]:
@@ -188,23 +207,20 @@ def _records(document: dict[str, Any], key: str, build: Callable[[Any], _T]) -> 
 
 
 def _build_state(document: dict[str, Any]) -> ControlState:
-    topics = _records(document, "topics", _topic)
-    ranges = _records(document, "ranges", _range)
+    topics = _records(document, "topics", topic_from_record)
+    ranges = _records(document, "ranges", range_from_record)
     segments: dict[str, dict[int, SegmentMeta]] = {}
-    for segment in _records(document, "segments", _segment):
+    for segment in _records(document, "segments", segment_from_record):
         segments.setdefault(segment.range_id, {})[segment.base_offset] = segment
     acls: dict[str, frozenset[AclGrant]] = {}
-    for grant in _records(document, "acls", _grant):
+    for grant in _records(document, "acls", grant_from_record):
         acls[grant.user] = acls.get(grant.user, frozenset()) | {grant}
-    positions = {
-        (_get(p, "topic", str), _get(p, "group", str)): _get(p, "cursor", str)
-        for p in _records(document, "group_positions", lambda p: p)
-    }
+    positions = dict(_records(document, "group_positions", position_from_record))
     return ControlState(
         topics={t.name: t for t in topics},
         ranges={r.range_id: r for r in ranges},
         segments=segments,
-        users={u.name: u for u in _records(document, "users", _user)},
+        users={u.name: u for u in _records(document, "users", user_from_record)},
         acls=acls,
         positions=positions,
     )
@@ -223,7 +239,7 @@ def decode_state(data: bytes, path: str) -> ControlState:
     if version > FORMAT_VERSION:
         raise StateFormatTooNewError(path, version, FORMAT_VERSION)
     state = document.get("state")
-    if document.get("crc32c") != crc32c(_canonical(state)):
+    if document.get("crc32c") != crc32c(canonical(state)):
         raise StateFileError(f"{path} fails its checksum: it was damaged at rest; {damaged}")
     try:
         return _build_state(state)

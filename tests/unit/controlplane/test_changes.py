@@ -1,16 +1,26 @@
-"""Each change and each read of the control plane, on a file system in memory."""
+"""Each change and each read of the control plane: one contract suite for every implementation.
+
+``backend`` runs each test on ``LocalControlPlane`` (a file system in memory),
+``EtcdControlPlane`` on the etcd double, and ``EtcdControlPlane`` on a real three-member etcd
+(marked integration). Reopening is a new instance on the same backing store.
+"""
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 import attrs
 import pytest
+import pytest_twisted
+from twisted.internet.defer import Deferred
 
 from logbroker.controlplane import (
     AclGrant,
     AlreadyExistsError,
+    ControlPlane,
     ControlPlaneClosedError,
+    ControlPlaneError,
     InvalidChangeError,
-    LocalControlPlane,
     NotFoundError,
     Range,
     RangeState,
@@ -18,7 +28,7 @@ from logbroker.controlplane import (
     UserExistsError,
     UserNotFoundError,
 )
-from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+from tests.unit.controlplane.backends import Backend, LocalBackend
 from tests.unit.controlplane.helpers import (
     CONTROL_DIR,
     STATE_PATH,
@@ -26,54 +36,66 @@ from tests.unit.controlplane.helpers import (
     make_topic,
     make_user,
     sealed,
-    started,
 )
-from tests.unit.storage.helpers import failure_of, result_of
+from tests.unit.storage.helpers import failure_of
+
+_T = TypeVar("_T")
 
 
-@pytest.fixture
-def fs() -> MemoryFileSystem:
-    return MemoryFileSystem()
+async def done(backend: Backend, change: Deferred[_T]) -> _T:
+    """The result of a change; a synchronous backend has it at once."""
+    if backend.synchronous:
+        assert change.called, "the change did not fire at once"
+    return await change
 
 
-@pytest.fixture
-def control(fs: MemoryFileSystem) -> LocalControlPlane:
-    return started(fs)
+def rejected(change: Deferred[Any], error: type[ControlPlaneError]) -> ControlPlaneError:
+    """A change refused when it was asked for: every implementation fails it at once."""
+    failure = failure_of(change)
+    failure.trap(error)
+    assert isinstance(failure.value, ControlPlaneError)
+    return failure.value
 
 
-def reopened(fs: MemoryFileSystem, control: LocalControlPlane) -> LocalControlPlane:
-    result_of(control.close())
-    return started(fs)
-
-
-def test_a_new_directory_starts_empty_and_is_written_at_the_first_change(
-    fs: MemoryFileSystem, control: LocalControlPlane
-) -> None:
+@pytest_twisted.ensureDeferred
+async def test_a_new_store_starts_empty(backend: Backend, control: ControlPlane) -> None:
     assert control.topics() == []
     assert control.users() == []
     assert control.acls() == []
-    assert fs.is_dir(CONTROL_DIR)
-    assert not fs.exists(STATE_PATH)
 
-    result_of(control.create_user(make_user()))
+    await done(backend, control.create_user(make_user()))
 
-    assert fs.exists(STATE_PATH)
+    assert control.users() == [make_user()]
 
 
-def test_reads_and_changes_wait_for_start(fs: MemoryFileSystem) -> None:
-    control = LocalControlPlane(CONTROL_DIR, fs=fs, executor=ImmediateExecutor())
+@pytest_twisted.ensureDeferred
+async def test_the_local_directory_is_written_at_the_first_change() -> None:
+    backend = LocalBackend()
+    control = await backend.open()
+
+    assert backend.fs.is_dir(CONTROL_DIR)
+    assert not backend.fs.exists(STATE_PATH)
+    await done(backend, control.create_user(make_user()))
+    assert backend.fs.exists(STATE_PATH)
+    await backend.close()
+
+
+@pytest_twisted.ensureDeferred
+async def test_reads_and_changes_wait_for_start(backend: Backend) -> None:
+    control = backend.unstarted()
 
     with pytest.raises(ControlPlaneClosedError, match="not started"):
         control.topics()
-    failure_of(control.create_user(make_user())).trap(ControlPlaneClosedError)
+    rejected(control.create_user(make_user()), ControlPlaneClosedError)
 
 
-def test_create_topic_and_read_it_back(fs: MemoryFileSystem, control: LocalControlPlane) -> None:
+@pytest_twisted.ensureDeferred
+async def test_create_topic_and_read_it_back(backend: Backend, control: ControlPlane) -> None:
     orders, ranges = make_topic("orders", ranges=4)
     audit, audit_ranges = make_topic("audit", bits=0)
 
-    result_of(control.create_topic(orders, ranges))
-    result_of(control.create_topic(audit, audit_ranges))
+    await done(backend, control.create_topic(orders, ranges))
+    await done(backend, control.create_topic(audit, audit_ranges))
 
     assert control.topic("orders") == orders
     assert control.topic("nope") is None
@@ -83,18 +105,22 @@ def test_create_topic_and_read_it_back(fs: MemoryFileSystem, control: LocalContr
     assert control.ranges("nope") == []
     assert control.range("orders.2") == ranges[2]
     assert control.range("orders.9") is None
-    assert reopened(fs, control).topics() == [audit, orders]
+    assert (await backend.reopen(control)).topics() == [audit, orders]
 
 
-def test_a_topic_name_or_range_id_is_taken_once(control: LocalControlPlane) -> None:
+@pytest_twisted.ensureDeferred
+async def test_a_topic_name_or_range_id_is_taken_once(
+    backend: Backend, control: ControlPlane
+) -> None:
     orders, ranges = make_topic("orders")
-    result_of(control.create_topic(orders, ranges))
+    await done(backend, control.create_topic(orders, ranges))
 
-    failure_of(control.create_topic(orders, ranges)).trap(AlreadyExistsError)
+    rejected(control.create_topic(orders, ranges), AlreadyExistsError)
     # Range ids name storage directories: unique across topics.
     other = Topic("other", 8, 0, ("orders.0",))
-    taken = failure_of(control.create_topic(other, [attrs.evolve(ranges[0], topic="other")])).value
-    assert isinstance(taken, AlreadyExistsError)
+    taken = rejected(
+        control.create_topic(other, [attrs.evolve(ranges[0], topic="other")]), AlreadyExistsError
+    )
     assert str(taken) == "range 'orders.0' exists already"
 
 
@@ -108,13 +134,14 @@ def test_a_topic_name_or_range_id_is_taken_once(control: LocalControlPlane) -> N
         ([(0, 256)], ("t.9",)),  # not the ranges the topic lists
     ],
 )
-def test_a_new_topic_s_ranges_tile_its_keyspace(
-    control: LocalControlPlane, spans: list[tuple[int, int]], ids: tuple[str, ...] | None
+@pytest_twisted.ensureDeferred
+async def test_a_new_topic_s_ranges_tile_its_keyspace(
+    control: ControlPlane, spans: list[tuple[int, int]], ids: tuple[str, ...] | None
 ) -> None:
     ranges = [Range(f"t.{i}", "t", s, e, RangeState.ACTIVE) for i, (s, e) in enumerate(spans)]
     topic = Topic("t", 8, 0, ids or tuple(r.range_id for r in ranges))
 
-    failure_of(control.create_topic(topic, ranges)).trap(InvalidChangeError)
+    rejected(control.create_topic(topic, ranges), InvalidChangeError)
     assert control.topics() == []
 
 
@@ -126,136 +153,190 @@ def test_a_new_topic_s_ranges_tile_its_keyspace(
         {"parent": "t.x"},
     ],
 )
-def test_a_new_topic_s_ranges_are_its_own_active_roots(
-    control: LocalControlPlane, change: dict[str, object]
+@pytest_twisted.ensureDeferred
+async def test_a_new_topic_s_ranges_are_its_own_active_roots(
+    control: ControlPlane, change: dict[str, object]
 ) -> None:
     topic, ranges = make_topic("t")
 
-    failure = failure_of(control.create_topic(topic, [attrs.evolve(ranges[0], **change)]))
-
-    failure.trap(InvalidChangeError)
+    rejected(control.create_topic(topic, [attrs.evolve(ranges[0], **change)]), InvalidChangeError)
 
 
-def test_segments_are_recorded_sealed_and_deleted(
-    fs: MemoryFileSystem, control: LocalControlPlane
+@pytest_twisted.ensureDeferred
+async def test_segments_are_recorded_sealed_and_deleted(
+    backend: Backend, control: ControlPlane
 ) -> None:
     topic, ranges = make_topic("orders", ranges=2)
-    result_of(control.create_topic(topic, ranges))
-    result_of(control.put_segment(active("orders.0", 100)))
-    result_of(control.put_segment(active("orders.0", 0)))
-    result_of(control.put_segment(active("orders.1", 0)))
+    await done(backend, control.create_topic(topic, ranges))
+    await done(backend, control.put_segment(active("orders.0", 100)))
+    await done(backend, control.put_segment(active("orders.0", 0)))
+    await done(backend, control.put_segment(active("orders.1", 0)))
 
     assert control.segments("orders.0") == [active("orders.0", 0), active("orders.0", 100)]
 
     seal = sealed("orders.0", 0, count=100, size=4096)
-    result_of(control.put_segment(seal))
-    result_of(control.delete_segment("orders.1", 0))
+    await done(backend, control.put_segment(seal))
+    await done(backend, control.delete_segment("orders.1", 0))
 
     assert control.segments("orders.0") == [seal, active("orders.0", 100)]
     assert control.segments("orders.1") == []
     assert control.segments("nope") == []
-    again = reopened(fs, control)
+    again = await backend.reopen(control)
     assert again.segments("orders.0") == [seal, active("orders.0", 100)]
     assert again.segments("orders.1") == []
 
 
-def test_segment_changes_that_would_lose_data_are_refused(control: LocalControlPlane) -> None:
+@pytest_twisted.ensureDeferred
+async def test_segment_changes_that_would_lose_data_are_refused(
+    backend: Backend, control: ControlPlane
+) -> None:
     topic, ranges = make_topic("orders")
-    result_of(control.create_topic(topic, ranges))
-    result_of(control.put_segment(active("orders.0", 0, epoch=3)))
+    await done(backend, control.create_topic(topic, ranges))
+    await done(backend, control.put_segment(active("orders.0", 0, epoch=3)))
 
-    failure_of(control.put_segment(active("orders.9", 0))).trap(NotFoundError)
-    lower = failure_of(control.put_segment(active("orders.0", 0, epoch=2))).value
+    rejected(control.put_segment(active("orders.9", 0)), NotFoundError)
+    lower = rejected(control.put_segment(active("orders.0", 0, epoch=2)), InvalidChangeError)
     assert str(lower) == "segment orders.0@0 is at epoch 3; it cannot go back to 2"
 
     seal = sealed("orders.0", 0, count=10, size=500, epoch=4)
-    result_of(control.put_segment(seal))
-    failure_of(control.put_segment(active("orders.0", 0, epoch=4))).trap(InvalidChangeError)
-    failure_of(control.put_segment(sealed("orders.0", 0, 10, 499, epoch=4))).trap(
-        InvalidChangeError
-    )
+    await done(backend, control.put_segment(seal))
+    rejected(control.put_segment(active("orders.0", 0, epoch=4)), InvalidChangeError)
+    rejected(control.put_segment(sealed("orders.0", 0, 10, 499, epoch=4)), InvalidChangeError)
     # A sealed segment still gets new replica sets and epochs (healing, failover).
     moved = attrs.evolve(seal, replicas=("node-2", "node-3"), epoch=5)
-    result_of(control.put_segment(moved))
+    await done(backend, control.put_segment(moved))
     assert control.segments("orders.0") == [moved]
-    failure_of(control.delete_segment("orders.0", 7)).trap(NotFoundError)
+    rejected(control.delete_segment("orders.0", 7), NotFoundError)
 
 
-def test_users_are_created_updated_and_deleted(
-    fs: MemoryFileSystem, control: LocalControlPlane
+@pytest_twisted.ensureDeferred
+async def test_users_are_created_updated_and_deleted(
+    backend: Backend, control: ControlPlane
 ) -> None:
     alice = make_user("alice", "produce")
     bob = make_user("bob", "consume")
-    result_of(control.create_user(bob))
-    result_of(control.create_user(alice))
+    await done(backend, control.create_user(bob))
+    await done(backend, control.create_user(alice))
 
     assert control.users() == [alice, bob]
     assert control.user("alice") == alice
     assert control.user("carol") is None
-    failure_of(control.create_user(make_user("alice", "admin"))).trap(UserExistsError)
+    rejected(control.create_user(make_user("alice", "admin")), UserExistsError)
 
-    rehashed = result_of(control.update_user("alice", password_hash="$argon2id$new"))
+    rehashed = await done(backend, control.update_user("alice", password_hash="$argon2id$new"))
     assert rehashed == attrs.evolve(alice, password_hash="$argon2id$new")
-    promoted = result_of(control.update_user("alice", permissions=frozenset({"admin"})))
+    promoted = await done(backend, control.update_user("alice", permissions=frozenset({"admin"})))
     assert promoted == attrs.evolve(rehashed, permissions=frozenset({"admin"}))
     assert control.user("alice") == promoted
-    failure_of(control.update_user("carol", password_hash="x")).trap(UserNotFoundError)
+    rejected(control.update_user("carol", password_hash="x"), UserNotFoundError)
 
-    result_of(control.delete_user("bob"))
+    await done(backend, control.delete_user("bob"))
     assert control.users() == [promoted]
-    failure_of(control.delete_user("bob")).trap(UserNotFoundError)
-    assert reopened(fs, control).users() == [promoted]
+    rejected(control.delete_user("bob"), UserNotFoundError)
+    assert (await backend.reopen(control)).users() == [promoted]
 
 
-def test_acl_grants_are_stored_listed_and_revoked(
-    fs: MemoryFileSystem, control: LocalControlPlane
+@pytest_twisted.ensureDeferred
+async def test_acl_grants_are_stored_listed_and_revoked(
+    backend: Backend, control: ControlPlane
 ) -> None:
-    result_of(control.create_user(make_user("alice")))
-    result_of(control.create_user(make_user("bob")))
+    await done(backend, control.create_user(make_user("alice")))
+    await done(backend, control.create_user(make_user("bob")))
     grants = [
         AclGrant("bob", "consume", "orders.*"),
         AclGrant("alice", "produce", "orders"),
         AclGrant("alice", "consume", "orders"),
     ]
     for grant in grants:
-        result_of(control.grant_acl(grant))
-    result_of(control.grant_acl(grants[0]))  # again: no change
+        await done(backend, control.grant_acl(grant))
+    await done(backend, control.grant_acl(grants[0]))  # again: no change
 
     assert control.acls("alice") == [grants[2], grants[1]]
     assert control.acls() == [grants[2], grants[1], grants[0]]
     assert control.acls("carol") == []
-    failure_of(control.grant_acl(AclGrant("carol", "produce", "x"))).trap(UserNotFoundError)
+    rejected(control.grant_acl(AclGrant("carol", "produce", "x")), UserNotFoundError)
 
-    result_of(control.revoke_acl(grants[1]))
-    failure_of(control.revoke_acl(grants[1])).trap(NotFoundError)
+    await done(backend, control.revoke_acl(grants[1]))
+    rejected(control.revoke_acl(grants[1]), NotFoundError)
     assert control.acls("alice") == [grants[2]]
-    assert reopened(fs, control).acls() == [grants[2], grants[0]]
+    assert (await backend.reopen(control)).acls() == [grants[2], grants[0]]
 
 
-def test_deleting_a_user_drops_its_grants(control: LocalControlPlane) -> None:
-    result_of(control.create_user(make_user("alice")))
-    result_of(control.grant_acl(AclGrant("alice", "produce", "orders")))
+@pytest_twisted.ensureDeferred
+async def test_deleting_a_user_drops_its_grants(backend: Backend, control: ControlPlane) -> None:
+    await done(backend, control.create_user(make_user("alice")))
+    await done(backend, control.grant_acl(AclGrant("alice", "produce", "orders")))
 
-    result_of(control.delete_user("alice"))
-    result_of(control.create_user(make_user("alice")))
+    await done(backend, control.delete_user("alice"))
+    await done(backend, control.create_user(make_user("alice")))
 
     assert control.acls() == []
 
 
-def test_group_positions_are_committed_and_replaced(
-    fs: MemoryFileSystem, control: LocalControlPlane
+@pytest_twisted.ensureDeferred
+async def test_group_positions_are_committed_and_replaced(
+    backend: Backend, control: ControlPlane
 ) -> None:
     topic, ranges = make_topic("orders")
-    result_of(control.create_topic(topic, ranges))
+    await done(backend, control.create_topic(topic, ranges))
 
-    result_of(control.commit_group_position("orders", "billing", "AQAAAA"))
-    result_of(control.commit_group_position("orders", "billing", "AQAAAB"))
-    result_of(control.commit_group_position("orders", "audit", "AQ"))
+    await done(backend, control.commit_group_position("orders", "billing", "AQAAAA"))
+    await done(backend, control.commit_group_position("orders", "billing", "AQAAAB"))
+    await done(backend, control.commit_group_position("orders", "audit", "AQ"))
 
     assert control.group_position("orders", "billing") == "AQAAAB"
     assert control.group_position("orders", "audit") == "AQ"
     assert control.group_position("orders", "nope") is None
-    failure_of(control.commit_group_position("nope", "billing", "AQ")).trap(NotFoundError)
+    rejected(control.commit_group_position("nope", "billing", "AQ"), NotFoundError)
     with pytest.raises(ValueError, match="group name"):
         control.commit_group_position("orders", "", "AQ")
-    assert reopened(fs, control).group_position("orders", "billing") == "AQAAAB"
+    assert (await backend.reopen(control)).group_position("orders", "billing") == "AQAAAB"
+
+
+@pytest_twisted.ensureDeferred
+async def test_changes_asked_for_together_apply_in_order(
+    backend: Backend, control: ControlPlane
+) -> None:
+    topic, ranges = make_topic("orders")
+    fired: list[str] = []
+
+    # Each checked against the state the ones before it will make.
+    changes = {
+        "topic": control.create_topic(topic, ranges),
+        "segment": control.put_segment(active("orders.0", 0)),
+        "user": control.create_user(make_user("alice", "produce")),
+        "grant": control.grant_acl(AclGrant("alice", "produce", "orders")),
+        "password": control.update_user("alice", password_hash="$argon2id$new"),
+        "permissions": control.update_user("alice", permissions=frozenset({"admin"})),
+        "position": control.commit_group_position("orders", "billing", "AQ"),
+        "again": control.commit_group_position("orders", "billing", "AR"),
+    }
+    for name, change in changes.items():
+        change.addCallback(lambda _, name=name: fired.append(name))
+    rejected(control.create_user(make_user("alice")), UserExistsError)
+    for change in changes.values():
+        await done(backend, change)
+
+    assert fired == list(changes)
+    # Neither update undid the other.
+    assert control.user("alice") == attrs.evolve(
+        make_user("alice"), password_hash="$argon2id$new", permissions=frozenset({"admin"})
+    )
+    assert control.acls() == [AclGrant("alice", "produce", "orders")]
+    assert control.segments("orders.0") == [active("orders.0", 0)]
+    assert (await backend.reopen(control)).group_position("orders", "billing") == "AR"
+
+
+@pytest_twisted.ensureDeferred
+async def test_close_settles_every_change_asked_for(
+    backend: Backend, control: ControlPlane
+) -> None:
+    creating = control.create_user(make_user("alice"))
+
+    closing = control.close()
+    rejected(control.create_user(make_user("bob")), ControlPlaneClosedError)
+    await done(backend, closing)
+
+    assert creating.called
+    await creating
+    assert (await backend.open()).users() == [make_user("alice")]

@@ -1,0 +1,806 @@
+"""The control plane of a cluster, in etcd (DESIGN section 7), behind the same interface.
+
+Key layout under the cluster prefix (say ``/logbroker/<cluster>/``); each value is the same JSON
+object as that entity's entry in the local state file (``_format``), canonically serialized::
+
+    topics/<name>
+    ranges/<range id>
+    segments/<range id>/<base offset, 20 digits>
+    users/<name>
+    acls/<user>/<operation>/<pattern>
+    positions/<topic>/<group>
+
+Reads come from a cache: a ``ControlState`` loaded by one range of the prefix, then kept up to
+date by a watch from the revision of that range. A watch that ends is resumed from the last
+revision seen + 1 (through the store, which picks a live member); a compacted revision forces a
+full reload, never a silent gap.
+
+A change is checked at once against the state as it will be once the changes asked for before it
+are done (as with the local control plane), then queued. Changes go to etcd one transaction at a
+time, in order; a run of queued group commits shares one transaction (group commit, as the local
+control plane does), other changes go one per transaction. A transaction compares what its
+changes depend on: that new keys are absent, that the keys they change or delete and the ones
+they rely on (the range of a segment, the user of a grant, the topic of a group position) are
+at the revisions the cache holds. The writes are the difference between the cached state and the
+state ``change.apply`` makes of it, so the rules live in one place (``_state``). A user's grants
+are deleted by prefix, so a grant racing with the deletion cannot outlive the user.
+
+When a compare fails, another node got there first: the change waits until the cache has seen
+what the store holds for the compared keys, is applied again to that state (which may now raise
+the typed error: ``AlreadyExistsError`` for the loser of a race to create a topic) and retried,
+up to ``MAX_ATTEMPTS`` times (then ``ContendedError``). A segment change is a compare-and-swap
+on the segment: if another node changed that segment meanwhile, it fails
+(``InvalidChangeError``) rather than overwrite it, so of two nodes bumping an epoch one wins.
+A change's Deferred fires once the watch has brought its revision into the cache, so the node
+that made a change reads it at once.
+
+When no member answers, the change fails with ``ControlPlaneUnavailableError`` (reason
+``unreachable``), and so does every change queued behind it (they were checked against a state
+that now will not be). When a transaction's answer is lost (a timeout, a member dying), it is
+sent again, which its compares make safe: if the first took effect, the second fails its
+compares and finds the change's writes in place. Only if that cannot be told does the change
+fail with ``OutcomeUnknownError``: it may or may not have taken effect.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import attrs
+from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+
+from logbroker.controlplane import _format
+from logbroker.controlplane._interface import ControlPlane
+from logbroker.controlplane._kv import (
+    Compare,
+    Delete,
+    DeletePrefix,
+    EventType,
+    Get,
+    KeyValue,
+    KeyValueStore,
+    Operation,
+    Put,
+    RangeResult,
+    TxnResult,
+    WatchEvent,
+    WatchHandle,
+)
+from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._state import (
+    Change,
+    CommitGroupPosition,
+    ControlState,
+    CreateTopic,
+    CreateUser,
+    DeleteSegment,
+    DeleteUser,
+    GrantAcl,
+    PutSegment,
+    RevokeAcl,
+    UpdateUser,
+)
+from logbroker.controlplane.errors import (
+    CompactedError,
+    ContendedError,
+    ControlPlaneClosedError,
+    ControlPlaneError,
+    ControlPlaneUnavailableError,
+    InvalidChangeError,
+    OutcomeUnknownError,
+    StateFileError,
+)
+
+log = Logger()
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
+
+#: How often a change is tried when other nodes keep changing what it depends on.
+MAX_ATTEMPTS = 5
+#: The most group commits sent in one transaction: each compares two keys, and etcd takes
+#: at most 128 compares (``--max-txn-ops``).
+MAX_BATCH = 64
+#: Delays before resuming a lost watch: the first, and the cap of its doubling.
+RESUME_DELAY = 0.1
+MAX_RESUME_DELAY = 5.0
+
+_MISSING: Any = object()
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+class _Keys:
+    """The key of each entity under one cluster prefix."""
+
+    def __init__(self, prefix: str) -> None:
+        self.prefix = prefix.encode()
+
+    def _key(self, *parts: str) -> bytes:
+        return self.prefix + "/".join(parts).encode()
+
+    def topic(self, name: str) -> bytes:
+        return self._key("topics", name)
+
+    def range(self, range_id: str) -> bytes:
+        return self._key("ranges", range_id)
+
+    def segment(self, range_id: str, base_offset: int) -> bytes:
+        # Zero-padded, so keys sort by offset.
+        return self._key("segments", range_id, f"{base_offset:020d}")
+
+    def user(self, name: str) -> bytes:
+        return self._key("users", name)
+
+    def user_acls(self, user: str) -> bytes:
+        return self._key("acls", user, "")
+
+    def acl(self, grant: AclGrant) -> bytes:
+        return self._key("acls", grant.user, grant.operation, grant.pattern)
+
+    def position(self, topic: str, group: str) -> bytes:
+        # Topic names hold no "/", so the group (which may) is everything after it.
+        return self._key("positions", topic, group)
+
+
+def _value(record: dict[str, Any]) -> bytes:
+    return _format.canonical(record)
+
+
+def _changed(old: Mapping[_K, _V], new: Mapping[_K, _V]) -> Iterator[tuple[_K, _V | None]]:
+    """``(key, new value or None if removed)`` for each key whose value differs."""
+    if old is new:
+        return
+    for key, value in new.items():
+        if old.get(key, _MISSING) != value:
+            yield key, value
+    for key in old:
+        if key not in new:
+            yield key, None
+
+
+def _landed(operations: Sequence[Operation], found: Mapping[bytes, KeyValue | None]) -> bool:
+    """Whether the store holds what ``operations`` write, all put at one revision."""
+    revisions = set()
+    for op in operations:
+        kv = found.get(op.key) if isinstance(op, (Put, Delete)) else None
+        if isinstance(op, Put):
+            if kv is None or kv.value != op.value:
+                return False
+            revisions.add(kv.mod_revision)
+        elif isinstance(op, Delete) and kv is not None:
+            return False
+    return len(revisions) <= 1
+
+
+class _Working:
+    """A state being brought up to date by watch events; copies each mapping it touches once."""
+
+    def __init__(self, state: ControlState) -> None:
+        self.state = state
+        self.topics: dict[str, Topic] | None = None
+        self.ranges: dict[str, Range] | None = None
+        self.segments: dict[str, dict[int, SegmentMeta]] = {}
+        self.users: dict[str, User] | None = None
+        self.acls: dict[str, frozenset[AclGrant]] | None = None
+        self.positions: dict[tuple[str, str], str] | None = None
+
+    def _topics(self) -> dict[str, Topic]:
+        if self.topics is None:
+            self.topics = dict(self.state.topics)
+        return self.topics
+
+    def _ranges(self) -> dict[str, Range]:
+        if self.ranges is None:
+            self.ranges = dict(self.state.ranges)
+        return self.ranges
+
+    def _segments(self, range_id: str) -> dict[int, SegmentMeta]:
+        if range_id not in self.segments:
+            self.segments[range_id] = dict(self.state.segments.get(range_id, {}))
+        return self.segments[range_id]
+
+    def _users(self) -> dict[str, User]:
+        if self.users is None:
+            self.users = dict(self.state.users)
+        return self.users
+
+    def _acls(self) -> dict[str, frozenset[AclGrant]]:
+        if self.acls is None:
+            self.acls = dict(self.state.acls)
+        return self.acls
+
+    def _positions(self) -> dict[tuple[str, str], str]:
+        if self.positions is None:
+            self.positions = dict(self.state.positions)
+        return self.positions
+
+    def apply(self, relative: str, value: bytes | None) -> bool:
+        """Record ``value`` (``None``: deleted) at the key ``relative`` to the prefix; false for
+        a key that is not the control plane's."""
+        kind, _, rest = relative.partition("/")
+        record = None if value is None else json.loads(value)
+        if kind == "topics":
+            if record is None:
+                self._topics().pop(rest, None)
+            else:
+                self._topics()[rest] = _format.topic_from_record(record)
+        elif kind == "ranges":
+            if record is None:
+                self._ranges().pop(rest, None)
+            else:
+                self._ranges()[rest] = _format.range_from_record(record)
+        elif kind == "segments":
+            range_id, _, base = rest.partition("/")
+            if record is None:
+                self._segments(range_id).pop(int(base), None)
+            else:
+                self._segments(range_id)[int(base)] = _format.segment_from_record(record)
+        elif kind == "users":
+            if record is None:
+                self._users().pop(rest, None)
+            else:
+                self._users()[rest] = _format.user_from_record(record)
+        elif kind == "acls":
+            user, _, grant_part = rest.partition("/")
+            operation, _, pattern = grant_part.partition("/")
+            acls = self._acls()
+            grants = acls.get(user, frozenset())
+            if record is None:
+                grants -= {AclGrant(user, operation, pattern)}
+            else:
+                grants |= {_format.grant_from_record(record)}
+            if grants:
+                acls[user] = grants
+            else:
+                acls.pop(user, None)
+        elif kind == "positions":
+            topic, _, group = rest.partition("/")
+            if record is None:
+                self._positions().pop((topic, group), None)
+            else:
+                key, cursor = _format.position_from_record(record)
+                self._positions()[key] = cursor
+        else:
+            return False
+        return True
+
+    def finish(self) -> ControlState:
+        changes: dict[str, Any] = {}
+        for name in ("topics", "ranges", "users", "acls", "positions"):
+            copied = getattr(self, name)
+            if copied is not None:
+                changes[name] = copied
+        if self.segments:
+            segments = dict(self.state.segments)
+            for range_id, inner in self.segments.items():
+                # No empty entries, as in the state file: equal states compare equal.
+                if inner:
+                    segments[range_id] = inner
+                else:
+                    segments.pop(range_id, None)
+            changes["segments"] = segments
+        return attrs.evolve(self.state, **changes) if changes else self.state
+
+
+@attrs.define
+class _Queued:
+    change: Change
+    done: Deferred[ControlState]
+
+
+@attrs.define
+class _Waiter:
+    ready: Callable[[], bool]
+    done: Deferred[None]
+
+
+class EtcdControlPlane:
+    """A ``ControlPlane`` in a ``KeyValueStore`` (etcd) under ``prefix``; ``clock`` schedules
+    watch resumption."""
+
+    def __init__(self, store: KeyValueStore, *, prefix: str, clock: IReactorTime) -> None:
+        if not prefix.endswith("/"):
+            prefix += "/"
+        self.prefix = prefix
+        self._store = store
+        self._clock = clock
+        self._keys = _Keys(prefix)
+        #: What reads see: the store's state under the prefix at ``_revision``.
+        self._state: ControlState | None = None
+        #: mod revision of each key the cache holds, for compares.
+        self._revisions: dict[bytes, int] = {}
+        self._revision = 0
+        #: The cache with every queued change applied; meaningful only while ``_queue`` is not
+        #: empty (when it is, that is the cache itself).
+        self._pending = ControlState()
+        self._queue: collections.deque[_Queued] = collections.deque()
+        self._sending = False
+        self._waiters: list[_Waiter] = []
+        self._watch: WatchHandle | None = None
+        self._resume_call: IDelayedCall | None = None
+        self._resume_delay = RESUME_DELAY
+        self._closing = False
+        self._closed = False
+        self._close_waiters: list[Deferred[None]] = []
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self) -> Deferred[None]:
+        """Load every key under the prefix, then follow the prefix from that revision on."""
+        return self._store.range_prefix(self._keys.prefix).addCallback(self._loaded)
+
+    def _loaded(self, result: RangeResult) -> None:
+        working = _Working(ControlState())
+        revisions: dict[bytes, int] = {}
+        try:
+            for kv in result.kvs:
+                if working.apply(self._relative(kv.key), kv.value):
+                    revisions[kv.key] = kv.mod_revision
+        except (KeyError, TypeError, ValueError) as e:
+            raise StateFileError(
+                f"etcd holds an invalid control state under {self.prefix} ({e!r}); restore it "
+                "from a backup (etcdctl snapshot restore)"
+            ) from e
+        self._state = working.finish()
+        self._revisions = revisions
+        self._revision = result.revision
+        log.info(
+            "Control plane loaded from etcd under {prefix} at revision {revision}: {topics} "
+            "topics, {users} users",
+            prefix=self.prefix,
+            revision=result.revision,
+            topics=len(self._state.topics),
+            users=len(self._state.users),
+        )
+        self._follow()
+        self._wake()
+
+    def _relative(self, key: bytes) -> str:
+        return key[len(self._keys.prefix) :].decode()
+
+    def close(self) -> Deferred[None]:
+        """Refuse further changes; once the queued ones are settled, stop watching."""
+        if self._closed:
+            return succeed(None)
+        self._closing = True
+        closed: Deferred[None] = Deferred()
+        self._close_waiters.append(closed)
+        self._maybe_finish_close()
+        return closed
+
+    def _maybe_finish_close(self) -> None:
+        if not self._closing or self._closed or self._sending or self._queue:
+            return
+        self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._resume_call is not None and self._resume_call.active():
+            self._resume_call.cancel()
+        self._resume_call = None
+        waiters, self._close_waiters = self._close_waiters, []
+        for closed in waiters:
+            closed.callback(None)
+
+    # -- following the store -------------------------------------------------------------------
+
+    def _follow(self) -> None:
+        """Watch the prefix from the revision after the cache's."""
+        self._watch = None
+        self._watch = self._store.watch(
+            self._keys.prefix, self._revision + 1, self._on_events, self._on_lost
+        )
+
+    def _on_events(self, events: Sequence[WatchEvent]) -> None:
+        assert self._state is not None
+        self._resume_delay = RESUME_DELAY
+        working = _Working(self._state)
+        for event in events:
+            kv = event.kv
+            value = kv.value if event.type is EventType.PUT else None
+            try:
+                ours = working.apply(self._relative(kv.key), value)
+            except (KeyError, TypeError, ValueError) as e:
+                log.error(
+                    "Ignored an invalid control plane entry {key} at revision {revision} "
+                    "({error!r}); another node wrote something this one cannot read",
+                    key=kv.key,
+                    revision=kv.mod_revision,
+                    error=e,
+                )
+                ours = False
+            if ours and value is not None:
+                self._revisions[kv.key] = kv.mod_revision
+            else:
+                self._revisions.pop(kv.key, None)
+            self._revision = max(self._revision, kv.mod_revision)
+        self._state = working.finish()
+        self._wake()
+
+    def _on_lost(self, reason: Exception) -> None:
+        self._watch = None
+        if self._closed:
+            return
+        if isinstance(reason, CompactedError):
+            log.warn(
+                "The control plane's etcd watch under {prefix} fell behind a compaction (to "
+                "revision {compacted}, after {revision}); reloading the whole state",
+                prefix=self.prefix,
+                compacted=reason.compact_revision,
+                revision=self._revision,
+            )
+            self._schedule(self._reload, 0)
+            return
+        log.warn(
+            "The control plane's etcd watch under {prefix} ended ({reason}); resuming from "
+            "revision {next}",
+            prefix=self.prefix,
+            reason=str(reason),
+            next=self._revision + 1,
+        )
+        self._schedule(self._follow, self._resume_delay)
+        self._resume_delay = min(self._resume_delay * 2, MAX_RESUME_DELAY)
+
+    def _schedule(self, action: Callable[[], None], delay: float) -> None:
+        def run() -> None:
+            self._resume_call = None
+            if not self._closed:
+                action()
+
+        self._resume_call = self._clock.callLater(delay, run)
+
+    def _reload(self) -> None:
+        def failed(failure: Any) -> None:
+            log.warn(
+                "Could not reload the control state from etcd ({reason}); trying again",
+                reason=failure.getErrorMessage(),
+            )
+            self._schedule(self._reload, self._resume_delay)
+            self._resume_delay = min(self._resume_delay * 2, MAX_RESUME_DELAY)
+
+        def loaded(result: RangeResult) -> None:
+            if not self._closed:
+                self._loaded(result)
+
+        self._store.range_prefix(self._keys.prefix).addCallbacks(loaded, failed)
+
+    def _until(self, ready: Callable[[], bool]) -> Deferred[None]:
+        """Fire once the cache makes ``ready()`` true."""
+        if ready():
+            return succeed(None)
+        done: Deferred[None] = Deferred()
+        self._waiters.append(_Waiter(ready, done))
+        return done
+
+    def _wake(self) -> None:
+        ready = [waiter for waiter in self._waiters if waiter.ready()]
+        if ready:
+            self._waiters = [waiter for waiter in self._waiters if waiter not in ready]
+            for waiter in ready:
+                waiter.done.callback(None)
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def _read(self) -> ControlState:
+        if self._state is None:
+            raise ControlPlaneClosedError(f"the control plane under {self.prefix} is not started")
+        return self._state
+
+    def topic(self, name: str) -> Topic | None:
+        return self._read().topics.get(name)
+
+    def topics(self) -> list[Topic]:
+        return [topic for _, topic in sorted(self._read().topics.items())]
+
+    def range(self, range_id: str) -> Range | None:
+        return self._read().ranges.get(range_id)
+
+    def ranges(self, topic: str) -> list[Range]:
+        state = self._read()
+        found = state.topics.get(topic)
+        if found is None:
+            return []
+        # A topic another node is creating may be seen before all of its ranges.
+        return [state.ranges[r] for r in found.range_ids if r in state.ranges]
+
+    def segments(self, range_id: str) -> list[SegmentMeta]:
+        segments = self._read().segments.get(range_id, {})
+        return [meta for _, meta in sorted(segments.items())]
+
+    def user(self, name: str) -> User | None:
+        return self._read().users.get(name)
+
+    def users(self) -> list[User]:
+        return [user for _, user in sorted(self._read().users.items())]
+
+    def acls(self, user: str | None = None) -> list[AclGrant]:
+        acls = self._read().acls
+        grants = (
+            acls.get(user, frozenset()) if user is not None else frozenset().union(*acls.values())
+        )
+        return sorted(grants, key=lambda g: (g.user, g.operation, g.pattern))
+
+    def group_position(self, topic: str, group: str) -> str | None:
+        return self._read().positions.get((topic, group))
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
+        return self._change(CreateTopic(topic, tuple(ranges)))
+
+    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
+        return self._change(PutSegment(meta))
+
+    def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
+        return self._change(DeleteSegment(range_id, base_offset))
+
+    def create_user(self, user: User) -> Deferred[None]:
+        return self._change(CreateUser(user))
+
+    def update_user(
+        self,
+        name: str,
+        *,
+        password_hash: str | None = None,
+        permissions: frozenset[str] | None = None,
+    ) -> Deferred[User]:
+        updated = self._submit(UpdateUser(name, password_hash, permissions))
+        return updated.addCallback(lambda state: state.users[name])
+
+    def delete_user(self, name: str) -> Deferred[None]:
+        return self._change(DeleteUser(name))
+
+    def grant_acl(self, grant: AclGrant) -> Deferred[None]:
+        return self._change(GrantAcl(grant))
+
+    def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
+        return self._change(RevokeAcl(grant))
+
+    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
+        return self._change(CommitGroupPosition(topic, group, cursor))
+
+    def _change(self, change: Change) -> Deferred[None]:
+        return self._submit(change).addCallback(_nothing)
+
+    # -- the writer ----------------------------------------------------------------------------
+
+    def _submit(self, change: Change) -> Deferred[ControlState]:
+        """Check ``change`` and queue it; fire, once it is in the cache, with the state as it
+        left it."""
+        if self._state is None or self._closing:
+            state = "closing" if self._closing else "not started"
+            return fail(
+                ControlPlaneClosedError(f"the control plane under {self.prefix} is {state}")
+            )
+        base = self._pending if self._queue else self._state
+        try:
+            self._pending = change.apply(base)
+        except ControlPlaneError:
+            return fail()
+        done: Deferred[ControlState] = Deferred()
+        self._queue.append(_Queued(change, done))
+        if not self._sending:
+            Deferred.fromCoroutine(self._send_queued())
+        return done
+
+    async def _send_queued(self) -> None:
+        self._sending = True
+        try:
+            while self._queue:
+                batch = self._next_batch()
+                outcomes: Sequence[ControlState | Exception]
+                try:
+                    outcomes = await self._send([queued.change for queued in batch])
+                except ControlPlaneUnavailableError as e:
+                    self._fail_queue(e, len(batch))
+                    continue
+                except ControlPlaneError as e:
+                    outcomes = [e] * len(batch)
+                except Exception as e:
+                    log.failure("A control plane change under {prefix} failed", prefix=self.prefix)
+                    outcomes = [e] * len(batch)
+                for queued, outcome in zip(batch, outcomes, strict=True):
+                    self._queue.popleft()
+                    if isinstance(outcome, ControlState):
+                        queued.done.callback(outcome)
+                    else:
+                        queued.done.errback(outcome)
+        finally:
+            self._sending = False
+        self._maybe_finish_close()
+
+    def _next_batch(self) -> list[_Queued]:
+        """The head of the queue, with the group commits right behind it if it is one: they
+        go out in one transaction (group commit, as the local control plane does)."""
+        batch = [self._queue[0]]
+        if isinstance(batch[0].change, CommitGroupPosition):
+            for queued in itertools.islice(self._queue, 1, MAX_BATCH):
+                if not isinstance(queued.change, CommitGroupPosition):
+                    break
+                batch.append(queued)
+        return batch
+
+    def _fail_queue(self, error: ControlPlaneUnavailableError, tried: int) -> None:
+        failed, self._queue = self._queue, collections.deque()
+        log.warn(
+            "etcd did not take {count} control plane changes under {prefix}: {error}",
+            count=len(failed),
+            prefix=self.prefix,
+            error=str(error),
+        )
+        for _ in range(tried):
+            failed.popleft().done.errback(error)
+        for queued in failed:
+            queued.done.errback(
+                ControlPlaneUnavailableError(
+                    f"{error} (for a change asked for before this one, so this change was not "
+                    "tried; retry it)"
+                )
+            )
+
+    async def _send(self, changes: Sequence[Change]) -> list[ControlState | ControlPlaneError]:
+        """Make ``changes`` in the store, in one transaction; return, for each, the state as
+        it left the cache's, or the typed error that refused it."""
+        for _ in range(MAX_ATTEMPTS):
+            before = after = self._read()
+            outcomes: list[ControlState | ControlPlaneError] = []
+            for change in changes:
+                try:
+                    after = change.apply(after)
+                except ControlPlaneError as e:
+                    outcomes.append(e)
+                else:
+                    outcomes.append(after)
+            made = [
+                c for c, o in zip(changes, outcomes, strict=True) if isinstance(o, ControlState)
+            ]
+            compares, operations = self._plan(made, before, after)
+            if not operations:
+                # They change nothing (granting a grant that exists): nothing to write.
+                return outcomes
+            gets = [Get(compare.key) for compare in compares]
+            try:
+                result = await self._store.txn(compares, operations, gets)
+            except OutcomeUnknownError as unknown:
+                result = await self._resolve(unknown, compares, operations, gets)
+            if result.succeeded:
+                await self._until(self._reached(result.revision))
+                return outcomes
+            # Another node changed what these changes depend on: wait until the cache shows
+            # what the store held then, and decide again on that.
+            await self._until(self._agrees(result.revision, compares, result.gets))
+            for change in made:
+                if isinstance(change, PutSegment):
+                    self._check_segment_unchanged(change.meta, compares)
+        raise ContendedError(
+            f"gave up on {type(changes[0]).__name__} under {self.prefix} after {MAX_ATTEMPTS} "
+            "attempts: other nodes kept changing what it depends on; retry it"
+        )
+
+    async def _resolve(
+        self,
+        unknown: OutcomeUnknownError,
+        compares: list[Compare],
+        operations: list[Operation],
+        gets: list[Get],
+    ) -> TxnResult:
+        """Find out whether a transaction whose answer was lost took effect, by sending it
+        again (to another member): its compares make that safe. If the first one took effect,
+        the second fails its compares and finds this change's writes in place."""
+        log.warn(
+            "Lost the answer to a control plane transaction under {prefix} ({error}); "
+            "sending it again to find out whether it took effect",
+            prefix=self.prefix,
+            error=str(unknown),
+        )
+        try:
+            again = await self._store.txn(compares, operations, gets)
+        except ControlPlaneUnavailableError:
+            raise unknown from None
+        if again.succeeded:
+            return again
+        found = dict(zip((compare.key for compare in compares), again.gets, strict=True))
+        if not _landed(operations, found):
+            raise unknown
+        # It did: once the cache shows the keys as the store had them, this change is done.
+        await self._until(self._agrees(again.revision, compares, again.gets))
+        return attrs.evolve(again, succeeded=True, revision=0)
+
+    def _check_segment_unchanged(self, meta: SegmentMeta, compares: Sequence[Compare]) -> None:
+        """A segment change is a compare-and-swap: the loser of a race on one segment (two
+        nodes bumping its epoch) fails instead of overwriting the winner."""
+        key = self._keys.segment(meta.range_id, meta.base_offset)
+        expected = next(compare.operand for compare in compares if compare.key == key)
+        if self._revisions.get(key, 0) != expected:
+            now = self._read().segments.get(meta.range_id, {}).get(meta.base_offset)
+            raise InvalidChangeError(
+                f"segment {meta.range_id}@{meta.base_offset} was changed by another node "
+                f"meanwhile (now {now!r}); read it again and decide anew"
+            )
+
+    def _reached(self, revision: int) -> Callable[[], bool]:
+        return lambda: self._revision >= revision
+
+    def _agrees(
+        self, revision: int, compares: Sequence[Compare], found: Sequence[KeyValue | None]
+    ) -> Callable[[], bool]:
+        def ready() -> bool:
+            if self._revision >= revision:
+                return True
+            return all(
+                self._revisions.get(compare.key, 0) == (0 if kv is None else kv.mod_revision)
+                for compare, kv in zip(compares, found, strict=True)
+            )
+
+        return ready
+
+    def _plan(
+        self, changes: Sequence[Change], before: ControlState, after: ControlState
+    ) -> tuple[list[Compare], list[Operation]]:
+        """The compares and writes that turn ``before`` into ``after`` (what ``changes`` made
+        of it) in the store, and only in the state ``before`` is."""
+        keys = self._keys
+        compares: dict[bytes, Compare] = {}
+        operations: list[Operation] = []
+
+        def guard(key: bytes) -> None:
+            revision = self._revisions.get(key, 0)
+            compares[key] = Compare.unchanged(key, revision) if revision else Compare.absent(key)
+
+        def write(key: bytes, record: dict[str, Any] | None) -> None:
+            guard(key)
+            operations.append(Delete(key) if record is None else Put(key, _value(record)))
+
+        for name, new_topic in _changed(before.topics, after.topics):
+            record = None if new_topic is None else _format.topic_record(new_topic)
+            write(keys.topic(name), record)
+        for range_id, range_ in _changed(before.ranges, after.ranges):
+            write(keys.range(range_id), None if range_ is None else _format.range_record(range_))
+        for range_id, _ in _changed(before.segments, after.segments):
+            old = before.segments.get(range_id, {})
+            new = after.segments.get(range_id, {})
+            for base, meta in _changed(old, new):
+                record = None if meta is None else _format.segment_record(meta)
+                write(keys.segment(range_id, base), record)
+        for name, user in _changed(before.users, after.users):
+            write(keys.user(name), None if user is None else _format.user_record(user))
+        for name, user in _changed(before.users, after.users):
+            if user is None:
+                # By prefix, and whatever the cache holds: a grant another node made before
+                # this deletion goes too (one made after fails its compare on the user).
+                operations.append(DeletePrefix(keys.user_acls(name)))
+        for name, _ in _changed(before.acls, after.acls):
+            if name in before.users and name not in after.users:
+                continue
+            old_grants = before.acls.get(name, frozenset())
+            new_grants = after.acls.get(name, frozenset())
+            for grant in sorted(new_grants - old_grants, key=keys.acl):
+                write(keys.acl(grant), _format.grant_record(grant))
+            for grant in sorted(old_grants - new_grants, key=keys.acl):
+                write(keys.acl(grant), None)
+        for (topic, group), cursor in _changed(before.positions, after.positions):
+            record = None if cursor is None else _format.position_record(topic, group, cursor)
+            write(keys.position(topic, group), record)
+        # What the changes rely on without changing it.
+        for change in changes:
+            if isinstance(change, PutSegment):
+                guard(keys.range(change.meta.range_id))
+            elif isinstance(change, GrantAcl):
+                guard(keys.user(change.grant.user))
+            elif isinstance(change, CommitGroupPosition):
+                guard(keys.topic(change.topic))
+        return list(compares.values()), operations
+
+
+if TYPE_CHECKING:
+    # mypy proves here that EtcdControlPlane implements the whole ControlPlane interface.
+    _implements: type[ControlPlane] = EtcdControlPlane

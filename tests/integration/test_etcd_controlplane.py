@@ -1,0 +1,191 @@
+"""The etcd control plane on a real three-member etcd: nodes racing through real transactions,
+a member killed under them, and the whole cluster down and back."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import attrs
+import pytest
+import pytest_twisted
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.task import deferLater
+from twisted.python.failure import Failure
+
+from logbroker.controlplane import (
+    AlreadyExistsError,
+    ControlPlaneError,
+    ControlPlaneUnavailableError,
+    EtcdControlPlane,
+    EtcdGatewayStore,
+    InvalidChangeError,
+    UserExistsError,
+)
+from tests.etcd import EtcdCluster, etcd_cluster  # noqa: F401 (a fixture)
+from tests.unit.controlplane.helpers import active, make_topic, make_user
+
+pytestmark = pytest.mark.integration
+
+
+@attrs.define
+class Nodes:
+    """Control planes of one cluster prefix, each with a store (connections) of its own."""
+
+    cluster: EtcdCluster
+    prefix: str
+    stores: list[EtcdGatewayStore] = attrs.Factory(list)
+    nodes: list[EtcdControlPlane] = attrs.Factory(list)
+
+    async def node(self, timeout: float = 2.0) -> EtcdControlPlane:
+        store = EtcdGatewayStore(self.cluster.endpoints, reactor=reactor, timeout=timeout)
+        control = EtcdControlPlane(store, prefix=self.prefix, clock=reactor)
+        self.stores.append(store)
+        self.nodes.append(control)
+        await control.start()
+        return control
+
+
+@pytest_twisted.async_yield_fixture
+async def nodes(etcd_cluster: EtcdCluster) -> AsyncIterator[Nodes]:  # noqa: F811
+    made = Nodes(etcd_cluster, f"/logbroker/it-{uuid.uuid4().hex}/")
+    yield made
+    for member in etcd_cluster.members:
+        if member.process is None:
+            etcd_cluster.restart(member, wait=False)
+    for member in etcd_cluster.members:
+        etcd_cluster.wait_healthy(member)
+    for node in made.nodes:
+        await node.close()
+    await made.stores[0].delete_prefix(made.prefix.encode())
+    for store in made.stores:
+        await store.close()
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        await deferLater(reactor, 0.02)  # type: ignore[arg-type]
+
+
+async def outcomes(*changes: Deferred[Any]) -> list[Any]:
+    """Each change's result, or its error."""
+    settled = await DeferredList(list(changes), consumeErrors=True)
+    return [value.value if isinstance(value, Failure) else value for _, value in settled]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_change_on_one_node_is_seen_on_another(nodes: Nodes) -> None:
+    a, b = await nodes.node(), await nodes.node()
+    topic, ranges = make_topic("orders", ranges=2)
+
+    await a.create_topic(topic, ranges)
+
+    # Read your writes on A; B once its watch brings the change.
+    assert a.topics() == [topic]
+    await eventually(lambda: b.ranges("orders") == ranges)
+    assert b.topics() == [topic]
+
+
+@pytest_twisted.ensureDeferred
+async def test_of_nodes_racing_for_one_name_exactly_one_wins(nodes: Nodes) -> None:
+    a, b, c = await nodes.node(), await nodes.node(), await nodes.node()
+    topic, ranges = make_topic("orders", ranges=2)
+
+    created = await outcomes(
+        a.create_topic(topic, ranges),
+        b.create_topic(attrs.evolve(topic, created_ms=1), ranges),
+        c.create_topic(attrs.evolve(topic, created_ms=2), ranges),
+    )
+    users = await outcomes(
+        a.create_user(make_user("alice", "a")),
+        b.create_user(make_user("alice", "b")),
+        c.create_user(make_user("alice", "c")),
+    )
+
+    assert created.count(None) == 1, created
+    assert all(isinstance(e, AlreadyExistsError) for e in created if e is not None), created
+    assert users.count(None) == 1, users
+    assert all(isinstance(e, UserExistsError) for e in users if e is not None), users
+    winner = created.index(None)
+    await eventually(lambda: all(n.topic("orders") is not None for n in (a, b, c)))
+    assert {n.topic("orders") for n in (a, b, c)} == {[a, b, c][winner].topic("orders")}
+    assert a.topic("orders") == attrs.evolve(topic, created_ms=[topic.created_ms, 1, 2][winner])
+
+
+@pytest_twisted.ensureDeferred
+async def test_of_nodes_bumping_one_segment_s_epoch_exactly_one_wins(nodes: Nodes) -> None:
+    a, b = await nodes.node(), await nodes.node()
+    topic, ranges = make_topic("orders")
+    await a.create_topic(topic, ranges)
+    await a.put_segment(active("orders.0", 0, epoch=1))
+    await eventually(lambda: b.segments("orders.0") == [active("orders.0", 0, epoch=1)])
+    mine = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-2",))
+    theirs = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-3",))
+
+    bumped = await outcomes(a.put_segment(mine), b.put_segment(theirs))
+
+    assert bumped.count(None) == 1, bumped
+    [lost] = [e for e in bumped if e is not None]
+    assert isinstance(lost, InvalidChangeError)
+    winner = mine if bumped[0] is None else theirs
+    await eventually(lambda: a.segments("orders.0") == b.segments("orders.0") == [winner])
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_killed_member_does_not_stop_changes(nodes: Nodes) -> None:
+    a, b = await nodes.node(), await nodes.node()
+    await a.create_user(make_user("before"))
+    # The member each store is using first, and which holds their watches.
+    nodes.cluster.kill(nodes.cluster.members[0])
+
+    started = time.monotonic()
+    for i in range(5):
+        await a.create_user(make_user(f"during-{i}"))
+    took = time.monotonic() - started
+
+    assert [u.name for u in a.users()] == ["before"] + [f"during-{i}" for i in range(5)]
+    await eventually(lambda: b.users() == a.users())
+    assert took < 10, took
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_killed_leader_does_not_stop_changes(nodes: Nodes) -> None:
+    a, b = await nodes.node(), await nodes.node()
+    await a.create_user(make_user("before"))
+    nodes.cluster.kill(nodes.cluster.leader())
+
+    # A change sent to a follower just then is dropped by raft: its request times out, and
+    # it is sent again to another member (its answer was lost, so it is resolved). None fails.
+    started = time.monotonic()
+    for i in range(5):
+        await a.create_user(make_user(f"during-{i}"))
+    took = time.monotonic() - started
+
+    assert [u.name for u in a.users()] == ["before"] + [f"during-{i}" for i in range(5)]
+    await eventually(lambda: b.users() == a.users())
+    assert took < 10, took
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_whole_cluster_down_fails_changes_then_they_recover(nodes: Nodes) -> None:
+    a = await nodes.node()
+    await a.create_user(make_user("before"))
+    for member in nodes.cluster.members:
+        nodes.cluster.kill(member)
+
+    error = await outcomes(a.create_user(make_user("during")))
+    assert isinstance(error[0], ControlPlaneUnavailableError), error
+    assert error[0].reason == "unreachable"
+    assert isinstance(error[0], ControlPlaneError)
+
+    for member in nodes.cluster.members:
+        nodes.cluster.restart(member, wait=False)
+    for member in nodes.cluster.members:
+        nodes.cluster.wait_healthy(member)
+    await a.create_user(make_user("after"))
+    assert [u.name for u in a.users()] == ["after", "before"]

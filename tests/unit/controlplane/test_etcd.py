@@ -1,0 +1,497 @@
+"""What is particular to the etcd control plane, on the etcd double: several nodes on one
+store racing for the same names, segments and users, watches that drop or fall behind a
+compaction, and a store that stops answering."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import attrs
+import pytest
+from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
+
+from logbroker.controlplane import (
+    AclGrant,
+    AlreadyExistsError,
+    ContendedError,
+    ControlPlaneClosedError,
+    ControlPlaneUnavailableError,
+    EtcdControlPlane,
+    EtcdGatewayStore,
+    InvalidChangeError,
+    OutcomeUnknownError,
+    StateFileError,
+    UserExistsError,
+    UserNotFoundError,
+)
+from logbroker.controlplane._kv import Compare, DeletePrefix, Put, Result, Target
+from logbroker.controlplane.etcd import MAX_ATTEMPTS, RESUME_DELAY
+from logbroker.testing import MemoryKeyValueStore
+from tests.unit.controlplane.helpers import active, make_topic, make_user
+from tests.unit.storage.helpers import failure_of, result_of
+
+PREFIX = "/logbroker/c1/"
+
+
+@attrs.define
+class Cluster:
+    clock: Clock
+    store: MemoryKeyValueStore
+    nodes: list[EtcdControlPlane] = attrs.Factory(list)
+
+    def node(self) -> EtcdControlPlane:
+        control = EtcdControlPlane(self.store, prefix=PREFIX, clock=self.clock)
+        result_of(control.start())
+        self.nodes.append(control)
+        return control
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    clock = Clock()
+    made = Cluster(clock, MemoryKeyValueStore(clock))
+    yield made
+    made.store.unavailable = False
+    made.store.release()
+    for node in made.nodes:
+        result_of(node.close())
+    assert made.store.watch_count == 0
+    assert clock.getDelayedCalls() == []
+
+
+def test_a_change_on_one_node_is_seen_on_the_others(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders", ranges=2)
+
+    result_of(a.create_topic(topic, ranges))
+    result_of(a.put_segment(active("orders.1", 0)))
+
+    assert b.topics() == [topic]
+    assert b.ranges("orders") == ranges
+    assert b.segments("orders.1") == [active("orders.1", 0)]
+    # B's own checks use what it saw.
+    failure_of(b.create_topic(topic, ranges)).trap(AlreadyExistsError)
+    result_of(b.commit_group_position("orders", "billing", "AQ"))
+    assert a.group_position("orders", "billing") == "AQ"
+
+
+def test_a_change_fires_only_once_the_watch_brought_it_back(cluster: Cluster) -> None:
+    a = cluster.node()
+    cluster.store.drop_watches()
+
+    creating = a.create_user(make_user("alice"))
+
+    # Written, but not yet seen by the node that wrote it.
+    assert cluster.store.get(f"{PREFIX}users/alice".encode()) is not None
+    assert not creating.called
+    assert a.user("alice") is None
+    cluster.clock.advance(RESUME_DELAY)
+    result_of(creating)
+    assert a.user("alice") == make_user("alice")
+
+
+def test_of_two_nodes_creating_one_topic_exactly_one_wins(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders", ranges=2)
+    theirs = attrs.evolve(topic, created_ms=topic.created_ms + 1)
+    cluster.store.hold()
+
+    first = a.create_topic(topic, ranges)
+    second = b.create_topic(theirs, ranges)
+    cluster.store.release()
+
+    result_of(first)
+    lost = failure_of(second)
+    lost.trap(AlreadyExistsError)
+    assert str(lost.value) == "topic 'orders' exists already"
+    assert a.topics() == b.topics() == [topic]
+
+
+def test_a_topic_whose_range_id_another_node_took_fails(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    other = attrs.evolve(topic, name="other")
+    cluster.store.hold()
+
+    first = a.create_topic(topic, ranges)
+    second = b.create_topic(other, [attrs.evolve(ranges[0], topic="other")])
+    cluster.store.release()
+
+    result_of(first)
+    failure_of(second).trap(AlreadyExistsError)
+    assert b.topics() == [topic]
+
+
+def test_of_two_nodes_creating_one_user_exactly_one_wins(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    cluster.store.hold()
+
+    first = b.create_user(make_user("alice", "admin"))
+    second = a.create_user(make_user("alice", "produce"))
+    cluster.store.release()
+
+    result_of(first)
+    failure_of(second).trap(UserExistsError)
+    assert a.users() == b.users() == [make_user("alice", "admin")]
+
+
+def test_of_two_nodes_bumping_a_segment_s_epoch_exactly_one_wins(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    result_of(a.put_segment(active("orders.0", 0, epoch=1)))
+    mine = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-2",))
+    theirs = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-3",))
+    cluster.store.hold()
+
+    first = b.put_segment(theirs)
+    second = a.put_segment(mine)
+    cluster.store.release()
+
+    result_of(first)
+    lost = failure_of(second)
+    lost.trap(InvalidChangeError)
+    assert "was changed by another node meanwhile" in str(lost.value)
+    assert a.segments("orders.0") == b.segments("orders.0") == [theirs]
+
+
+def test_a_lower_epoch_racing_a_higher_one_loses(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    result_of(a.put_segment(active("orders.0", 0, epoch=1)))
+    cluster.store.hold()
+
+    higher = a.put_segment(active("orders.0", 0, epoch=5))
+    lower = b.put_segment(active("orders.0", 0, epoch=3))
+    cluster.store.release()
+
+    result_of(higher)
+    failure_of(lower).trap(InvalidChangeError)
+    assert b.segments("orders.0") == [active("orders.0", 0, epoch=5)]
+
+
+def test_updates_of_different_fields_on_two_nodes_both_stay(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    result_of(a.create_user(make_user("alice", "produce")))
+    cluster.store.hold()
+
+    rehashing = a.update_user("alice", password_hash="$argon2id$new")
+    promoting = b.update_user("alice", permissions=frozenset({"admin"}))
+    cluster.store.release()
+
+    result_of(rehashing)
+    promoted = result_of(promoting)
+    expected = attrs.evolve(
+        make_user("alice"), password_hash="$argon2id$new", permissions=frozenset({"admin"})
+    )
+    assert promoted == expected
+    assert a.user("alice") == b.user("alice") == expected
+
+
+def test_a_grant_racing_the_user_s_deletion_leaves_no_orphan(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    result_of(a.create_user(make_user("alice")))
+    grant = AclGrant("alice", "produce", "orders")
+
+    # The grant first: the deletion takes it along, though the deleting node never saw it.
+    cluster.store.hold()
+    granting = b.grant_acl(grant)
+    deleting = a.delete_user("alice")
+    cluster.store.release()
+    result_of(granting)
+    result_of(deleting)
+    assert a.acls() == b.acls() == []
+    assert cluster.store.get(f"{PREFIX}acls/alice/produce/orders".encode()) is None
+
+    # The deletion first: the grant finds no user.
+    result_of(a.create_user(make_user("alice")))
+    cluster.store.hold()
+    deleting = a.delete_user("alice")
+    granting = b.grant_acl(grant)
+    cluster.store.release()
+    result_of(deleting)
+    failure_of(granting).trap(UserNotFoundError)
+    assert a.acls() == b.acls() == []
+
+
+def test_racing_group_commits_both_land_in_order(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    cluster.store.hold()
+
+    first = a.commit_group_position("orders", "billing", "AQ")
+    second = b.commit_group_position("orders", "billing", "AR")
+    cluster.store.release()
+
+    result_of(first)
+    result_of(second)
+    assert a.group_position("orders", "billing") == b.group_position("orders", "billing") == "AR"
+
+
+def test_each_change_is_one_transaction_comparing_what_it_depends_on(cluster: Cluster) -> None:
+    a = cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    result_of(a.create_user(make_user("alice")))
+    result_of(a.grant_acl(AclGrant("alice", "produce", "orders")))
+    before = len(cluster.store.transactions)
+
+    segment = f"{PREFIX}segments/orders.0/{0:020d}".encode()
+    result_of(a.put_segment(active("orders.0", 0)))
+    recorded = cluster.store.get(segment)
+    assert recorded is not None
+    result_of(a.put_segment(active("orders.0", 0, epoch=1)))
+    result_of(a.delete_user("alice"))
+
+    range_key = f"{PREFIX}ranges/orders.0".encode()
+    range_revision = cluster.store.get(range_key)
+    assert range_revision is not None
+    created, bumped, deleted = cluster.store.transactions[before:]
+    assert created[0] == (
+        Compare.absent(segment),
+        Compare.unchanged(range_key, range_revision.mod_revision),
+    )
+    assert [type(op) for op in created[1]] == [Put]
+    assert bumped[0] == (
+        Compare(segment, Target.MOD, Result.EQUAL, recorded.mod_revision),
+        Compare.unchanged(range_key, range_revision.mod_revision),
+    )
+    assert DeletePrefix(f"{PREFIX}acls/alice/".encode()) in deleted[1]
+    # Nothing to write, nothing sent.
+    result_of(a.grant_acl(AclGrant("nobody-else", "produce", "x")).addErrback(lambda _: None))
+    assert len(cluster.store.transactions) == before + 3
+
+
+def test_a_dropped_watch_resumes_without_a_gap(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    result_of(a.create_user(make_user("alice")))
+    cluster.store.hold()
+    cluster.store.drop_watches()
+    cluster.store.release()
+
+    creating = b.create_user(make_user("bob"))
+    deleting_alice = b.delete_user("alice")
+    cluster.clock.advance(RESUME_DELAY / 2)
+    assert a.users() == [make_user("alice")]
+
+    cluster.clock.advance(RESUME_DELAY / 2)
+    result_of(creating)
+    result_of(deleting_alice)
+    assert a.users() == b.users() == [make_user("bob")]
+
+
+def test_a_watch_that_keeps_failing_backs_off_and_recovers(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    cluster.store.drop_watches()
+    cluster.store.unavailable = True
+    for _ in range(5):
+        cluster.clock.advance(60)
+    cluster.store.unavailable = False
+    cluster.clock.advance(60)
+
+    result_of(b.create_user(make_user("carol")))
+    assert a.users() == [make_user("carol")]
+
+
+def test_a_compaction_while_the_watch_was_down_forces_a_full_reload(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    result_of(a.create_user(make_user("alice")))
+    cluster.store.drop_watches()
+
+    result_of(cluster.store.delete_prefix(f"{PREFIX}users/".encode()))
+    result_of(cluster.store.put(b"/elsewhere", b"x"))
+    cluster.store.compact(cluster.store.revision)
+    cluster.clock.advance(RESUME_DELAY)
+    cluster.clock.advance(0)
+
+    assert a.users() == b.users() == []
+    assert a.topics() == [topic]
+    result_of(a.create_user(make_user("alice")))
+    assert b.user("alice") == make_user("alice")
+
+
+def test_an_unreachable_store_fails_changes_with_a_typed_error_then_recovers(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node()
+    cluster.store.hold()
+    first = a.create_user(make_user("alice"))
+    behind = a.grant_acl(AclGrant("alice", "produce", "orders"))
+    cluster.store.unavailable = True
+    cluster.store.release()
+
+    error = failure_of(first).value
+    assert isinstance(error, ControlPlaneUnavailableError)
+    assert error.reason == "unreachable"
+    assert "no etcd member answered" in str(error)
+    later = failure_of(behind).value
+    assert isinstance(later, ControlPlaneUnavailableError)
+    assert "was not tried" in str(later)
+    assert a.users() == []
+    # Checked against the state without them: the grant now finds no user.
+    failure_of(a.grant_acl(AclGrant("alice", "produce", "orders"))).trap(UserNotFoundError)
+
+    cluster.store.unavailable = False
+    result_of(a.create_user(make_user("alice")))
+    result_of(a.grant_acl(AclGrant("alice", "produce", "orders")))
+    assert a.acls() == [AclGrant("alice", "produce", "orders")]
+
+
+def test_a_lost_answer_is_resolved_by_asking_again(cluster: Cluster) -> None:
+    a = cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    result_of(a.create_user(make_user("alice")))
+
+    # Each took effect; sent again, each fails its compares and finds its writes in place.
+    for change in [
+        lambda: a.create_user(make_user("bob")),
+        lambda: a.put_segment(active("orders.0", 0)),
+        lambda: a.commit_group_position("orders", "billing", "AQ"),
+        lambda: a.delete_user("alice"),
+    ]:
+        cluster.store.lost_answers = 1
+        result_of(change())
+        assert cluster.store.lost_answers == 0
+
+    assert a.users() == [make_user("bob")]
+    assert a.segments("orders.0") == [active("orders.0", 0)]
+    assert a.group_position("orders", "billing") == "AQ"
+
+
+def test_a_lost_answer_that_cannot_be_resolved_says_so(cluster: Cluster) -> None:
+    a = cluster.node()
+    cluster.store.lost_answers = 2
+
+    error = failure_of(a.create_user(make_user("alice"))).value
+
+    assert isinstance(error, OutcomeUnknownError)
+    assert error.reason == "unreachable"
+    assert "did not answer" in str(error)
+    # It did take effect here; the watch shows it.
+    assert a.user("alice") == make_user("alice")
+
+
+def test_a_lost_answer_then_no_member_says_the_outcome_is_unknown(cluster: Cluster) -> None:
+    a = cluster.node()
+    cluster.store.hold()
+    creating = a.create_user(make_user("alice"))
+    cluster.store.lost_answers = 1
+    # The first attempt takes effect, its answer is lost; the second finds no member.
+    cluster.store.release(1)
+    cluster.store.unavailable = True
+    cluster.store.release()
+
+    error = failure_of(creating).value
+    assert isinstance(error, OutcomeUnknownError)
+
+
+def test_start_fails_when_no_member_answers(cluster: Cluster) -> None:
+    cluster.store.unavailable = True
+    control = EtcdControlPlane(cluster.store, prefix=PREFIX, clock=cluster.clock)
+
+    failure_of(control.start()).trap(ControlPlaneUnavailableError)
+    failure_of(control.create_user(make_user())).trap(ControlPlaneClosedError)
+
+
+def test_start_refuses_an_unreadable_entry(cluster: Cluster) -> None:
+    result_of(cluster.store.put(f"{PREFIX}users/alice".encode(), b"{not json"))
+    control = EtcdControlPlane(cluster.store, prefix=PREFIX, clock=cluster.clock)
+
+    error = failure_of(control.start()).value
+
+    assert isinstance(error, StateFileError)
+    assert "invalid control state under /logbroker/c1/" in str(error)
+
+
+def test_close_waits_for_queued_changes(cluster: Cluster) -> None:
+    a = cluster.node()
+    cluster.store.hold()
+    creating = a.create_user(make_user("alice"))
+
+    closing = a.close()
+    failure_of(a.create_user(make_user("bob"))).trap(ControlPlaneClosedError)
+    assert not closing.called
+    cluster.store.release()
+
+    result_of(creating)
+    result_of(closing)
+    assert cluster.store.watch_count == 0
+
+
+def test_group_commits_queued_together_go_out_in_one_transaction(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    before = len(cluster.store.transactions)
+    fired: list[str] = []
+    cluster.store.hold()
+
+    changes = [a.commit_group_position("orders", "g0", "AQ")]
+    changes += [a.commit_group_position("orders", f"g{i}", "AQ") for i in range(1, 150)]
+    changes.append(a.create_user(make_user("alice")))
+    changes.append(a.commit_group_position("orders", "g0", "AR"))
+    for i, change in enumerate(changes):
+        change.addCallback(lambda _, i=i: fired.append(i))
+    cluster.store.release()
+
+    # The first went out alone; the rest queued behind it, in batches etcd accepts.
+    sent = cluster.store.transactions[before:]
+    assert [len(operations) for _, operations in sent] == [1, 64, 64, 21, 1, 1]
+    assert fired == list(range(len(changes)))
+    assert b.group_position("orders", "g149") == "AQ"
+    assert b.group_position("orders", "g0") == "AR"
+    assert b.user("alice") == make_user("alice")
+
+
+def test_a_change_that_keeps_losing_races_gives_up_with_a_typed_error(cluster: Cluster) -> None:
+    a = cluster.node()
+    result_of(a.create_user(make_user("alice")))
+    key = f"{PREFIX}users/alice".encode()
+    value = cluster.store.get(key)
+    assert value is not None
+    store = cluster.store
+    send = store.txn
+    meddled = []
+
+    def meddling_txn(*args: Any, **kwargs: Any) -> Any:
+        # Another node rewrites the user just before each attempt.
+        store.txn = send  # type: ignore[method-assign]
+        result_of(store.put(key, value.value))
+        store.txn = meddling_txn  # type: ignore[method-assign]
+        meddled.append(1)
+        return send(*args, **kwargs)
+
+    store.txn = meddling_txn  # type: ignore[method-assign]
+    try:
+        error = failure_of(a.update_user("alice", password_hash="$argon2id$new")).value
+    finally:
+        store.txn = send  # type: ignore[method-assign]
+
+    assert isinstance(error, ContendedError)
+    assert error.reason == "contended"
+    assert len(meddled) == MAX_ATTEMPTS
+    assert a.user("alice") == make_user("alice")
+
+
+def test_the_gateway_tries_the_member_that_answered_then_the_others_then_the_failed() -> None:
+    reactor = MemoryReactorClock()
+    store = EtcdGatewayStore(["http://a:1", "http://b:2/", "http://c:3"], reactor=reactor)
+    assert store._order() == ["http://a:1", "http://b:2", "http://c:3"]
+
+    store._mark_down("http://a:1", "refused")
+    reactor.advance(1)
+    store._mark_down("http://b:2", "refused")
+    assert store._order() == ["http://c:3", "http://a:1", "http://b:2"]
+
+    store._mark_up("http://c:3")
+    assert store._order() == ["http://c:3", "http://a:1", "http://b:2"]
+    # A failed member that answers again is back in use.
+    store._mark_up("http://b:2")
+    assert store._order() == ["http://b:2", "http://c:3", "http://a:1"]
