@@ -1,0 +1,365 @@
+"""Node membership: who is in the cluster, who is alive, and who does the cluster's chores.
+
+Keys, under the cluster's control-plane prefix (``/logbroker/<cluster id>/``)::
+
+    members/<node id>   the node's record (JSON: address, ports, attributes), kept forever:
+                        a node that was ever a member shows as dead, not as unknown
+    alive/<node id>     the same record under the node's lease: present while the node lives
+    chores              the id of the node holding the cluster-chores lease, under its lease
+
+A node registers by putting both keys, the second under a lease of ``SVC_NODE_LEASE_MS`` that it
+keeps alive. When etcd says the lease is gone, or the node has not had a keepalive answered for
+a whole TTL (etcd may have expired it meanwhile: the node cannot know), the node has lost its
+lease: it tells its listeners at once, so that it stops acting as a primary, and registers anew
+with a new lease when it can. The chores key is taken with a create-if-absent transaction under
+the lease, so exactly one node holds it; losing the lease loses it, and the others race for it
+when they see it go.
+
+Every node keeps the member list from a watch on ``members/``, ``alive/`` and ``chores``, so
+``nodes()`` is a synchronous read of the latest view.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+from twisted.application.service import MultiService
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.controlplane._kv import (
+    Compare,
+    EventType,
+    KeyValueStore,
+    Put,
+    WatchEvent,
+    WatchHandle,
+)
+from logbroker.controlplane.errors import CompactedError, ControlPlaneError
+from logbroker.maintenance.periodic import PeriodicTask
+
+log = Logger()
+
+#: Keepalives per lease TTL: two may be lost before the lease is at risk.
+KEEPALIVES_PER_TTL = 3
+
+
+@attrs.frozen
+class NodeRecord:
+    """What the cluster knows of a node: where to reach it and how to place replicas on it."""
+
+    node_id: str
+    host: str
+    client_port: int
+    dashboard_port: int
+    peer_port: int
+    attributes: tuple[tuple[str, str], ...] = ()
+    version: str = ""
+
+    def encode(self) -> bytes:
+        document = attrs.asdict(self)
+        document["attributes"] = [list(pair) for pair in self.attributes]
+        return json.dumps(document, sort_keys=True, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> NodeRecord:
+        document: dict[str, Any] = json.loads(data)
+        document["attributes"] = tuple(tuple(pair) for pair in document.get("attributes", ()))
+        return cls(**document)
+
+
+@attrs.frozen
+class NodeView:
+    record: NodeRecord
+    alive: bool
+
+
+class Membership(MultiService):
+    """This node's registration under a lease, and the cluster's member list as it changes.
+
+    ``on_lease_lost`` listeners are told, at once, when this node may no longer hold its lease;
+    ``on_lease_regained`` when it holds a new one.
+    """
+
+    def __init__(
+        self,
+        store: KeyValueStore,
+        prefix: bytes,
+        record: NodeRecord,
+        clock: IReactorTime,
+        lease_ttl_ms: int,
+    ) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self._store = store
+        self._prefix = prefix
+        self.record = record
+        self._clock = clock
+        #: etcd counts lease TTLs in whole seconds.
+        self._ttl = max(1, -(-lease_ttl_ms // 1000))
+        self._lease = 0
+        #: When the last keepalive that etcd answered was sent: etcd restarted the TTL then.
+        self._renewed_at: float | None = None
+        self._registering: Deferred[None] | None = None
+        #: Fires when the lease may have run out unless a keepalive is answered first.
+        self._expiry: IDelayedCall | None = None
+        self._members: dict[str, NodeRecord] = {}
+        self._alive: set[str] = set()
+        self._chores_holder: str | None = None
+        self._revision = 0
+        self._watch: WatchHandle | None = None
+        self.on_lease_lost: list[Callable[[], None]] = []
+        self.on_lease_regained: list[Callable[[], None]] = []
+        self.on_change: list[Callable[[], None]] = []
+        self._keepalive = PeriodicTask(
+            "membership_keepalive", self._ttl / KEEPALIVES_PER_TTL, self._renew, clock, now=False
+        )
+        self._keepalive.setServiceParent(self)  # type: ignore[no-untyped-call]
+
+    # -- reads -----------------------------------------------------------------------------
+
+    @property
+    def holds_lease(self) -> bool:
+        return self._lease != 0
+
+    @property
+    def holds_chores(self) -> bool:
+        return self.holds_lease and self._chores_holder == self.record.node_id
+
+    @property
+    def chores_holder(self) -> str | None:
+        return self._chores_holder
+
+    def lease_age(self) -> float | None:
+        """Seconds since etcd last renewed this node's lease; None without a lease."""
+        if self._renewed_at is None or not self._lease:
+            return None
+        return self._clock.seconds() - self._renewed_at
+
+    def nodes(self) -> list[NodeView]:
+        """Every node that was ever a member, by id, alive or not."""
+        return [
+            NodeView(record, node_id in self._alive)
+            for node_id, record in sorted(self._members.items())
+        ]
+
+    def live_nodes(self) -> list[NodeRecord]:
+        return [view.record for view in self.nodes() if view.alive]
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()  # type: ignore[no-untyped-call]
+        self._load()
+        self._register()
+
+    def _cancel_expiry(self) -> None:
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
+        self._expiry = None
+
+    def stopService(self) -> Deferred[None]:
+        stopped: Deferred[None] = super().stopService()  # type: ignore[no-untyped-call]
+        self._cancel_expiry()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        lease, self._lease = self._lease, 0
+        if not lease:
+            return stopped
+        # Leave at once rather than when the TTL runs out: the others see it now.
+        revoked = self._store.revoke(lease).addErrback(_ignore)
+        return stopped.addCallback(lambda _: revoked)
+
+    # -- registration and the lease --------------------------------------------------------
+
+    def _key(self, *parts: str) -> bytes:
+        return self._prefix + "/".join(parts).encode()
+
+    def _register(self) -> Deferred[None]:
+        if self._registering is not None:
+            return self._registering
+
+        def granted(lease: int) -> Deferred[None]:
+            sent = self._clock.seconds()
+            record = self.record.encode()
+            node_id = self.record.node_id
+            registering = self._store.txn(
+                [],
+                [
+                    Put(self._key("members", node_id), record),
+                    Put(self._key("alive", node_id), record, lease),
+                ],
+            )
+            return registering.addCallback(lambda _: self._registered(lease, sent))
+
+        def failed(failure: Failure) -> None:
+            log.warn(
+                "Could not register with the control plane ({error}); retrying",
+                error=failure.getErrorMessage(),
+            )
+
+        def done(_: object) -> None:
+            self._registering = None
+
+        self._registering = self._store.grant(self._ttl).addCallback(granted)
+        self._registering.addErrback(failed).addBoth(done)
+        return self._registering
+
+    def _registered(self, lease: int, sent: float) -> None:
+        if not self.running:
+            self._store.revoke(lease).addErrback(_ignore)
+            return
+        self._lease = lease
+        self._renewed(sent)
+        log.info(
+            "Registered as {node_id} with a {ttl} s lease",
+            node_id=self.record.node_id,
+            ttl=self._ttl,
+        )
+        for listener in self.on_lease_regained:
+            listener()
+        self._claim_chores()
+
+    def _renew(self) -> Deferred[None] | None:
+        if not self._lease:
+            self._register()
+            return None
+        lease = self._lease
+        sent = self._clock.seconds()
+
+        def answered(remaining: int) -> None:
+            if lease != self._lease:
+                return
+            if remaining <= 0:
+                self._lost("etcd says the lease expired")
+            else:
+                self._renewed(sent)
+
+        def failed(failure: Failure) -> None:
+            # Unanswered: etcd may still hold the lease, or may have let it expire; the expiry
+            # timer decides.
+            log.debug("A lease keepalive failed: {error}", error=failure.getErrorMessage())
+
+        return self._store.keepalive(lease).addCallbacks(answered, failed)
+
+    def _renewed(self, sent: float) -> None:
+        """etcd restarted the lease's TTL no earlier than ``sent``: it runs out no earlier than
+        ``sent`` + TTL, whatever happens to the requests after this one."""
+        self._renewed_at = sent
+        if self._expiry is not None and self._expiry.active():
+            self._expiry.cancel()
+        remaining = max(0.0, sent + self._ttl - self._clock.seconds())
+        self._expiry = self._clock.callLater(remaining, self._expired)
+
+    def _expired(self) -> None:
+        self._expiry = None
+        if self._lease:
+            self._lost(f"no keepalive answered for {self._ttl} s")
+
+    def _lost(self, why: str) -> None:
+        log.warn(
+            "Lost the membership lease of {node_id} ({why}): acting as no range's primary until"
+            " registered again",
+            node_id=self.record.node_id,
+            why=why,
+        )
+        self._lease = 0
+        self._renewed_at = None
+        self._cancel_expiry()
+        for listener in self.on_lease_lost:
+            listener()
+        self._register()
+
+    # -- chores ----------------------------------------------------------------------------
+
+    def _claim_chores(self) -> None:
+        if not self._lease or self._chores_holder is not None:
+            return
+        key = self._key("chores")
+        self._store.txn(
+            [Compare.absent(key)], [Put(key, self.record.node_id.encode(), self._lease)]
+        ).addErrback(_ignore)
+
+    # -- the member list -------------------------------------------------------------------
+
+    def _load(self) -> None:
+        def loaded(result: Any) -> None:
+            self._members.clear()
+            self._alive.clear()
+            self._chores_holder = None
+            for kv in result.kvs:
+                self._apply(kv.key, kv.value)
+            self._revision = result.revision
+            self._start_watch()
+            self._changed()
+
+        def failed(failure: Failure) -> None:
+            log.warn(
+                "Could not read the cluster's members ({error}); retrying",
+                error=failure.getErrorMessage(),
+            )
+            self._clock.callLater(1.0, self._reload)
+
+        self._store.range_prefix(self._prefix).addCallbacks(loaded, failed)
+
+    def _reload(self) -> None:
+        if self.running:
+            self._load()
+
+    def _start_watch(self) -> None:
+        if not self.running:
+            return
+        self._watch = self._store.watch(
+            self._prefix, self._revision + 1, self._events, self._watch_lost
+        )
+
+    def _events(self, events: Sequence[WatchEvent]) -> None:
+        for event in events:
+            self._revision = max(self._revision, event.kv.mod_revision)
+            self._apply(event.kv.key, None if event.type is EventType.DELETE else event.kv.value)
+        self._changed()
+
+    def _watch_lost(self, error: Exception) -> None:
+        self._watch = None
+        if not self.running:
+            return
+        if isinstance(error, CompactedError):
+            self._load()
+        else:
+            self._clock.callLater(1.0, self._resume)
+
+    def _resume(self) -> None:
+        if self.running and self._watch is None:
+            self._start_watch()
+
+    def _apply(self, key: bytes, value: bytes | None) -> None:
+        name = key[len(self._prefix) :].decode()
+        kind, _, node_id = name.partition("/")
+        if kind == "members" and value is not None:
+            self._members[node_id] = NodeRecord.decode(value)
+        elif kind == "members":
+            self._members.pop(node_id, None)
+        elif kind == "alive" and value is not None:
+            self._alive.add(node_id)
+            self._members.setdefault(node_id, NodeRecord.decode(value))
+        elif kind == "alive":
+            self._alive.discard(node_id)
+        elif name == "chores":
+            self._chores_holder = value.decode() if value is not None else None
+
+    def _changed(self) -> None:
+        if self._chores_holder is None:
+            self._claim_chores()
+        for listener in self.on_change:
+            listener()
+
+
+def _ignore(failure: Failure) -> None:
+    """For requests whose failure changes nothing: the next keepalive or event retries."""
+    if not isinstance(failure.value, ControlPlaneError):
+        log.failure("A membership request failed unexpectedly", failure)
