@@ -1,0 +1,55 @@
+"""The cluster as an operator sees it, on one node and on a cluster of three."""
+
+from __future__ import annotations
+
+from logbroker.cluster.placement import PlacementRule
+from logbroker.cluster.view import ControlPlaneKind, MembershipView, SingleNodeView
+from logbroker.config import SpreadPolicy
+from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.testing import MemoryFileSystem
+from tests.unit.cluster.test_membership import Cluster, record
+from tests.unit.controlplane.helpers import make_topic, started
+from tests.unit.storage.helpers import result_of
+
+
+def test_a_single_node_is_a_cluster_of_one_leading_its_active_segments() -> None:
+    control = started(MemoryFileSystem())
+    topic, ranges = make_topic("orders", ranges=2)
+    result_of(control.create_topic(topic, ranges))
+    for range_ in ranges:
+        meta = SegmentMeta(range_.range_id, 0, SegmentState.ACTIVE, None, None, ("n1",), 0)
+        result_of(control.put_segment(meta))
+
+    status = SingleNodeView("logbroker", record("n1"), control).status()
+
+    assert status.control_plane is ControlPlaneKind.LOCAL
+    assert [(n.node_id, n.alive, n.segments_led) for n in status.nodes] == [("n1", True, 2)]
+    assert status.chores_holder == "n1"
+    assert status.lease_age_seconds is None
+
+
+def test_a_cluster_view_shows_every_member_and_counts_domain_violations() -> None:
+    cluster = Cluster()
+    try:
+        nodes = [cluster.join(f"n{i}") for i in (1, 2, 3)]
+        control = started(MemoryFileSystem())
+        topic, ranges = make_topic("orders", ranges=1)
+        result_of(control.create_topic(topic, ranges))
+        # Every test node is in zone a: a set of two spans one zone, short of the two asked.
+        meta = SegmentMeta("orders.0", 0, SegmentState.ACTIVE, None, None, ("n2", "n3"), 0)
+        result_of(control.put_segment(meta))
+        rule = PlacementRule(2, "zone", 2, SpreadPolicy.SOFT)
+
+        status = MembershipView("prod", nodes[0], control, rule).status()
+
+        assert status.control_plane is ControlPlaneKind.ETCD
+        assert [(n.node_id, n.alive, n.segments_led) for n in status.nodes] == [
+            ("n1", True, 0),
+            ("n2", True, 1),
+            ("n3", True, 0),
+        ]
+        assert status.chores_holder == "n1"
+        assert status.domain_violations == 1
+        assert status.lease_age_seconds == 0
+    finally:
+        cluster.stop()
