@@ -34,7 +34,7 @@ from twisted.python.failure import Failure
 from logbroker import wire
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.errors import BrokerError
-from logbroker.broker.groups import Group
+from logbroker.broker.groups import GroupCoordinator, LocalGroups
 from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
@@ -91,6 +91,7 @@ class Broker:
         clock: IReactorTime,
         settings: BrokerSettings | None = None,
         metrics: Metrics | None = None,
+        groups: GroupCoordinator | None = None,
     ) -> None:
         self._control = control_plane
         self._ranges = ranges
@@ -101,7 +102,7 @@ class Broker:
         self._read_turn: dict[str, itertools.count[int]] = {}
         self._waiters: dict[str, set[_Wakeup]] = {}
         self._sleepers: set[_Wakeup] = set()
-        self._groups: dict[tuple[str, str], Group] = {}
+        self._groups = groups or LocalGroups(clock, self._settings.group_session_timeout_ms)
         self._commits: dict[tuple[str, str], dict[str, int]] = {}
 
     # -- topics --------------------------------------------------------------------------
@@ -239,26 +240,27 @@ class Broker:
             _check_name("group", group)
             _check_name("member", member)
             start = self._decode_cursor(topic, cursor) if cursor is not None else {}
-            range_ids = self._share(topic, group, member)
-            handles = self._handles([*start, *range_ids])
         except BrokerError as error:
             return fail(error)
         limit = fetch_limit(max_records)
         wait_ms = min(wait_ms, MAX_WAIT_MS)
-        return ensureDeferred(
-            self._fetch(topic.name, start, group, range_ids, handles, limit, wait_ms)
-        )
+        return ensureDeferred(self._fetch(topic, start, group, member, limit, wait_ms))
 
     async def _fetch(
         self,
-        topic: str,
+        topic_meta: Topic,
         start: dict[str, int],
         group: str | None,
-        range_ids: list[str],
-        handles: dict[str, RangeHandle],
+        member: str | None,
         limit: int,
         wait_ms: int,
     ) -> FetchResult:
+        topic = topic_meta.name
+        if group is None or member is None:
+            range_ids = list(topic_meta.range_ids)
+        else:
+            range_ids = await self._groups.share(topic, group, member, topic_meta.range_ids)
+        handles = self._handles([*start, *range_ids])
         bounds = await self._bounds(handles)
         _check_positions(start, bounds)
         positions = self._positions(topic, start, group, range_ids, bounds)
@@ -315,21 +317,6 @@ class Broker:
             committed = dict(Cursor.decode(text).positions) if text is not None else {}
             self._commits[key] = committed
         return committed
-
-    def _share(self, topic: Topic, group: str | None, member: str | None) -> list[str]:
-        if group is None or member is None:
-            return list(topic.range_ids)
-        state = self._group(topic.name, group)
-        state.touch(member, self._now())
-        return state.share(member, topic.range_ids)
-
-    def _group(self, topic: str, group: str) -> Group:
-        key = (topic, group)
-        state = self._groups.get(key)
-        if state is None:
-            state = self._groups[key] = Group(self._settings.group_session_timeout_ms)
-        state.expire(self._now())
-        return state
 
     async def _read(
         self,
@@ -424,19 +411,13 @@ class Broker:
 
     def touch_member(self, topic: str, group: str, member: str) -> None:
         """``member`` is alive (it holds a subscription), whether or not it is fetching."""
-        self._group(topic, group).touch(member, self._now())
+        self._groups.touch(topic, group, member)
 
     def leave_group(self, topic_name: str | None, group: str | None, member: str | None) -> None:
         topic = self._topic(topic_name)
         if group is None or member is None:
             raise BrokerError(Reason.INVALID_OPERATION, "leave_group needs a group and a member")
-        key = (topic.name, group)
-        state = self._groups.get(key)
-        if state is not None:
-            state.leave(member)
-            if not state.members:
-                # Forget empty groups: names clients made up must not accumulate.
-                del self._groups[key]
+        self._groups.leave(topic.name, group, member)
 
     def _now(self) -> int:
         return round(self._clock.seconds() * 1000)

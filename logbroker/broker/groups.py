@@ -10,10 +10,13 @@ only the ranges it takes or gives up.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from typing import Protocol
 
 import attrs
 from crc32c import crc32c
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IReactorTime
 
 
 def _weight(member: str, range_id: str) -> int:
@@ -64,3 +67,59 @@ class Group:
     def share(self, member: str, range_ids: Iterable[str]) -> list[str]:
         """The ranges ``member`` reads under the current membership."""
         return assign(self._last_seen, range_ids).get(member, [])
+
+
+class GroupCoordinator(Protocol):
+    """Who keeps each consumer group's membership: this node (``LocalGroups``), or in a cluster
+    the group's coordinator node, wherever its members are connected."""
+
+    def share(
+        self, topic: str, group: str, member: str, range_ids: Sequence[str]
+    ) -> Deferred[list[str]]:
+        """``member`` is active now: the ranges of ``range_ids`` it reads."""
+
+    def touch(self, topic: str, group: str, member: str) -> None:
+        """``member`` is active now (it holds a subscription), whether or not it fetches."""
+
+    def leave(self, topic: str, group: str, member: str) -> None:
+        """``member`` leaves at once; its ranges go to the others."""
+
+
+class LocalGroups:
+    """Every consumer group's members, kept in this process, each expiring
+    ``session_timeout_ms`` after it was last seen."""
+
+    def __init__(self, clock: IReactorTime, session_timeout_ms: int) -> None:
+        self._clock = clock
+        self._session_timeout_ms = session_timeout_ms
+        self._groups: dict[tuple[str, str], Group] = {}
+
+    def _now(self) -> int:
+        return round(self._clock.seconds() * 1000)
+
+    def _group(self, topic: str, group: str) -> Group:
+        key = (topic, group)
+        state = self._groups.get(key)
+        if state is None:
+            state = self._groups[key] = Group(self._session_timeout_ms)
+        state.expire(self._now())
+        return state
+
+    def share(
+        self, topic: str, group: str, member: str, range_ids: Sequence[str]
+    ) -> Deferred[list[str]]:
+        state = self._group(topic, group)
+        state.touch(member, self._now())
+        return succeed(state.share(member, range_ids))
+
+    def touch(self, topic: str, group: str, member: str) -> None:
+        self._group(topic, group).touch(member, self._now())
+
+    def leave(self, topic: str, group: str, member: str) -> None:
+        key = (topic, group)
+        state = self._groups.get(key)
+        if state is not None:
+            state.leave(member)
+            if not state.members:
+                # Forget empty groups: names clients made up must not accumulate.
+                del self._groups[key]
