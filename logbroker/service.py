@@ -45,9 +45,11 @@ from twisted.python.failure import Failure
 
 from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
-from logbroker.broker.ranges import LocalRanges
+from logbroker.broker.ranges import LocalRanges, RangeDirectory
 from logbroker.broker.segments import SegmentRecorder
+from logbroker.cluster.node import ClusterParts, PeerPortService, build_cluster
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
+from logbroker.config import ControlPlane as ControlPlaneKind
 from logbroker.controlplane import ControlPlane, LocalControlPlane
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.errors import LogbrokerError
@@ -220,6 +222,12 @@ class ExecutorService(Service):
 DRAIN_GRACE_SECONDS = 5.0
 
 
+def _port_of(listening: IListeningPort) -> int:
+    address = listening.getHost()
+    assert isinstance(address, IPv4Address | IPv6Address)
+    return address.port
+
+
 def host_and_port(address: object) -> str:
     """``host:port`` of a listening address, an IPv6 host in brackets (``[::]:4040``)."""
     assert isinstance(address, IPv4Address | IPv6Address)
@@ -308,6 +316,12 @@ class ClientPortService(Service):
             self._reactor.removeReader(port)
         self._port = port
 
+    @property
+    def port_number(self) -> int:
+        """The port listened on (a free one when configured as 0); after ``bind``."""
+        assert self._port is not None, "port_number before bind()"
+        return _port_of(self._port)
+
     def startService(self) -> None:
         super().startService()
         maybeDeferred(self._prepare).addCallbacks(self._accept, self._failed)
@@ -364,6 +378,12 @@ class DashboardService(Service):
         self._port = listen_tcp(
             self._reactor, dashboard.port, self._site, dashboard.bind_host, "SVC_DASHBOARD_PORT"
         )
+
+    @property
+    def port_number(self) -> int:
+        """The port listened on (a free one when configured as 0); after ``bind``."""
+        assert self._port is not None, "port_number before bind()"
+        return _port_of(self._port)
 
     def startService(self) -> None:
         super().startService()
@@ -530,10 +550,25 @@ def build_service(
     storage.setServiceParent(root)
 
     node_id = _node_id(config, data_dir)
-    control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
+    cluster: ClusterParts | None = None
+    control: ControlPlane
+    ranges: RangeDirectory
+    if config.cluster.control_plane is ControlPlaneKind.ETCD:
+        cluster = build_cluster(reactor, config, node_id, storage)
+        control, ranges = cluster.control, cluster.ranges
+    else:
+        control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
+        ranges = LocalRanges(storage)
     control_service = ControlPlaneService(control)
     control_service.setName("control-plane")
     control_service.setServiceParent(root)
+    if cluster is not None:
+        # After the control plane, so that it stops first: the node leaves the cluster (its
+        # lease revoked, its peer links closed) before its metadata is flushed.
+        cluster.membership.setName("membership")
+        cluster.membership.setServiceParent(root)
+        cluster.peers.setName("peer-links")
+        cluster.peers.setServiceParent(root)
     metrics.watch(control, storage)
     recorder = SegmentRecorder(control, node_id)
     storage.on_sealed = recorder.sealed
@@ -563,13 +598,14 @@ def build_service(
     )
     broker = Broker(
         control,
-        LocalRanges(storage),
+        ranges,
         reactor,
         BrokerSettings(
             initial_ranges=config.topics.initial_ranges,
             group_session_timeout_ms=config.topics.group_session_timeout_ms,
         ),
         metrics,
+        groups=cluster.groups if cluster is not None else None,
     )
     accounts = config.accounts
     passwords = {
@@ -628,7 +664,35 @@ def build_service(
     dashboard.bind()
     dashboard.setName("dashboard")
     dashboard.setServiceParent(root)
+    if cluster is not None:
+        peer_port = PeerPortService(
+            cluster.peer_factory,
+            listen_tcp(
+                reactor,
+                config.cluster.peer_port,
+                cluster.peer_factory,
+                config.server.bind_host,
+                "SVC_PEER_PORT",
+            ),
+        )
+        peer_port.setName("peer-port")
+        peer_port.setServiceParent(root)
     clients.bind()
     clients.setName("clients")
     clients.setServiceParent(root)
+    if cluster is not None:
+        cluster.set_record(
+            config.cluster.advertise_host or socket.gethostname(),
+            clients.port_number,
+            dashboard.port_number,
+            _port_of(peer_port.port),
+        )
+        log.info(
+            "Cluster {cluster}: node {node_id}, peer port {peer_port}, control plane etcd at"
+            " {endpoints}",
+            cluster=config.cluster.cluster_id,
+            node_id=node_id,
+            peer_port=_port_of(peer_port.port),
+            endpoints=",".join(f"{h}:{p}" for h, p in config.cluster.etcd_endpoints),
+        )
     return root

@@ -6,7 +6,7 @@ the variable and says what is missing; a rule goes away in the change that build
 
 from __future__ import annotations
 
-from logbroker.config._broker import BrokerConfig, ControlPlane
+from logbroker.config._broker import BrokerConfig, ControlPlane, EnvMode
 from logbroker.config._env import ConfigError
 
 
@@ -21,19 +21,20 @@ def check_built(config: BrokerConfig) -> list[str]:
             "1: quorum replication is not built in this version, so a higher factor would"
             " acknowledge after one local fsync",
         )
-    if cluster.control_plane is ControlPlane.ETCD:
-        raise ConfigError(
-            "SVC_CONTROL_PLANE",
-            "etcd://"
-            + ",".join(
-                f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-                for host, port in cluster.etcd_endpoints
-            ),
-            "local: the broker cannot run as a cluster node yet in this version (node"
-            " membership and serving other nodes' ranges are not built), so it would keep its"
-            " data alone while sharing its metadata",
-        )
     warnings = []
+    if cluster.control_plane is ControlPlane.ETCD:
+        if cluster.cluster_secret is None and config.mode is EnvMode.PROD:
+            raise ConfigError(
+                "SVC_CLUSTER_SECRET",
+                None,
+                "a long random secret shared by the cluster's nodes, which prod requires to"
+                " authenticate peers (mutual TLS between peers is not built yet)",
+            )
+        warnings.append(
+            "cluster mode is partly built: replication factor 1 only (a node that is down takes"
+            " its ranges with it until it returns), and a long poll on one node is not woken"
+            " early by a produce to a range another node leads (it answers at its timeout)"
+        )
     if config.scrub.enabled:
         warnings.append(
             "SVC_SCRUB_ENABLED is true, but the integrity scrub is not built in this version:"

@@ -35,6 +35,12 @@ Request payloads and their ok payloads, by op (an error response carries only a 
                  ok      = count:u32                      records appended
     op 2 read    request = text(range_id) from_offset:u64 max_records:u32 max_bytes:u32 wait_ms:u32
                  ok      = record_count:u32 next_offset:u64 end_offset:u64 records[rest]
+    op 3 bounds  request = text(range_id)
+                 ok      = start_offset:u64 end_offset:u64    the range's readable [start, end)
+    op 4 group   request = verb:u8 text(topic) text(group) text(member) count:u16 text(range_id)*
+                 ok      = count:u16 text(range_id)*          the member's share (share only)
+                 verb: 1 share (the member is active; which ranges does it read), 2 touch (it
+                 is active), 3 leave; touch and leave carry no ranges and answer none
 
 ``records`` is ``record_count`` records in the client protocol's record encoding
 (``record = str(key) value_len:u32 value timestamp_ms:u64 header_count:u32 (str(k) str(v))*``,
@@ -47,7 +53,7 @@ Every decoder is strict: a body or payload that does not parse exactly to its en
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from enum import IntEnum, StrEnum
 from typing import TypeVar
 
@@ -98,6 +104,14 @@ class PeerReason(StrEnum):
 class PeerOp(IntEnum):
     APPEND = 1
     READ = 2
+    BOUNDS = 3
+    GROUP = 4
+
+
+class GroupVerb(IntEnum):
+    SHARE = 1
+    TOUCH = 2
+    LEAVE = 3
 
 
 class PeerCodecError(ValueError):
@@ -410,9 +424,43 @@ class ReadResult:
     end_offset: int = attrs.field(validator=_u64)
 
 
+@attrs.frozen
+class BoundsRequest:
+    range_id: str = attrs.field(validator=_text)
+
+
+@attrs.frozen
+class BoundsResult:
+    """The offsets the range can be read from on the serving node: ``[start_offset,
+    end_offset)``."""
+
+    start_offset: int = attrs.field(validator=_u64)
+    end_offset: int = attrs.field(validator=_u64)
+
+
+@attrs.frozen
+class GroupRequest:
+    """A consumer group member's news for the group's coordinator node."""
+
+    verb: GroupVerb = attrs.field(validator=attrs.validators.instance_of(GroupVerb))
+    topic: str = attrs.field(validator=_text)
+    group: str = attrs.field(validator=_text)
+    member: str = attrs.field(validator=_text)
+    #: The topic's ranges, to share out (``share`` only).
+    range_ids: tuple[str, ...] = attrs.field(default=())
+
+    @range_ids.validator
+    def _check_ranges(self, attribute: attrs.Attribute[tuple[str, ...]], value: object) -> None:
+        if not isinstance(value, tuple) or len(value) > 0xFFFF:
+            raise ValueError("a group request lists at most 65535 range ids, as a tuple")
+        for range_id in value:
+            _text(self, attribute, range_id)  # type: ignore[arg-type]
+
+
 _APPEND_HEAD = struct.Struct(">I")
 _READ_TAIL = struct.Struct(">QIII")
 _READ_RESULT_HEAD = struct.Struct(">IQQ")
+_BOUNDS_RESULT = struct.Struct(">QQ")
 
 
 def encode_append_request(request: AppendRequest) -> bytes:
@@ -462,6 +510,64 @@ def decode_read_result(payload: bytes) -> ReadResult:
         return ReadResult(count, r.raw(r.remaining), next_offset, end_offset)
 
     return _read_exactly(payload, read, "read result")
+
+
+def encode_bounds_request(request: BoundsRequest) -> bytes:
+    return encode_text(request.range_id)
+
+
+def decode_bounds_request(payload: bytes) -> BoundsRequest:
+    return _read_exactly(payload, lambda r: BoundsRequest(_read_text(r)), "bounds request")
+
+
+def encode_bounds_result(result: BoundsResult) -> bytes:
+    return _BOUNDS_RESULT.pack(result.start_offset, result.end_offset)
+
+
+def decode_bounds_result(payload: bytes) -> BoundsResult:
+    return _read_exactly(payload, lambda r: BoundsResult(r.u64(), r.u64()), "bounds result")
+
+
+def _encode_texts(values: Sequence[str]) -> bytes:
+    return _U16.pack(len(values)) + b"".join(encode_text(value) for value in values)
+
+
+def _read_texts(reader: Reader) -> tuple[str, ...]:
+    return tuple(_read_text(reader) for _ in range(reader.u16()))
+
+
+def encode_group_request(request: GroupRequest) -> bytes:
+    return (
+        bytes([request.verb])
+        + encode_text(request.topic)
+        + encode_text(request.group)
+        + encode_text(request.member)
+        + _encode_texts(request.range_ids)
+    )
+
+
+def decode_group_request(payload: bytes) -> GroupRequest:
+    def read(reader: Reader) -> GroupRequest:
+        verb = reader.u8()
+        if verb not in GroupVerb.__members__.values():
+            raise Truncated(f"unknown group verb {verb}")
+        return GroupRequest(
+            GroupVerb(verb),
+            _read_text(reader),
+            _read_text(reader),
+            _read_text(reader),
+            _read_texts(reader),
+        )
+
+    return _read_exactly(payload, read, "group request")
+
+
+def encode_group_share(range_ids: Sequence[str]) -> bytes:
+    return _encode_texts(range_ids)
+
+
+def decode_group_share(payload: bytes) -> list[str]:
+    return list(_read_exactly(payload, _read_texts, "group share"))
 
 
 def pack_records(records: Iterable[Record]) -> tuple[int, bytes]:

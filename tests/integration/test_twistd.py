@@ -73,14 +73,6 @@ def test_twistd_refuses_a_newer_format_with_exit_status_3(tmp_path: Path) -> Non
             "SVC_TCP_PORT='abc' is invalid: expected an integer from 0 to 65535",
         ),
         (
-            {"SVC_CONTROL_PLANE": "etcd://127.0.0.1:2379", "SVC_SCRUB_ENABLED": "false"},
-            [],
-            "SVC_CONTROL_PLANE='etcd://127.0.0.1:2379' is invalid: expected local: the broker"
-            " cannot run as a cluster node yet in this version (node membership and serving"
-            " other nodes' ranges are not built), so it would keep its data alone while sharing"
-            " its metadata",
-        ),
-        (
             {"SVC_TCP_PORT": "4040"},
             ["--port", "abc"],
             "SVC_TCP_PORT='abc' is invalid: expected an integer from 0 to 65535",

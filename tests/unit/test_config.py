@@ -679,14 +679,28 @@ def test_a_replication_factor_above_1_stops_the_boot_until_replication_is_built(
     assert "quorum replication is not built" in str(raised.value)
 
 
-def test_an_etcd_control_plane_stops_the_boot_until_the_cluster_is_built() -> None:
-    config = parse({"SVC_CONTROL_PLANE": "etcd://e1:2379,[::1]:2379"})
+def test_a_prod_cluster_node_needs_a_cluster_secret() -> None:
+    env = {
+        "SVC_ENV": "prod",
+        "SVC_DATA_DIR": "/var/lib/logbroker",
+        "SVC_ADMIN_PASS": "a long admin password",
+        "SVC_REQUIRE_TLS": "false",
+        "SVC_CONTROL_PLANE": "etcd://e1:2379",
+    }
 
     with pytest.raises(ConfigError) as raised:
-        check_built(config)
-    assert str(raised.value).startswith(
-        "SVC_CONTROL_PLANE='etcd://e1:2379,[::1]:2379' is invalid: expected local:"
-    )
+        check_built(parse(env))
+    assert raised.value.variable == "SVC_CLUSTER_SECRET"
+
+    secret = {**env, "SVC_CLUSTER_SECRET": "a long random cluster secret"}
+    assert check_built(parse(secret))
+
+
+def test_a_cluster_node_warns_what_of_the_cluster_is_not_built_yet() -> None:
+    [cluster, scrub] = check_built(parse({"SVC_CONTROL_PLANE": "etcd://e1:2379"}))
+
+    assert scrub.startswith("SVC_SCRUB_ENABLED")
+    assert cluster.startswith("cluster mode is partly built: replication factor 1 only")
 
 
 def test_the_scrub_warns_that_it_is_not_built_unless_turned_off() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from logbroker.config import VARIABLES, BrokerConfig, ConfigError, EnvMode
+from logbroker.config import VARIABLES, BrokerConfig, ConfigError, EnvMode, check_built
 from tests.certificates import issue, make_ca, write
 
 ETC = Path(__file__).resolve().parents[2] / "etc"
@@ -94,3 +94,34 @@ def test_the_development_file_is_dev_and_says_never_for_production(tmp_path: Pat
     assert warnings == []
     assert config.server.bind_host == "127.0.0.1"
     assert "NEVER USE THIS FILE IN PRODUCTION" in DEV.read_text(encoding="utf-8")
+
+
+CLUSTER = ETC / "logbroker-cluster.env"
+
+
+def test_the_cluster_template_sets_known_cluster_variables_and_no_secret() -> None:
+    active, _ = assignments(CLUSTER)
+    known = {variable.name for variable in VARIABLES}
+
+    assert set(active) <= known
+    assert active["SVC_CLUSTER_SECRET"] == ""
+    assert active["SVC_CONTROL_PLANE"].startswith("etcd://")
+
+
+def test_a_prod_node_from_the_cluster_template_needs_its_secret() -> None:
+    active, _ = assignments(CLUSTER)
+    env = {
+        **active,
+        "SVC_ENV": "prod",
+        "SVC_DATA_DIR": "/var/lib/logbroker",
+        "SVC_ADMIN_PASS": "a long admin password",
+        "SVC_REQUIRE_TLS": "false",
+    }
+    config, _ = BrokerConfig.from_env(env)
+    with pytest.raises(ConfigError) as error:
+        check_built(config)
+    assert error.value.variable == "SVC_CLUSTER_SECRET"
+
+    config, _ = BrokerConfig.from_env({**env, "SVC_CLUSTER_SECRET": "x" * 32})
+    assert config.cluster.node_id == "broker-1"
+    check_built(config)

@@ -2,25 +2,41 @@
 
 Each case builds a world that hands out the handle of range ``r.0`` and says how to settle what
 is in flight (run held storage jobs, deliver peer messages...); the assertions are the same for
-every handle. The forwarded and replicated handles join the parameter list as they land.
+every handle. The replicated handle joins the parameter list as it lands.
+
+* ``local``: a ``LocalRange`` over a range log on a ``MemoryFileSystem``.
+* ``forwarded``: a ``ForwardedRange`` on node ``a`` whose requests cross a real peer link
+  (``PeerConnections`` to a ``PeerServerFactory``, handshake included, over ``iosim``) to node
+  ``b``'s ``RangeServer`` over the same kind of local range, opened by the first request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
 import pytest
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
+from twisted.test.iosim import FakeTransport, IOPump, connect
+from zope.interface import implementer
 
 from logbroker import wire
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle
+from logbroker.cluster.forwarding import ForwardedRange, RangeServer
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
 from logbroker.records import Record
+from logbroker.replication.handshake import PeerIdentity
+from logbroker.replication.protocol import (
+    PeerConnections,
+    PeerServerFactory,
+    PeerSettings,
+    RequestHandler,
+)
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ManualExecutor, MemoryFileSystem
 from tests.unit.storage.helpers import failure_of, result_of
@@ -32,6 +48,26 @@ RANGE = "r.0"
 class World:
     handle: RangeHandle
     settle: Callable[[], None]
+    #: Whether ``handle.refusal`` knows the range's limits. A forwarder does not: the primary
+    #: refuses for itself, and the refusal comes back as the append's failure.
+    refuses_up_front: bool = True
+    #: Stops what the world started (and checks that it left nothing behind).
+    close: Callable[[], None] = lambda: None
+
+    def refusal(self, count: int) -> BrokerError | None:
+        """Why an append of ``count`` records is refused: asked of the handle where it knows,
+        else the failure of the append itself (which stores nothing when it is refused)."""
+        refusal = self.handle.refusal(count)
+        if refusal is not None or self.refuses_up_front:
+            return refusal
+        appending = self.handle.append(records(*[b"v"] * count))
+        self.settle()
+        outcome: list[object] = []
+        appending.addCallbacks(outcome.append, lambda failure: outcome.append(failure.value))
+        assert outcome, "the append has not finished"
+        error = outcome[0]
+        assert error is None or isinstance(error, BrokerError), error
+        return error
 
     def done(self, deferred: Deferred[Any]) -> Any:
         self.settle()
@@ -75,12 +111,93 @@ def local_world(config: LogConfig) -> World:
     return World(ranges.handle(RANGE), executor.run_all)
 
 
-WORLDS = {"local": local_world}
+SECRET = b"cluster secret"
+
+
+def identity(node_id: str) -> PeerIdentity:
+    return PeerIdentity("c1", node_id, SECRET)
+
+
+@implementer(IStreamClientEndpoint)
+class PeerLink:
+    """Node ``a``'s ``PeerConnections`` (``connections``, a ``PeerRequester``) with a link to node
+    ``b``, whose peer listener serves requests with ``handler``; connections cross ``iosim``
+    pumps, so every request and answer goes through the codec as bytes. ``flush`` delivers what
+    is in flight; ``drop`` breaks the link; ``close`` stops it all and checks no timer is left."""
+
+    def __init__(self, handler: RequestHandler, clock: Clock | None = None) -> None:
+        self.clock = clock or Clock()
+        settings = PeerSettings(ping_interval_s=5.0, dead_after_s=15.0)
+        self.server = PeerServerFactory(identity("b"), self.clock, handler, settings)
+        self.pumps: list[IOPump] = []
+        self.connections = PeerConnections(
+            identity("a"), self.clock, lambda _: self, settings, retry_policy=lambda _: 1.0
+        )
+        self.connections.add_peer("b")
+        self.connections.startService()
+        self.flush()
+        assert self.connections.established("b") is not None
+
+    def connect(self, factory: IProtocolFactory) -> Deferred[IProtocol]:
+        client = factory.buildProtocol(None)
+        server = self.server.buildProtocol(None)
+        assert client is not None
+        self.pumps.append(
+            connect(
+                server,
+                FakeTransport(server, isServer=True),
+                client,
+                FakeTransport(client, isServer=False),
+                greet=False,
+                clock=self.clock,
+            )
+        )
+        return succeed(client)
+
+    def flush(self) -> bool:
+        """Deliver everything in flight; whether anything moved."""
+        return any([pump.flush() for pump in self.pumps])
+
+    def drop(self) -> None:
+        """The listener's end of the link goes away (its requests in flight are lost)."""
+        self.pumps[-1].serverIO.abortConnection()
+        self.flush()
+
+    def close(self) -> None:
+        stopped = self.connections.stopService()
+        self.server.close_all()
+        self.flush()
+        result_of(stopped)
+        assert self.clock.getDelayedCalls() == [], "a peer timer outlived its link"
+
+
+def forwarded_world(config: LogConfig) -> World:
+    executor = ManualExecutor()
+    primary = LocalRanges(_Logs(MemoryFileSystem(), executor, config))
+    link = PeerLink(RangeServer(primary))
+
+    def settle() -> None:
+        while link.flush() or executor.pending:
+            executor.run_all()
+
+    handle = ForwardedRange(RANGE, "b", link.connections)
+    return World(handle, settle, refuses_up_front=False, close=link.close)
+
+
+WORLDS = {"local": local_world, "forwarded": forwarded_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))
-def make_world(request: pytest.FixtureRequest) -> Callable[..., World]:
-    return lambda config=None: WORLDS[request.param](config or LogConfig())
+def make_world(request: pytest.FixtureRequest) -> Iterator[Callable[..., World]]:
+    made: list[World] = []
+
+    def make(config: LogConfig | None = None) -> World:
+        made.append(WORLDS[request.param](config or LogConfig()))
+        return made[-1]
+
+    yield make
+    for world in made:
+        world.close()
 
 
 def records(*values: bytes) -> list[Record]:
@@ -145,11 +262,12 @@ def test_an_append_past_the_in_flight_limit_is_refused_as_overloaded(
 ) -> None:
     world = make_world(LogConfig(max_inflight_records=2))
 
-    refusal = world.handle.refusal(3)
+    refusal = world.refusal(3)
 
     assert isinstance(refusal, BrokerError)
     assert refusal.reason is Reason.OVERLOADED
-    assert world.handle.refusal(2) is None
+    assert world.done(world.handle.bounds()) == Bounds(0, 0)
+    assert world.refusal(2) is None
 
 
 def test_an_unknown_range_is_unreachable() -> None:

@@ -10,16 +10,19 @@ from __future__ import annotations
 import struct
 
 import pytest
-from hypothesis import given
+from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from logbroker.records import Record
+from logbroker.replication import codec
 from logbroker.replication.codec import (
     MAC_SIZE,
     NONCE_SIZE,
     PROTOCOL_VERSION,
     AppendRequest,
     AppendResult,
+    BoundsRequest,
+    BoundsResult,
     Hello,
     MalformedPeerMessage,
     PeerFrameDecoder,
@@ -39,12 +42,16 @@ from logbroker.replication.codec import (
     decode_append_request,
     decode_append_result,
     decode_body,
+    decode_bounds_request,
+    decode_bounds_result,
     decode_read_request,
     decode_read_result,
     encode,
     encode_append_request,
     encode_append_result,
     encode_body,
+    encode_bounds_request,
+    encode_bounds_result,
     encode_read_request,
     encode_read_result,
     pack_records,
@@ -113,6 +120,9 @@ def test_op_payload_bytes() -> None:
     assert encode_read_request(read) == (b"\x00\x03r-1" + struct.pack(">QIII", 5, 10, 4096, 250))
     result = ReadResult(1, b"R", 6, 9)
     assert encode_read_result(result) == struct.pack(">IQQ", 1, 6, 9) + b"R"
+    assert encode_bounds_request(BoundsRequest("r-1")) == b"\x00\x03r-1"
+    assert encode_bounds_result(BoundsResult(5, 9)) == struct.pack(">QQ", 5, 9)
+    assert encode_body(Request(7, PeerOp.BOUNDS, b"")) == b"\x05\x00\x00\x00\x07\x03"
 
 
 # -- round trips -----------------------------------------------------------------------------
@@ -160,6 +170,18 @@ def test_read_request_round_trips(
 def test_read_result_round_trips(count: int, records: bytes, next_: int, end: int) -> None:
     result = ReadResult(count, records, next_, end)
     assert decode_read_result(encode_read_result(result)) == result
+
+
+@given(texts)
+def test_bounds_request_round_trips(range_id: str) -> None:
+    request = BoundsRequest(range_id)
+    assert decode_bounds_request(encode_bounds_request(request)) == request
+
+
+@given(u64s, u64s)
+def test_bounds_result_round_trips(start: int, end: int) -> None:
+    result = BoundsResult(start, end)
+    assert decode_bounds_result(encode_bounds_result(result)) == result
 
 
 records = st.builds(
@@ -288,6 +310,13 @@ def test_a_malformed_frame_fails_the_decoder() -> None:
             decode_read_request, b"\x00\x01r" + struct.pack(">QII", 1, 2, 3), id="read-truncated"
         ),
         pytest.param(decode_read_result, struct.pack(">IQ", 1, 2), id="read-result-short"),
+        pytest.param(decode_bounds_request, b"\x00\x03r-", id="bounds-truncated"),
+        pytest.param(decode_bounds_request, b"\x00\x01rx", id="bounds-trailing"),
+        pytest.param(decode_bounds_request, b"\x00\x01\xff", id="bounds-not-utf8"),
+        pytest.param(decode_bounds_result, struct.pack(">QI", 1, 2), id="bounds-result-short"),
+        pytest.param(
+            decode_bounds_result, struct.pack(">QQ", 1, 2) + b"\x00", id="bounds-result-trailing"
+        ),
     ],
 )
 def test_malformed_op_payloads_are_refused(decode: object, payload: bytes) -> None:
@@ -308,9 +337,51 @@ def test_malformed_op_payloads_are_refused(decode: object, payload: bytes) -> No
         pytest.param(lambda: Response(1, b"x", "overloaded"), id="error-with-payload"),
         pytest.param(lambda: Ping(2**64), id="ping-over-u64"),
         pytest.param(lambda: ReadRequest("r", 0, 2**32, 0, 0), id="max-records-over-u32"),
+        pytest.param(lambda: BoundsResult(-1, 0), id="negative-start"),
+        pytest.param(lambda: BoundsResult(0, 2**64), id="end-over-u64"),
+        pytest.param(lambda: BoundsRequest("x" * 65536), id="long-range-id"),
     ],
 )
 def test_messages_that_cannot_be_encoded_cannot_be_built(build: object) -> None:
     assert callable(build)
     with pytest.raises(ValueError):  # noqa: PT011 - each validator says what, in its own words
         build()
+
+
+@given(
+    st.sampled_from(list(codec.GroupVerb)),
+    st.text(max_size=40),
+    st.text(max_size=40),
+    st.text(max_size=40),
+    st.lists(st.text(max_size=20), max_size=8).map(tuple),
+)
+def test_group_requests_round_trip(
+    verb: codec.GroupVerb, topic: str, group: str, member: str, range_ids: tuple[str, ...]
+) -> None:
+    assume(all(c < "\ud800" or c > "\udfff" for c in topic + group + member + "".join(range_ids)))
+    request = codec.GroupRequest(verb, topic, group, member, range_ids)
+
+    assert codec.decode_group_request(codec.encode_group_request(request)) == request
+
+
+def test_a_group_request_s_bytes() -> None:
+    request = codec.GroupRequest(codec.GroupVerb.SHARE, "t", "g", "m", ("t.0", "t.1"))
+
+    assert codec.encode_group_request(request) == (
+        b"\x01" + b"\x00\x01t" + b"\x00\x01g" + b"\x00\x01m" + b"\x00\x02" + b"\x00\x03t.0"
+        b"\x00\x03t.1"
+    )
+    assert codec.decode_group_share(codec.encode_group_share(["t.1"])) == ["t.1"]
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        b"\x09\x00\x01t\x00\x01g\x00\x01m\x00\x00",
+        b"\x01\x00\x01t",
+        b"\x02\x00\x01t\x00\x01g\x00\x01m\x00\x00!",
+    ],
+)
+def test_a_malformed_group_request_is_refused(payload: bytes) -> None:
+    with pytest.raises(codec.MalformedPeerMessage):
+        codec.decode_group_request(payload)

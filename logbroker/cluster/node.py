@@ -1,0 +1,167 @@
+"""The parts of a broker node that make it a member of a cluster, assembled from the config.
+
+``build_cluster`` makes the etcd control plane, the node's membership (registered under a lease),
+the peer port's listener and one outbound peer link per live member, and the range directory that
+serves this node's ranges locally and forwards the others. The composition root
+(``logbroker.service``) adds the services to its tree in the order ``services`` lists them and
+fills in the node's record once its ports are bound. Nothing here touches the global reactor:
+everything that schedules or connects is given ``reactor``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from twisted.application.service import Service
+from twisted.internet.defer import Deferred, maybeDeferred
+from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.interfaces import IListeningPort, IStreamClientEndpoint
+from twisted.logger import Logger
+
+from logbroker import __version__
+from logbroker.broker.groups import LocalGroups
+from logbroker.broker.ranges import LocalRanges, RangeHandle
+from logbroker.cluster.forwarding import ForwardedRange, RangeServer
+from logbroker.cluster.groups import ClusterGroups, group_handler
+from logbroker.cluster.membership import Membership, NodeRecord
+from logbroker.cluster.placement import PlacementNode, PlacementRule
+from logbroker.cluster.ranges import ClusterRanges
+from logbroker.cluster.view import MembershipView
+from logbroker.config import BrokerConfig, EnvMode
+from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore
+from logbroker.replication.codec import PeerOp
+from logbroker.replication.handshake import PeerIdentity
+from logbroker.replication.protocol import PeerConnections, PeerServerFactory
+from logbroker.storage import OpenLogs
+
+log = Logger()
+
+#: Peers of a development or test cluster without ``SVC_CLUSTER_SECRET`` prove they know this.
+#: It keeps apart clusters that happen to share a network, nothing more: prod refuses it.
+DEVELOPMENT_CLUSTER_SECRET = b"logbroker development cluster secret, never for production"
+
+
+@attrs.define
+class ClusterParts:
+    control: EtcdControlPlane
+    membership: Membership
+    ranges: ClusterRanges
+    view: MembershipView
+    peers: PeerConnections
+    groups: ClusterGroups
+    peer_factory: PeerServerFactory
+    store: EtcdGatewayStore
+
+    def set_record(self, host: str, client_port: int, dashboard_port: int, peer_port: int) -> None:
+        """The node's record, once its ports are bound (a port of 0 is a free one)."""
+        self.membership.record = attrs.evolve(
+            self.membership.record,
+            host=host,
+            client_port=client_port,
+            dashboard_port=dashboard_port,
+            peer_port=peer_port,
+        )
+
+
+def cluster_secret(config: BrokerConfig) -> bytes:
+    """The secret peers prove they know; ``ConfigError`` in prod without one (checked by
+    ``logbroker.config.check_built``), the development secret elsewhere."""
+    secret = config.cluster.cluster_secret
+    if secret is not None:
+        return secret.encode()
+    assert config.mode is not EnvMode.PROD
+    log.warn(
+        "SVC_CLUSTER_SECRET is not set: peers authenticate with the development secret, which"
+        " any logbroker knows; set a long random SVC_CLUSTER_SECRET on every node"
+    )
+    return DEVELOPMENT_CLUSTER_SECRET
+
+
+def build_cluster(
+    reactor: Any, config: BrokerConfig, node_id: str, storage: OpenLogs
+) -> ClusterParts:
+    cluster = config.cluster
+    store = EtcdGatewayStore(
+        [f"http://{_bracketed(host)}:{port}" for host, port in cluster.etcd_endpoints],
+        reactor=reactor,
+    )
+    prefix = f"/logbroker/{cluster.cluster_id}/"
+    control = EtcdControlPlane(store, prefix=prefix + "state/", clock=reactor)
+    record = NodeRecord(
+        node_id=node_id,
+        host=cluster.advertise_host or "localhost",
+        client_port=0,
+        dashboard_port=0,
+        peer_port=0,
+        attributes=cluster.attributes,
+        version=__version__,
+    )
+    membership = Membership(
+        store, (prefix + "cluster/").encode(), record, reactor, cluster.node_lease_ms
+    )
+    identity = PeerIdentity(cluster.cluster_id, node_id, cluster_secret(config))
+
+    def endpoint_for(peer: str) -> IStreamClientEndpoint:
+        found = next((r for r in membership.live_nodes() if r.node_id == peer), None)
+        if found is None:
+            raise ValueError(f"node {peer!r} is not a live member")
+        return HostnameEndpoint(reactor, found.host, found.peer_port)
+
+    peers = PeerConnections(identity, reactor, endpoint_for)
+
+    def keep_links() -> None:
+        live = {r.node_id for r in membership.live_nodes()} - {node_id}
+        for gone in peers.peers - live:
+            peers.remove_peer(gone)
+        for new in sorted(live - peers.peers):
+            peers.add_peer(new)
+
+    membership.on_change.append(keep_links)
+    local = LocalRanges(storage)
+    rule = PlacementRule.from_settings(cluster)
+
+    def forward(primary: str, range_id: str) -> RangeHandle:
+        return ForwardedRange(range_id, primary, peers)
+
+    def live_nodes() -> list[PlacementNode]:
+        return [PlacementNode(r.node_id, r.attributes, True) for r in membership.live_nodes()]
+
+    ranges = ClusterRanges(node_id, control, local, forward, live_nodes, rule)
+    local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
+    groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
+    range_server = RangeServer(ranges.led_here())
+    serve_group = group_handler(local_groups)
+
+    def serve(peer: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        if op is PeerOp.GROUP:
+            return serve_group(payload)
+        return range_server(peer, op, payload)
+
+    return ClusterParts(
+        control=control,
+        membership=membership,
+        ranges=ranges,
+        view=MembershipView(cluster.cluster_id, membership, control, rule),
+        peers=peers,
+        groups=groups,
+        peer_factory=PeerServerFactory(identity, reactor, serve),
+        store=store,
+    )
+
+
+class PeerPortService(Service):
+    """The peer port: bound at build time, closing its connections when it stops."""
+
+    def __init__(self, factory: PeerServerFactory, port: IListeningPort) -> None:
+        self._factory = factory
+        self.port = port
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()  # type: ignore[no-untyped-call]
+        self._factory.close_all()
+        return maybeDeferred(self.port.stopListening).addCallback(lambda _: None)
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host else host

@@ -1,0 +1,161 @@
+"""The ``RangeDirectory`` of a cluster node: each range is served where its active segment lives.
+
+The control plane records every segment's replica set; the first member is the primary. This
+node serves the ranges whose active segment it leads from its own logs (``LocalRanges``) and
+reaches every other range through a forwarder to its primary (``forward``). A new range's first
+segment is placed by the placement planner over the live nodes when the range is opened, and
+recorded in the control plane; the node whose turn it is to create it and the nodes racing it
+agree, since placement is a pure function of the membership every node sees, and the control
+plane takes only one record of a segment.
+
+With replication factor 1 (the only one built so far) a range's active segment stays on its
+primary for good: a dead primary's ranges answer ``unreachable`` until it returns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.broker.errors import BrokerError
+from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle, RangeRead
+from logbroker.cluster.placement import PlacementNode, PlacementRule, place, segment_key
+from logbroker.controlplane import (
+    ControlPlane,
+    ControlPlaneError,
+    SegmentMeta,
+    SegmentState,
+)
+from logbroker.errors import Reason
+from logbroker.records import Record
+
+log = Logger()
+
+#: ``(primary node id, range id)`` -> a handle reaching the range on that node.
+Forwarder = Callable[[str, str], RangeHandle]
+
+
+class ClusterRanges:
+    def __init__(
+        self,
+        node_id: str,
+        control: ControlPlane,
+        local: LocalRanges,
+        forward: Forwarder,
+        live_nodes: Callable[[], Iterable[PlacementNode]],
+        rule: PlacementRule,
+    ) -> None:
+        self.node_id = node_id
+        self._control = control
+        self._local = local
+        self._forward = forward
+        self._live_nodes = live_nodes
+        self._rule = rule
+
+    def primary(self, range_id: str) -> str | None:
+        """The node leading the range's active segment, if one is recorded."""
+        active = self._active(range_id)
+        return active.replicas[0] if active is not None else None
+
+    def _active(self, range_id: str) -> SegmentMeta | None:
+        segments = self._control.segments(range_id)
+        if segments and segments[-1].state is SegmentState.ACTIVE:
+            return segments[-1]
+        return None
+
+    def handle(self, range_id: str) -> RangeHandle:
+        primary = self.primary(range_id)
+        if primary is None:
+            raise BrokerError(
+                Reason.UNREACHABLE, f"range {range_id} has no active segment placed yet"
+            )
+        if primary != self.node_id:
+            return self._forward(primary, range_id)
+        try:
+            return self._local.handle(range_id)
+        except BrokerError:
+            # Placed here by another node (it created the topic): open it on first use.
+            return _Opening(range_id, self._local)
+
+    def led_here(self) -> LedHere:
+        """The ranges this node leads, for the peers' requests: a range led elsewhere is
+        refused (``not_primary``) rather than forwarded on, so two nodes that disagree about a
+        primary for a moment can never bounce a request between them."""
+        return LedHere(self)
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        """Place every range that has no active segment yet, then open the ones led here."""
+        placed = [self._place(range_id) for range_id in range_ids]
+
+        def open_ours(_: object) -> Deferred[None]:
+            ours = [r for r in range_ids if self.primary(r) == self.node_id]
+            return self._local.open(ours)
+
+        return gatherResults(placed, consumeErrors=True).addCallback(open_ours)
+
+    def _place(self, range_id: str) -> Deferred[None]:
+        if self._control.segments(range_id):
+            return succeed(None)
+        placement = place(segment_key(range_id, 0), self._live_nodes(), self._rule)
+        meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, placement.replicas, 0)
+
+        def lost_race(failure: Failure) -> None:
+            # Another node recorded the segment first: its record stands.
+            recorded = bool(self._control.segments(range_id))
+            if not (isinstance(failure.value, ControlPlaneError) and recorded):
+                failure.raiseException()
+
+        return self._control.put_segment(meta).addErrback(lost_race)
+
+
+class LedHere:
+    """The ``RangeDirectory`` of the ranges ``ranges`` leads on this node."""
+
+    def __init__(self, ranges: ClusterRanges) -> None:
+        self._ranges = ranges
+
+    def handle(self, range_id: str) -> RangeHandle:
+        primary = self._ranges.primary(range_id)
+        if primary != self._ranges.node_id:
+            raise BrokerError(
+                Reason.NOT_PRIMARY,
+                f"range {range_id} is led by {primary or 'no node yet'}, not by this node",
+            )
+        return self._ranges.handle(range_id)
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        return self._ranges.open(range_ids)
+
+
+class _Opening:
+    """A range led by this node whose log is not open yet: opened by its first use."""
+
+    def __init__(self, range_id: str, local: LocalRanges) -> None:
+        self._range_id = range_id
+        self._local = local
+
+    @property
+    def range_id(self) -> str:
+        return self._range_id
+
+    def _opened(self) -> Deferred[RangeHandle]:
+        return self._local.open([self._range_id]).addCallback(
+            lambda _: self._local.handle(self._range_id)
+        )
+
+    def refusal(self, count: int) -> BrokerError | None:
+        return None
+
+    def append(self, records: Sequence[Record]) -> Deferred[None]:
+        return self._opened().addCallback(lambda handle: handle.append(records))
+
+    def bounds(self) -> Deferred[Bounds]:
+        return self._opened().addCallback(lambda handle: handle.bounds())
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
+        return self._opened().addCallback(
+            lambda handle: handle.read(offset, max_records, max_bytes)
+        )

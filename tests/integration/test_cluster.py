@@ -1,0 +1,163 @@
+"""Three real ``twistd logbroker`` nodes on one real three-member etcd: any node serves any
+client, security state is shared, and a killed node loses nothing it acknowledged.
+
+The cluster is shared by the module's tests (starting it takes a few seconds); a test that kills
+a node brings it back before it ends, and each test uses topics of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from logbroker.client.blocking import BlockingClient, BrokerRefused
+from logbroker.records import Record
+from tests.cluster import BrokerCluster, Node, running_cluster
+from tests.etcd import EtcdCluster, etcd_cluster
+
+pytestmark = pytest.mark.integration
+
+__all__ = ["etcd_cluster"]
+
+
+@pytest.fixture(scope="module")
+def cluster(
+    tmp_path_factory: pytest.TempPathFactory, etcd_cluster: EtcdCluster
+) -> Iterator[BrokerCluster]:
+    yield from running_cluster(tmp_path_factory.mktemp("cluster"), etcd_cluster)
+
+
+def connect(node: Node, user: str = "app", password: str = "app123") -> BlockingClient:
+    return BlockingClient.connect("127.0.0.1", node.port, user, password)
+
+
+def drain(client: BlockingClient, topic: str, group: str | None = None) -> list[Record]:
+    records: list[Record] = []
+    cursor = None
+    while True:
+        batch = client.fetch(topic, cursor, group, None, 1000, 0)
+        if not batch.records:
+            return records
+        records.extend(batch.records)
+        cursor = batch.next_cursor
+
+
+def eventually(check: object, seconds: float = 10.0) -> None:
+    """Retry ``check`` (a callable raising AssertionError or BrokerRefused) until it passes."""
+    assert callable(check)
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            check()
+            return
+        except (AssertionError, BrokerRefused):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_records_produced_through_one_node_are_consumed_through_another(
+    cluster: BrokerCluster,
+) -> None:
+    n1, n2, n3 = cluster.nodes
+    records = [Record(b"value-%d" % i, key=b"key-%d" % (i % 16)) for i in range(400)]
+    with connect(n2) as admin:
+        admin.create_topic("orders")
+    with connect(n1) as producer:
+        for start in range(0, len(records), 50):
+            assert producer.produce("orders", records[start : start + 50]) == 50
+
+    with connect(n3) as consumer:
+        consumed = drain(consumer, "orders")
+
+    assert sorted(r.value for r in consumed) == sorted(r.value for r in records)
+    # Per key, in the order produced.
+    for key in {r.key for r in records}:
+        assert [r.value for r in consumed if r.key == key] == [
+            r.value for r in records if r.key == key
+        ]
+
+
+def test_group_positions_committed_through_one_node_hold_on_another(
+    cluster: BrokerCluster,
+) -> None:
+    n1, n2, n3 = cluster.nodes
+    with connect(n1) as client:
+        client.create_topic("positions")
+        client.produce("positions", [Record(b"%d" % i, key=b"k") for i in range(10)])
+        first = client.fetch("positions", None, "billing", None, 4, 0)
+    assert len(first.records) == 4
+    with connect(n2) as client:
+        client.commit("positions", "billing", first.next_cursor)
+
+    with connect(n3) as client:
+        resumed = drain(client, "positions", "billing")
+
+    assert [r.value for r in resumed] == [b"%d" % i for i in range(4, 10)]
+
+
+def test_a_user_created_through_one_node_logs_in_on_the_others(cluster: BrokerCluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    with connect(n2, "admin", "admin123") as admin:
+        admin.create_user("carol", "carol-secret-1", ["produce", "consume"])
+
+    def logs_in(node: Node) -> None:
+        with connect(node, "carol", "carol-secret-1") as client:
+            assert client.produce("carols", [Record(b"hi")]) == 1
+
+    with connect(n2) as client:
+        client.create_topic("carols")
+    for node in (n1, n3):
+        eventually(lambda node=node: logs_in(node))
+
+
+def test_a_topic_s_ranges_are_spread_over_the_nodes(cluster: BrokerCluster) -> None:
+    n1, _, _ = cluster.nodes
+    with connect(n1) as client:
+        client.create_topic("spread")
+        client.produce("spread", [Record(b"v", key=b"k%d" % i) for i in range(64)])
+
+    held = {
+        node.node_id: {path.name for path in (node.directory / "data" / "ranges").iterdir()}
+        for node in cluster.nodes
+    }
+    spread = {
+        node_id: {r for r in ranges if r.startswith("spread.")} for node_id, ranges in held.items()
+    }
+    # Each range lives on exactly one node (replication factor 1), and more than one node leads.
+    all_ranges = [r for ranges in spread.values() for r in ranges]
+    assert sorted(all_ranges) == sorted(set(all_ranges))
+    assert sum(1 for ranges in spread.values() if ranges) >= 2
+
+
+def test_group_members_on_different_nodes_read_disjoint_shares(cluster: BrokerCluster) -> None:
+    with connect(cluster.nodes[0]) as client:
+        client.create_topic("shared")
+        client.produce("shared", [Record(b"%d" % i, key=b"k%d" % i) for i in range(200)])
+    clients = [connect(node) for node in cluster.nodes]
+    try:
+        # Every member joins first, then each reads its share.
+        for index, client in enumerate(clients):
+            client.fetch("shared", None, "readers", f"m{index}", 1, 0)
+        read: dict[str, set[bytes]] = {}
+        for index, client in enumerate(clients):
+            member = f"m{index}"
+            cursor = None
+            values: set[bytes] = set()
+            while True:
+                batch = client.fetch("shared", cursor, "readers", member, 1000, 0)
+                if not batch.records:
+                    break
+                values |= {r.value for r in batch.records}
+                cursor = batch.next_cursor
+            read[member] = values
+    finally:
+        for client in clients:
+            client.close()
+
+    everything = [v for values in read.values() for v in values]
+    assert sorted(everything) == sorted(b"%d" % i for i in range(200))
+    assert len(everything) == len(set(everything))
+    assert sum(1 for values in read.values() if values) >= 2
