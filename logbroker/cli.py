@@ -1,5 +1,6 @@
-"""The ``logbroker`` command: a client of the broker (topics, produce, consume, users, ACLs) and
-an offline check of a data directory (``storage verify``). docs/clients.md shows every subcommand.
+"""The ``logbroker`` command: a client of the broker (topics, produce, consume, users, ACLs, the
+cluster's status) and an offline check of a data directory (``storage verify``). docs/clients.md
+shows every subcommand.
 
 Exit statuses (``logbroker.exitcodes``): 0 success; 1 the broker refused a request (its reason
 is on stderr), the broker cannot be reached, or damage was found; 2 bad usage, including no
@@ -25,7 +26,7 @@ from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.records import Record
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.inspect import SegmentReport, verify_data_directory
-from logbroker.wire import ProtocolViolation
+from logbroker.wire import ClusterInfo, ClusterNodeInfo, ProtocolViolation
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
@@ -355,6 +356,99 @@ def _acl_list(args: argparse.Namespace, client: BlockingClient) -> int:
     return exitcodes.OK
 
 
+def node_address(host: str, port: int) -> str:
+    """``host:port``, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _marks(cluster: ClusterInfo, node: ClusterNodeInfo) -> list[str]:
+    marks = []
+    if node.node_id == cluster.node_id:
+        marks.append("answering")
+    if node.node_id == cluster.chores_holder:
+        marks.append("chores")
+    return marks
+
+
+def cluster_json(cluster: ClusterInfo) -> dict[str, object]:
+    """The cluster as ``cluster status --json`` prints it (docs/clients.md)."""
+    lease = cluster.lease_age_ms
+    return {
+        "cluster_id": cluster.cluster_id,
+        "node_id": cluster.node_id,
+        "control_plane": cluster.control_plane,
+        "chores_holder": cluster.chores_holder,
+        "domain_violations": cluster.domain_violations,
+        "lease_age_seconds": None if lease is None else lease / 1000,
+        "nodes": [
+            {
+                "node_id": node.node_id,
+                "state": "alive" if node.alive else "dead",
+                "address": node_address(node.host, node.client_port),
+                "host": node.host,
+                "client_port": node.client_port,
+                "dashboard_port": node.dashboard_port,
+                "peer_port": node.peer_port,
+                "attributes": dict(node.attributes),
+                "segments_led": node.segments_led,
+                "version": node.version,
+                "answering": node.node_id == cluster.node_id,
+                "chores": node.node_id == cluster.chores_holder,
+            }
+            for node in cluster.nodes
+        ],
+    }
+
+
+def cluster_table(cluster: ClusterInfo) -> list[str]:
+    """The cluster as ``cluster status`` prints it: a few facts, then one row per node."""
+    lease = cluster.lease_age_ms
+    facts = [
+        ("cluster", cluster.cluster_id),
+        ("control plane", cluster.control_plane),
+        ("chores holder", cluster.chores_holder or "none"),
+        ("domain violations", str(cluster.domain_violations)),
+    ]
+    if lease is not None:
+        facts.append(("lease age", f"{lease / 1000:.1f} s"))
+    lines = [f"{name + ':':<19}{value}" for name, value in facts]
+    rows = [["NODE", "STATE", "ADDRESS", "PEER PORT", "ATTRIBUTES", "SEGMENTS LED", ""]]
+    for node in cluster.nodes:
+        rows.append(
+            [
+                node.node_id,
+                "alive" if node.alive else "dead",
+                node_address(node.host, node.client_port),
+                str(node.peer_port) if node.peer_port else "-",
+                ",".join(f"{name}={value}" for name, value in node.attributes) or "-",
+                str(node.segments_led),
+                " ".join(_marks(cluster, node)),
+            ]
+        )
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    lines.append("")
+    for row in rows:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)))
+    return [line.rstrip() for line in lines]
+
+
+def _cluster_status(args: argparse.Namespace, client: BlockingClient) -> int:
+    try:
+        cluster = client.describe_cluster()
+    except BrokerRefused as refused:
+        if refused.reason != "invalid_operation":
+            raise
+        return _fail(
+            f"invalid_operation (describe the cluster on {args.server}): this broker was built"
+            " without a view of its cluster, so it cannot describe it"
+        )
+    if args.json:
+        print(json.dumps(cluster_json(cluster), ensure_ascii=False))
+    else:
+        print("\n".join(cluster_table(cluster)))
+    return exitcodes.OK
+
+
 #: What to suggest after a refusal with this reason.
 _HINTS = {
     "invalid_credentials": f"check --user and --password (or {USER_VARIABLE} and "
@@ -363,6 +457,7 @@ _HINTS = {
     "no_such_topic": "create it with `logbroker topic create`",
     "tls_required": "the broker takes TLS only: pass --tls (and --cafile PEM unless its"
     " certificate's CA is one this system trusts)",
+    "unknown_api_key": "the broker is older than this command and lacks the operation",
 }
 
 
@@ -736,6 +831,20 @@ def _add_client_commands(commands: argparse._SubParsersAction[argparse.ArgumentP
     listing.add_argument("user_name", metavar="USER")
 
 
+def _add_cluster_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    cluster = commands.add_parser("cluster", help="the cluster's nodes (admin)").add_subparsers(
+        dest="cluster_command", required=True
+    )
+    status = _client_command(
+        cluster,
+        "status",
+        _cluster_status,
+        "describe the cluster",
+        "every node of the cluster, alive or dead, and who holds the chores lease",
+    )
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+
+
 def _add_bench_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     bench = commands.add_parser("bench", help="measure the broker").add_subparsers(
         dest="bench_command", required=True
@@ -777,6 +886,7 @@ def _parser() -> argparse.ArgumentParser:
     _connection_options(parser, trailing=False)
     commands = parser.add_subparsers(dest="command", required=True)
     _add_client_commands(commands)
+    _add_cluster_commands(commands)
     _add_bench_commands(commands)
     storage = commands.add_parser("storage", help="inspect a data directory on this machine")
     storage_commands = storage.add_subparsers(dest="storage_command", required=True)

@@ -2,10 +2,12 @@
 
 The composition root makes one ``Metrics`` and hands it to what feeds it: the range logs' hooks
 (integrity events, flushes), the broker core (records and bytes produced and consumed), periodic
-tasks, and the client port's guards (auth attempts, limits, sessions) through the methods below,
-whose hooks the composition root connects. Nothing here touches
-prometheus_client's global default registry, so tests and several brokers in one process never
-see each other's counts. ``docs/metrics.md`` lists every series and what to do about it.
+tasks, the client port's guards (auth attempts, limits, sessions), the etcd store (control-plane
+requests) and the peer port and links (connections, bytes) through the methods below, whose hooks
+the composition root connects; the cluster's state is read from a watched ``ClusterView``.
+Nothing here touches prometheus_client's global default registry, so tests and several brokers
+in one process never see each other's counts. ``docs/metrics.md`` lists every series and what to
+do about it.
 
 Every label value of a labelled series (topics aside) is created at construction, so each series
 shows, at 0, from the first scrape: a rate over a series that appears only at its first increment
@@ -18,6 +20,7 @@ range logs' state, which only the reactor thread changes.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 import attrs
 from prometheus_client import (
@@ -37,6 +40,10 @@ from logbroker import __version__
 from logbroker.controlplane import ControlPlane, ControlPlaneClosedError
 from logbroker.storage import CopyState, DamageReason, Flush, IntegrityEvent, OpenLogs
 
+if TYPE_CHECKING:
+    # Only for annotations: the cluster package may import this module.
+    from logbroker.cluster.view import ClusterView
+
 # The label values of each labelled series (topics and tasks aside). The methods take them as
 # strings, so that the callers' own string enums (``AuthResult``, ``Action``) pass as they are;
 # a value outside these raises ``KeyError`` rather than starting a new series.
@@ -45,6 +52,14 @@ RATE_LIMIT_ACTIONS = ("auth", "dashboard_auth", "publish", "subscribe")
 CONNECTION_LIMITS = ("per_ip", "global")
 TLS_OUTCOMES = ("ok", "failed")
 SCRUB_RESULTS = ("verified", "repaired", "unrepairable")
+#: The etcd requests the control plane and the membership make, and how each can end: ``ok`` an
+#: answer (a transaction whose compare failed included: etcd answered it), ``error`` an answer
+#: refusing the request (an unknown lease, a request etcd rejects), ``unavailable`` no answer at
+#: all (no member reachable, a timeout).
+CONTROLPLANE_OPS = ("range", "txn", "watch", "grant", "keepalive", "revoke")
+CONTROLPLANE_RESULTS = ("ok", "error", "unavailable")
+PEER_DIRECTIONS = ("in", "out")
+NODE_STATES = ("alive", "dead")
 
 #: Records per flush: one append alone up to well past the default ``flush_max_records`` (8000).
 FLUSH_RECORDS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
@@ -64,6 +79,23 @@ FLUSH_SECONDS_BUCKETS = (
     0.5,
     1.0,
     2.5,
+)
+#: Seconds per etcd request: from a member on the same host to one timing out.
+CONTROLPLANE_SECONDS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
 )
 #: How far ahead the reactor-lag probe asks for its call.
 REACTOR_LAG_PROBE_DELAY_SECONDS = 0.1
@@ -97,6 +129,11 @@ class MetricsSnapshot:
     ranges: int
     storage_bytes: int
     storage_segments: dict[str, int]
+    #: Nodes of the cluster by state (``alive``, ``dead``); both 0 until a view is watched.
+    cluster_nodes: dict[str, int]
+    peer_connections: int
+    #: Peer-port bytes by direction (``in``, ``out``).
+    peer_bytes: dict[str, int]
 
 
 class Metrics:
@@ -142,11 +179,6 @@ class Metrics:
         Gauge(
             "svc_scrub_enabled",
             "1 while the integrity scrub runs on this node (SVC_SCRUB_ENABLED and built).",
-            registry=r,
-        )
-        self._domain_violations = Gauge(
-            "svc_domain_violations",
-            "Segments whose replicas do not meet their placement spread.",
             registry=r,
         )
         self._flush_records = Histogram(
@@ -238,6 +270,43 @@ class Metrics:
             "Client connections open now.",
             registry=r,
         )
+
+        # -- cluster ---------------------------------------------------------------------
+        self._cluster = _ClusterGauges()
+        r.register(self._cluster)
+        self._controlplane_requests = Counter(
+            "svc_controlplane_requests_total",
+            "Requests to etcd by the control plane and the membership, by operation and result.",
+            ["op", "result"],
+            registry=r,
+        )
+        self._controlplane = {
+            (op, result): self._controlplane_requests.labels(op, result)
+            for op in CONTROLPLANE_OPS
+            for result in CONTROLPLANE_RESULTS
+        }
+        self._controlplane_seconds = Histogram(
+            "svc_controlplane_request_seconds",
+            "Time from sending a request to etcd to its answer (or its failure), by operation.",
+            ["op"],
+            buckets=CONTROLPLANE_SECONDS_BUCKETS,
+            registry=r,
+        )
+        self._controlplane_latency = {
+            op: self._controlplane_seconds.labels(op) for op in CONTROLPLANE_OPS
+        }
+        self._peer_connections = Gauge(
+            "svc_peer_connections",
+            "Peer-port connections open now, accepted and dialled.",
+            registry=r,
+        )
+        self._peer_bytes_total = Counter(
+            "svc_peer_bytes_total",
+            "Bytes received from and sent to peers, by direction.",
+            ["direction"],
+            registry=r,
+        )
+        self._peer_bytes = _children(self._peer_bytes_total, PEER_DIRECTIONS)
 
         # -- process ---------------------------------------------------------------------
         ProcessCollector(namespace="svc", registry=r)
@@ -351,6 +420,31 @@ class Metrics:
         registry's total: it already counts every accept and every way a connection ends)."""
         self._open_connections.set_function(count)
 
+    # -- cluster ---------------------------------------------------------------------------
+
+    def watch_cluster(self, view: ClusterView) -> None:
+        """Report the cluster's nodes, domain violations and this node's lease age, read from
+        ``view`` at every scrape."""
+        self._cluster.view = view
+
+    def controlplane_request(self, op: str, result: str, seconds: float) -> None:
+        """An etcd request ``op`` (one of ``CONTROLPLANE_OPS``) ended with ``result`` (one of
+        ``CONTROLPLANE_RESULTS``) after ``seconds``."""
+        self._controlplane[op, result].inc()
+        self._controlplane_latency[op].observe(seconds)
+
+    def peer_connection_opened(self) -> None:
+        """A peer connection, accepted or dialled, is made."""
+        self._peer_connections.inc()
+
+    def peer_connection_closed(self) -> None:
+        """A peer connection counted by ``peer_connection_opened`` is lost."""
+        self._peer_connections.dec()
+
+    def peer_bytes(self, direction: str, count: int) -> None:
+        """``count`` bytes went ``direction`` (``in`` or ``out``) on a peer connection."""
+        self._peer_bytes[direction].inc(count)
+
     # -- process ---------------------------------------------------------------------------
 
     def set_ready(self, ready: bool) -> None:
@@ -380,6 +474,7 @@ class Metrics:
     def snapshot(self) -> MetricsSnapshot:
         """The current values, as plain numbers."""
         inventory = self._inventory.values()
+        cluster = self._cluster.values()
         flushes = _samples(self._flush_records, "_count")
         return MetricsSnapshot(
             produced_records=_counts(self._produced_records),
@@ -395,7 +490,7 @@ class Metrics:
             open_connections=int(_value(self._open_connections)),
             integrity_failures=_counts(self._integrity_failures),
             scrub_segments=_counts(self._scrub_segments),
-            domain_violations=int(_value(self._domain_violations)),
+            domain_violations=cluster.domain_violations,
             periodic_task_failures=_counts(self._task_failures),
             group_commit_flushes=int(flushes[0]),
             reactor_lag_seconds=_value(self._reactor_lag),
@@ -405,6 +500,9 @@ class Metrics:
             ranges=inventory.ranges,
             storage_bytes=inventory.storage_bytes,
             storage_segments=inventory.segments,
+            cluster_nodes=cluster.nodes,
+            peer_connections=int(_value(self._peer_connections)),
+            peer_bytes=_counts(self._peer_bytes_total),
         )
 
 
@@ -489,6 +587,68 @@ class _Inventory:
                 value=values.storage_bytes,
             ),
             segments,
+        ]
+
+
+@attrs.frozen
+class _ClusterValues:
+    nodes: dict[str, int]
+    domain_violations: int
+    lease_age_seconds: float | None
+
+
+def _no_cluster() -> _ClusterValues:
+    return _ClusterValues(dict.fromkeys(NODE_STATES, 0), 0, None)
+
+
+class _ClusterGauges:
+    """Gauges computed at scrape time from the watched ``ClusterView`` (none: one node's worth
+    of nothing, every count 0 and no lease)."""
+
+    def __init__(self) -> None:
+        self.view: ClusterView | None = None
+
+    def values(self) -> _ClusterValues:
+        if self.view is None:
+            return _no_cluster()
+        status = self.view.status()
+        alive = sum(node.alive for node in status.nodes)
+        return _ClusterValues(
+            {"alive": alive, "dead": len(status.nodes) - alive},
+            status.domain_violations,
+            status.lease_age_seconds,
+        )
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families(_no_cluster())
+
+    def collect(self) -> Iterable[Metric]:
+        return self._families(self.values())
+
+    def _families(self, values: _ClusterValues) -> list[Metric]:
+        nodes = GaugeMetricFamily(
+            "svc_cluster_nodes",
+            "Nodes of the cluster as this node sees them, by state.",
+            labels=["state"],
+        )
+        for state, count in values.nodes.items():
+            nodes.add_metric([state], count)
+        # Absent (no sample) without a lease: on one node, or before the first registration.
+        lease = GaugeMetricFamily(
+            "svc_membership_lease_age_seconds",
+            "Seconds since etcd last renewed this node's membership lease (absent without one).",
+            labels=[],
+        )
+        if values.lease_age_seconds is not None:
+            lease.add_metric([], values.lease_age_seconds)
+        return [
+            nodes,
+            GaugeMetricFamily(
+                "svc_domain_violations",
+                "Segments whose replicas do not meet their placement spread.",
+                value=values.domain_violations,
+            ),
+            lease,
         ]
 
 

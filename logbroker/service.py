@@ -43,11 +43,13 @@ from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
-from logbroker import exitcodes
+from logbroker import __version__, exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.ranges import LocalRanges, RangeDirectory
 from logbroker.broker.segments import SegmentRecorder
+from logbroker.cluster.membership import NodeRecord
 from logbroker.cluster.node import ClusterParts, PeerPortService, build_cluster
+from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.config import ControlPlane as ControlPlaneKind
 from logbroker.controlplane import ControlPlane, LocalControlPlane
@@ -695,4 +697,23 @@ def build_service(
             peer_port=_port_of(peer_port.port),
             endpoints=",".join(f"{h}:{p}" for h, p in config.cluster.etcd_endpoints),
         )
+    # The operator surfaces' view of the cluster, once the ports are bound (a node's record
+    # carries them).
+    view: ClusterView
+    if cluster is not None:
+        view = cluster.view
+    else:
+        record = NodeRecord(
+            node_id,
+            config.cluster.advertise_host or socket.gethostname(),
+            clients.port_number,
+            dashboard.port_number,
+            0,  # a single node has no peer port
+            config.cluster.attributes,
+            __version__,
+        )
+        view = SingleNodeView(config.cluster.cluster_id, record, control)
+    factory.cluster = view
+    app.cluster = view
+    metrics.watch_cluster(view)
     return root

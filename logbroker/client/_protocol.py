@@ -288,6 +288,11 @@ class BrokerClient(Protocol):
         """Every topic (extension ``list_topics``, key 64)."""
         return self._call(wire.ListTopics(), wire.decode_topics)
 
+    def describe_cluster(self) -> Deferred[wire.ClusterInfo]:
+        """The cluster as the broker sees it (extension ``describe_cluster``, key 65; admin
+        only)."""
+        return self._call(wire.DescribeCluster(), wire.decode_cluster)
+
     def produce(self, topic: str, records: Iterable[Record]) -> Deferred[int]:
         """Fires with the count appended once every record is durable."""
         return self._call(wire.Produce(topic, tuple(records)), wire.decode_count)

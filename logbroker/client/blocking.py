@@ -140,6 +140,11 @@ class BlockingClient:
         """Every topic (extension ``list_topics``, key 64)."""
         return wire.decode_topics(self.call(wire.ListTopics()))
 
+    def describe_cluster(self) -> wire.ClusterInfo:
+        """The cluster as the broker sees it (extension ``describe_cluster``, key 65; admin
+        only)."""
+        return wire.decode_cluster(self.call(wire.DescribeCluster()))
+
     def produce(self, topic: str, records: Iterable[Record]) -> int:
         return wire.decode_count(self.call(wire.Produce(topic, tuple(records))))
 

@@ -22,7 +22,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from http import HTTPStatus
 from importlib import resources
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from klein import Klein
@@ -56,6 +56,9 @@ from logbroker.security.guards import AuthResult, Guards
 from logbroker.security.ratelimit import Action
 from logbroker.security.sessions import Origin, Session
 from logbroker.storage import RangeLog, SegmentInfo
+
+if TYPE_CHECKING:
+    from logbroker.cluster.view import ClusterView
 
 log = Logger()
 
@@ -254,7 +257,9 @@ def _wants_text(request: IRequest) -> bool:
 
 
 class DashboardApp:
-    """The routes of the dashboard port. ``secure``: served over TLS (the cookie is Secure)."""
+    """The routes of the dashboard port. ``secure``: served over TLS (the cookie is Secure).
+    ``cluster``: the cluster as this node sees it, for the JSON ``/metrics`` and the page's
+    Cluster card (without one, ``cluster`` is ``null`` and the card is hidden)."""
 
     app = Klein()
 
@@ -269,6 +274,7 @@ class DashboardApp:
         metrics: Metrics,
         mode: str,
         secure: bool,
+        cluster: ClusterView | None = None,
     ) -> None:
         self._clock = clock
         self._settings = settings
@@ -280,6 +286,8 @@ class DashboardApp:
         self._metrics = metrics
         self._mode = mode
         self._secure = secure
+        #: May be set after construction, as ``ClientFactory.cluster`` may.
+        self.cluster = cluster
         self._meter: RateMeter[tuple[str, str]] = RateMeter()
         self._assets = load_assets()
 
@@ -403,6 +411,7 @@ class DashboardApp:
             snapshot=self._metrics.snapshot(),
             meter=self._meter,
             guards=self._guards,
+            cluster=None if self.cluster is None else self.cluster.status(),
         )
         return _answer(request, payload)
 

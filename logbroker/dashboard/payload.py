@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from logbroker import __version__
 from logbroker.controlplane import Topic
@@ -19,6 +19,9 @@ from logbroker.metrics import MetricsSnapshot
 from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.storage import CopyState, SegmentInfo
+
+if TYPE_CHECKING:
+    from logbroker.cluster.view import ClusterStatus
 
 #: Entries of the per-IP lists (top blocked, busiest connections).
 TOP_COUNT = 10
@@ -100,9 +103,11 @@ def metrics_payload(
     snapshot: MetricsSnapshot,
     meter: RateMeter[tuple[str, str]],
     guards: Guards,
+    cluster: ClusterStatus | None = None,
 ) -> dict[str, Any]:
     """The JSON ``/metrics`` document. ``segments`` maps the open range ids to their segments;
-    ``meter`` is sampled once, at ``now``, with the per-topic counters."""
+    ``meter`` is sampled once, at ``now``, with the per-topic counters; ``cluster`` is what the
+    node's cluster view says now (``null`` in the document without one)."""
     series = {
         "produce": snapshot.produced_records,
         "produce_bytes": snapshot.produced_bytes,
@@ -192,6 +197,45 @@ def metrics_payload(
             "open": snapshot.open_connections,
             "refused": {"per_ip": refused.get("per_ip", 0), "global": refused.get("global", 0)},
             "top": _pairs(guards.connections.busiest(TOP_COUNT)),
+        },
+        "cluster": None if cluster is None else cluster_payload(cluster, snapshot),
+    }
+
+
+def _address(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def cluster_payload(cluster: ClusterStatus, snapshot: MetricsSnapshot) -> dict[str, Any]:
+    """The ``cluster`` object of the JSON ``/metrics``: every node as the node answering sees
+    it, who holds the chores lease, and the peer links' traffic."""
+    lease = cluster.lease_age_seconds
+    return {
+        "cluster_id": cluster.cluster_id,
+        "node_id": cluster.node_id,
+        "control_plane": cluster.control_plane.value,
+        "chores_holder": cluster.chores_holder,
+        "domain_violations": cluster.domain_violations,
+        "lease_age_seconds": None if lease is None else round(lease, 3),
+        "nodes": [
+            {
+                "node_id": node.node_id,
+                "state": "alive" if node.alive else "dead",
+                "address": _address(node.record.host, node.record.client_port),
+                "dashboard_port": node.record.dashboard_port,
+                "peer_port": node.record.peer_port,
+                "attributes": dict(node.record.attributes),
+                "segments_led": node.segments_led,
+                "version": node.record.version,
+                "answering": node.node_id == cluster.node_id,
+                "chores": node.node_id == cluster.chores_holder,
+            }
+            for node in cluster.nodes
+        ],
+        "peers": {
+            "connections": snapshot.peer_connections,
+            "bytes_in": snapshot.peer_bytes.get("in", 0),
+            "bytes_out": snapshot.peer_bytes.get("out", 0),
         },
     }
 

@@ -18,6 +18,9 @@ IP, before it expires) without the password. In ``READY`` every
 request is answered (pipelined requests may complete out of order; the correlation id says which
 is which), except ``stream_ack``, which is answered only when it fails. A connection is never
 dropped for being idle, so long polls and subscriptions can wait as long as they need to.
+
+``describe_cluster`` (admin only) answers the factory's ``cluster`` view as it is at that moment;
+a factory without one answers ``invalid_operation``.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 from enum import Enum, auto
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
@@ -49,6 +52,9 @@ from logbroker.security.sessions import Origin
 from logbroker.security.tls import ServerTls
 from logbroker.server.tls import secure_protocol
 from logbroker.wire import Reason
+
+if TYPE_CHECKING:
+    from logbroker.cluster.view import ClusterStatus, ClusterView
 
 log = Logger()
 _T = TypeVar("_T")
@@ -408,6 +414,8 @@ class ClientProtocol(Protocol):
                     for topic in broker.topics()
                 ]
                 self._send(wire.encode_ok(correlation_id, wire.encode_topics(topics)))
+            case wire.DescribeCluster():
+                self._describe_cluster(correlation_id)
             case wire.LeaveGroup(topic, group, member):
                 try:
                     broker.leave_group(topic, group, member)
@@ -417,6 +425,18 @@ class ClientProtocol(Protocol):
                     self._send(wire.encode_ok(correlation_id))
             case _:
                 self._track(correlation_id, self._admin(request), lambda payload: payload)
+
+    def _describe_cluster(self, correlation_id: int) -> None:
+        cluster = self.factory.cluster
+        if cluster is None:
+            log.info(
+                "describe_cluster answered invalid_operation: this broker was built without a"
+                " view of its cluster"
+            )
+            self._send(wire.encode_error(correlation_id, Reason.INVALID_OPERATION))
+            return
+        payload = wire.encode_cluster(cluster_info(cluster.status()))
+        self._send(wire.encode_ok(correlation_id, payload))
 
     def _admin(self, request: wire.Request) -> Deferred[bytes]:
         users = self._users
@@ -665,6 +685,33 @@ def _empty(_: object) -> bytes:
     return b""
 
 
+def cluster_info(status: ClusterStatus) -> wire.ClusterInfo:
+    """``status`` as ``describe_cluster`` carries it."""
+    lease = status.lease_age_seconds
+    return wire.ClusterInfo(
+        cluster_id=status.cluster_id,
+        node_id=status.node_id,
+        control_plane=status.control_plane.value,
+        chores_holder=status.chores_holder,
+        domain_violations=status.domain_violations,
+        lease_age_ms=None if lease is None else round(lease * 1000),
+        nodes=tuple(
+            wire.ClusterNodeInfo(
+                node_id=node.record.node_id,
+                host=node.record.host,
+                client_port=node.record.client_port,
+                dashboard_port=node.record.dashboard_port,
+                peer_port=node.record.peer_port,
+                alive=node.alive,
+                segments_led=node.segments_led,
+                attributes=node.record.attributes,
+                version=node.record.version,
+            )
+            for node in status.nodes
+        ),
+    )
+
+
 def _records_payload(result: FetchResult) -> list[bytes]:
     return wire.records_payload_parts(result.count, result.data, result.next_cursor)
 
@@ -696,6 +743,7 @@ class ClientFactory(Factory):
         settings: ProtocolSettings,
         guards: Guards,
         tls: ServerTls | None = None,
+        cluster: ClusterView | None = None,
     ) -> None:
         self._broker = broker
         self._users = users
@@ -703,6 +751,10 @@ class ClientFactory(Factory):
         self._settings = settings
         self._guards = guards
         self._tls = tls
+        #: What ``describe_cluster`` answers; None: it answers ``invalid_operation``. The
+        #: composition root may set it after building the factory (once its ports are bound,
+        #: so that the node's record carries them), before the port accepts.
+        self.cluster = cluster
         #: The open connections, for draining at shutdown.
         self.connections: set[ClientProtocol] = set()
         #: Refused connections waiting to show which layer they speak (``_Refused``).

@@ -49,6 +49,7 @@ class ApiKey(IntEnum):
     LIST_ACLS = 16
     # Extensions (docs/protocol.md, "Extensions"): keys from 64 up, never renumbered.
     LIST_TOPICS = 64
+    DESCRIBE_CLUSTER = 65
 
 
 @attrs.frozen
@@ -219,6 +220,13 @@ class ListTopics(Request):
     API_KEY = ApiKey.LIST_TOPICS
 
 
+@attrs.frozen
+class DescribeCluster(Request):
+    """Extension: the cluster as the answering node sees it (admin only)."""
+
+    API_KEY = ApiKey.DESCRIBE_CLUSTER
+
+
 REQUEST_TYPES: dict[int, type[Request]] = {
     kind.API_KEY: kind
     for kind in (
@@ -238,6 +246,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         RevokeAcl,
         ListAcls,
         ListTopics,
+        DescribeCluster,
     )
 }
 
@@ -483,6 +492,162 @@ def decode_topics(payload: bytes) -> list[TopicInfo]:
         return [TopicInfo(reader.text(), reader.u8(), reader.u32()) for _ in range(count)]
 
     return _read_exactly(payload, read)
+
+
+#: The version of the ``describe_cluster`` payload this codec writes. A later version keeps every
+#: field of the earlier ones where it is and only appends: at the end of the payload and at the
+#: end of a node's entry (which is why each entry carries its length), so a reader of version 1
+#: reads a later payload's version 1 fields and skips the rest.
+CLUSTER_PAYLOAD_VERSION = 1
+#: A lease age of this many milliseconds or more is written as this (about 49 days).
+_MAX_LEASE_AGE_MS = p.MAX_U32
+
+
+@attrs.frozen
+class ClusterNodeInfo:
+    """One node as ``describe_cluster`` describes it."""
+
+    node_id: str
+    host: str
+    client_port: int
+    dashboard_port: int
+    peer_port: int
+    alive: bool
+    #: Active segments whose primary this node is.
+    segments_led: int
+    attributes: tuple[tuple[str, str], ...] = ()
+    version: str = ""
+
+
+@attrs.frozen
+class ClusterInfo:
+    """The answer of ``describe_cluster``: the cluster as the answering node sees it."""
+
+    cluster_id: str
+    #: The node that answered.
+    node_id: str
+    #: ``local`` (one node) or ``etcd``.
+    control_plane: str
+    #: The node holding the cluster-chores lease; None when none does.
+    chores_holder: str | None
+    #: Segments whose replica set misses its placement spread.
+    domain_violations: int
+    #: Milliseconds since etcd last renewed the answering node's lease; None on one node.
+    lease_age_ms: int | None
+    nodes: tuple[ClusterNodeInfo, ...]
+
+
+def _encode_cluster_node(node: ClusterNodeInfo) -> bytes:
+    parts = [
+        p.text(node.node_id),
+        p.text(node.host),
+        p.u16(node.client_port),
+        p.u16(node.dashboard_port),
+        p.u16(node.peer_port),
+        p.u8(1 if node.alive else 0),
+        p.u32(node.segments_led),
+        p.u32(len(node.attributes)),
+    ]
+    for name, value in node.attributes:
+        parts.append(p.text(name))
+        parts.append(p.text(value))
+    parts.append(p.text(node.version))
+    body = b"".join(parts)
+    return p.u32(len(body)) + body
+
+
+def encode_cluster(cluster: ClusterInfo) -> bytes:
+    """The ok payload of ``describe_cluster`` (docs/protocol.md, "describe_cluster")."""
+    lease = (
+        p.u8(0)
+        if cluster.lease_age_ms is None
+        else p.u8(1) + p.u32(min(max(cluster.lease_age_ms, 0), _MAX_LEASE_AGE_MS))
+    )
+    return b"".join(
+        [
+            p.u8(CLUSTER_PAYLOAD_VERSION),
+            p.text(cluster.cluster_id),
+            p.text(cluster.node_id),
+            p.text(cluster.control_plane),
+            p.text(cluster.chores_holder),
+            p.u32(cluster.domain_violations),
+            lease,
+            p.u32(len(cluster.nodes)),
+            *(_encode_cluster_node(node) for node in cluster.nodes),
+        ]
+    )
+
+
+def _required_text(reader: Reader, field: str) -> str:
+    value = reader.text()
+    if value is None:
+        raise Truncated(f"{field} is null")
+    return value
+
+
+def _flag(reader: Reader, field: str) -> bool:
+    value = reader.u8()
+    if value > 1:
+        raise Truncated(f"{field} is {value:#04x}, neither 0x00 nor 0x01")
+    return value == 1
+
+
+def _cluster_node(reader: Reader) -> ClusterNodeInfo:
+    body = Reader(reader.raw(reader.u32()))
+    node_id = _required_text(body, "a node id")
+    host = _required_text(body, "a host")
+    client_port, dashboard_port, peer_port = body.u16(), body.u16(), body.u16()
+    alive = _flag(body, "alive")
+    segments_led = body.u32()
+    count = body.u32()
+    if count * 2 > body.remaining:
+        raise Truncated(f"{count} attributes cannot fit in {body.remaining} bytes")
+    attributes = tuple(
+        (_required_text(body, "an attribute name"), _required_text(body, "an attribute value"))
+        for _ in range(count)
+    )
+    version = _required_text(body, "a version")
+    # Fields of a later version follow: skipped (``body`` is this entry alone).
+    return ClusterNodeInfo(
+        node_id,
+        host,
+        client_port,
+        dashboard_port,
+        peer_port,
+        alive,
+        segments_led,
+        attributes,
+        version,
+    )
+
+
+def decode_cluster(payload: bytes) -> ClusterInfo:
+    """Read a ``describe_cluster`` payload of version 1 or later (a later one's added fields
+    are skipped); ``ProtocolViolation`` for version 0 or a payload cut short."""
+    reader = Reader(payload)
+    try:
+        version = reader.u8()
+        if version < 1:
+            raise Truncated(f"describe_cluster payload version {version}; versions start at 1")
+        cluster_id = _required_text(reader, "the cluster id")
+        node_id = _required_text(reader, "the answering node id")
+        control_plane = _required_text(reader, "the control plane")
+        chores_holder = reader.text()
+        domain_violations = reader.u32()
+        lease_age_ms = reader.u32() if _flag(reader, "the lease marker") else None
+        count = reader.u32()
+        # A node entry takes at least its 4-byte length.
+        if count * 4 > reader.remaining:
+            raise Truncated(f"{count} nodes cannot fit in {reader.remaining} bytes")
+        nodes = tuple(_cluster_node(reader) for _ in range(count))
+        if version == CLUSTER_PAYLOAD_VERSION:
+            reader.end()
+        # A later version's fields follow: skipped.
+    except (Truncated, ValueError) as error:
+        raise ProtocolViolation(str(error)) from None
+    return ClusterInfo(
+        cluster_id, node_id, control_plane, chores_holder, domain_violations, lease_age_ms, nodes
+    )
 
 
 def decode_empty(payload: bytes) -> None:

@@ -13,7 +13,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logbroker import cli
+from logbroker.client.blocking import BrokerRefused
 from logbroker.records import Record
+from logbroker.wire import ClusterInfo, ClusterNodeInfo
 
 nbytes = st.one_of(st.none(), st.binary(max_size=20))
 records = st.builds(
@@ -225,3 +227,132 @@ def test_batches_hold_at_most_1000_records_or_about_1_mib() -> None:
     assert [len(batch) for batch in cli._batches(small)] == [1000, 1000, 500]
     assert [len(batch) for batch in cli._batches(big)] == [3, 2]
     assert list(cli._batches([])) == []
+
+
+# -- cluster status ------------------------------------------------------------------------
+
+THREE_NODES = ClusterInfo(
+    cluster_id="prod",
+    node_id="n2",
+    control_plane="etcd",
+    chores_holder="n1",
+    domain_violations=1,
+    lease_age_ms=1250,
+    nodes=(
+        ClusterNodeInfo("n1", "10.0.0.1", 4040, 4041, 4042, True, 3, (("zone", "a"),), "0.1"),
+        ClusterNodeInfo("n2", "fd00::2", 4040, 4041, 4042, True, 1, (("zone", "b"),), "0.1"),
+        ClusterNodeInfo("n3", "10.0.0.3", 4040, 4041, 4042, False, 0, (), "0.1"),
+    ),
+)
+
+
+def test_cluster_status_is_facts_then_one_row_per_node_with_its_marks() -> None:
+    assert cli.cluster_table(THREE_NODES) == [
+        "cluster:           prod",
+        "control plane:     etcd",
+        "chores holder:     n1",
+        "domain violations: 1",
+        "lease age:         1.2 s",
+        "",
+        "NODE  STATE  ADDRESS         PEER PORT  ATTRIBUTES  SEGMENTS LED",
+        "n1    alive  10.0.0.1:4040   4042       zone=a      3             chores",
+        "n2    alive  [fd00::2]:4040  4042       zone=b      1             answering",
+        "n3    dead   10.0.0.3:4040   4042       -           0",
+    ]
+
+
+def test_a_single_node_shows_no_lease_and_is_both_answering_and_chores() -> None:
+    alone = ClusterInfo(
+        "logbroker",
+        "n1",
+        "local",
+        "n1",
+        0,
+        None,
+        (ClusterNodeInfo("n1", "localhost", 4040, 4041, 0, True, 0),),
+    )
+
+    lines = cli.cluster_table(alone)
+
+    assert "lease age" not in "\n".join(lines)
+    assert lines[-1].split() == [
+        "n1",
+        "alive",
+        "localhost:4040",
+        "-",  # no peer port
+        "-",
+        "0",
+        "answering",
+        "chores",
+    ]
+
+
+def test_cluster_status_json_is_one_object() -> None:
+    document = cli.cluster_json(THREE_NODES)
+
+    assert json.loads(json.dumps(document)) == document
+    assert {key: document[key] for key in document if key != "nodes"} == {
+        "cluster_id": "prod",
+        "node_id": "n2",
+        "control_plane": "etcd",
+        "chores_holder": "n1",
+        "domain_violations": 1,
+        "lease_age_seconds": 1.25,
+    }
+    assert document["nodes"][1] == {
+        "node_id": "n2",
+        "state": "alive",
+        "address": "[fd00::2]:4040",
+        "host": "fd00::2",
+        "client_port": 4040,
+        "dashboard_port": 4041,
+        "peer_port": 4042,
+        "attributes": {"zone": "b"},
+        "segments_led": 1,
+        "version": "0.1",
+        "answering": True,
+        "chores": False,
+    }
+    assert [node["state"] for node in document["nodes"]] == ["alive", "alive", "dead"]  # type: ignore[index]
+
+
+class FakeClusterClient:
+    def __init__(self, answer: ClusterInfo | BrokerRefused) -> None:
+        self._answer = answer
+
+    def describe_cluster(self) -> ClusterInfo:
+        if isinstance(self._answer, BrokerRefused):
+            raise self._answer
+        return self._answer
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_cluster_status_prints_the_table_or_the_json(
+    as_json: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = parse("cluster", "status", *(["--json"] if as_json else []))
+
+    status = args.run(args, FakeClusterClient(THREE_NODES))
+
+    out = capsys.readouterr().out
+    assert status == 0
+    if as_json:
+        assert json.loads(out) == cli.cluster_json(THREE_NODES)
+    else:
+        assert out == "\n".join(cli.cluster_table(THREE_NODES)) + "\n"
+
+
+def test_a_broker_without_a_cluster_view_is_explained(capsys: pytest.CaptureFixture[str]) -> None:
+    args = parse("cluster", "status")
+
+    status = args.run(args, FakeClusterClient(BrokerRefused("invalid_operation", 1)))
+
+    assert status == 1
+    assert "built without a view of its cluster" in capsys.readouterr().err
+
+
+def test_other_refusals_go_to_the_common_handling() -> None:
+    args = parse("cluster", "status")
+
+    with pytest.raises(BrokerRefused):
+        args.run(args, FakeClusterClient(BrokerRefused("permission_denied", 1)))

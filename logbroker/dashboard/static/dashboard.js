@@ -119,8 +119,45 @@
     drawSpark(byId(`${kind}-history`), list);
   }
 
+  // The Cluster card: every node the answering node knows of, alive or dead; hidden when the
+  // broker has no view of its cluster (cluster is null).
+  function renderCluster(cluster) {
+    byId("cluster").hidden = !cluster;
+    if (!cluster) return;
+    const alive = cluster.nodes.filter((n) => n.state === "alive").length;
+    setText("cluster-summary", `${alive} of ${cluster.nodes.length} nodes alive`);
+    setText("cluster-id", cluster.cluster_id);
+    setText("cluster-control-plane", cluster.control_plane);
+    setText("cluster-chores", cluster.chores_holder === null ? "nobody" : cluster.chores_holder);
+    byId("cluster-chores").classList.toggle("alert", cluster.chores_holder === null);
+    setText("cluster-violations", count(cluster.domain_violations));
+    byId("cluster-violations").classList.toggle("alert", cluster.domain_violations > 0);
+    setText("peer-connections", count(cluster.peers.connections));
+    setText("peer-bytes-in", bytes(cluster.peers.bytes_in));
+    setText("peer-bytes-out", bytes(cluster.peers.bytes_out));
+    fillRows(
+      "cluster-nodes",
+      cluster.nodes.map((n) => {
+        const roles = [];
+        if (n.answering) roles.push("this node");
+        if (n.chores) roles.push("chores lease");
+        const attributes = Object.entries(n.attributes).map(([k, v]) => `${k}=${v}`);
+        return [
+          [n.node_id, "mono"],
+          [n.state, `state ${n.state}`],
+          [n.address, "mono"],
+          // 0: the node listens on no peer port (a single node).
+          [n.peer_port > 0 ? String(n.peer_port) : "–", "num"],
+          [attributes.length > 0 ? attributes.join(", ") : "–", "mono"],
+          [count(n.segments_led), "num"],
+          [roles.join(" · "), "roles"],
+        ];
+      }),
+    );
+  }
+
   function render(data) {
-    const { node, system, storage, throughput, topics, connections } = data;
+    const { node, system, storage, throughput, topics, connections, cluster } = data;
 
     const status = byId("node-status");
     status.textContent = node.status;
@@ -186,6 +223,7 @@
     );
 
     pairs("connections-top", connections.top);
+    renderCluster(cluster);
     setText("updated", new Date().toLocaleTimeString());
   }
 

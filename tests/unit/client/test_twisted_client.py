@@ -65,6 +65,20 @@ class FakeBroker:
         self.client.dataReceived(wire.encode_error(correlation_id, reason))
 
 
+CLUSTER = wire.ClusterInfo(
+    cluster_id="prod",
+    node_id="n2",
+    control_plane="etcd",
+    chores_holder="n1",
+    domain_violations=1,
+    lease_age_ms=250,
+    nodes=(
+        wire.ClusterNodeInfo("n1", "h1", 4040, 4041, 4042, True, 3),
+        wire.ClusterNodeInfo("n2", "h2", 4040, 4041, 4042, False, 0, (("zone", "b"),), "0.1"),
+    ),
+)
+
+
 def connected(credentials: tuple[str, str] | None = None) -> FakeBroker:
     client = BrokerClient(credentials)
     transport = StringTransport()
@@ -153,6 +167,12 @@ def test_every_operation_sends_its_request_and_decodes_its_answer() -> None:
             wire.ListAcls("u"),
             wire.encode_acls([("consume", "b")]),
             [("consume", "b")],
+        ),
+        (
+            client.describe_cluster,
+            wire.DescribeCluster(),
+            wire.encode_cluster(CLUSTER),
+            CLUSTER,
         ),
     ]
     for call, request, payload, expected in calls:

@@ -21,6 +21,7 @@ from twisted.web.iweb import IAgentEndpointFactory
 from zope.interface import implementer
 
 from logbroker.broker.core import Broker, BrokerSettings
+from logbroker.cluster.view import ClusterView
 from logbroker.config import BrokerConfig
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.metrics import Metrics
@@ -67,9 +68,11 @@ def start_dashboard(
     *,
     secure: bool = False,
     node: Any = None,
+    cluster: ClusterView | None = None,
 ) -> Dashboard:
     """A listening dashboard in test mode (limiters off) unless ``settings`` (``SVC_*``) say
-    otherwise; ``node`` replaces the broker's view of itself."""
+    otherwise; ``node`` replaces the broker's view of itself; ``cluster`` is the app's view of
+    the cluster (also watched by its metrics)."""
     config, _ = BrokerConfig.from_env({"SVC_ENV": "test", **(settings or {})}, cwd="/")
     clock = Clock()
     metrics = Metrics(clock)
@@ -77,6 +80,8 @@ def start_dashboard(
         clock, BrokerSettings(initial_ranges=2), metrics=metrics
     )
     metrics.watch(control, storage)
+    if cluster is not None:
+        metrics.watch_cluster(cluster)
     guards = build_guards(config, clock, metrics)
     users = UserDirectory(
         control,
@@ -95,6 +100,7 @@ def start_dashboard(
         metrics=metrics,
         mode=config.mode.value,
         secure=secure,
+        cluster=cluster,
     )
     site = DashboardSite(app.app.resource(), secure=secure, reactor=reactor)
     port = reactor.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[attr-defined]

@@ -18,10 +18,14 @@ from twisted.web.iweb import IBodyProducer
 from zope.interface import implementer
 
 from logbroker import wire
+from logbroker.cluster.membership import NodeRecord
+from logbroker.cluster.view import SingleNodeView
 from logbroker.dashboard import NodeStatus
 from logbroker.dashboard._http import CONTENT_SECURITY_POLICY, MAX_BODY_BYTES
 from logbroker.records import Record
 from logbroker.security.ratelimit import Action
+from logbroker.testing import MemoryFileSystem
+from tests.unit.controlplane.helpers import started
 from tests.unit.dashboard.helpers import (
     Dashboard,
     bearer,
@@ -210,6 +214,51 @@ async def test_json_metrics_has_the_spec_s_counters_and_the_node_s_state(
     assert body["connections"]["open"] == 3
     assert body["connections"]["top"] == [["10.0.0.5", 2], ["10.0.0.6", 1]]
     assert body["connections"]["refused"] == {"per_ip": 1, "global": 0}
+
+
+@pytest_twisted.ensureDeferred
+async def test_json_metrics_shows_the_cluster_as_the_node_s_view_has_it(
+    make_dashboard: MakeDashboard,
+) -> None:
+    control = started(MemoryFileSystem())
+    record = NodeRecord("n1", "broker-1", 4040, 4041, 4042, (("zone", "a"),), "0.1")
+    dashboard = make_dashboard(cluster=SingleNodeView("prod", record, control))
+
+    code, body = await answer(await http.get(dashboard.url("/metrics")))
+
+    assert code == 200
+    assert body["cluster"] == {
+        "cluster_id": "prod",
+        "node_id": "n1",
+        "control_plane": "local",
+        "chores_holder": "n1",
+        "domain_violations": 0,
+        "lease_age_seconds": None,
+        "nodes": [
+            {
+                "node_id": "n1",
+                "state": "alive",
+                "address": "broker-1:4040",
+                "dashboard_port": 4041,
+                "peer_port": 4042,
+                "attributes": {"zone": "a"},
+                "segments_led": 0,
+                "version": "0.1",
+                "answering": True,
+                "chores": True,
+            }
+        ],
+        "peers": {"connections": 0, "bytes_in": 0, "bytes_out": 0},
+    }
+    text = (await http.get(dashboard.url("/metrics"), headers={"Accept": ["text/plain"]})).content()
+    assert b'svc_cluster_nodes{state="alive"} 1.0' in await text
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_a_cluster_view_the_cluster_object_is_null(dashboard: Dashboard) -> None:
+    code, body = await answer(await http.get(dashboard.url("/metrics")))
+
+    assert (code, body["cluster"]) == (200, None)
 
 
 @pytest_twisted.ensureDeferred

@@ -5,8 +5,11 @@ from __future__ import annotations
 import pytest
 from twisted.internet.task import Clock
 
+from logbroker.cluster.membership import NodeRecord
+from logbroker.cluster.view import ClusterNode, ClusterStatus, ControlPlaneKind
 from logbroker.config import RateLimit
-from logbroker.dashboard.payload import RateMeter, rate_limits_payload
+from logbroker.dashboard.payload import RateMeter, cluster_payload, rate_limits_payload
+from logbroker.metrics import Metrics
 from logbroker.security.ratelimit import Action, RateLimiter
 
 
@@ -75,3 +78,73 @@ def test_rate_limits_payload_has_the_five_top_blocked_keys_and_three_configs() -
             "subscribe": {"limit": 6, "window_ms": 3000},
         },
     }
+
+
+def test_the_cluster_object_lists_every_node_with_its_state_and_marks() -> None:
+    status = ClusterStatus(
+        cluster_id="prod",
+        node_id="n2",
+        control_plane=ControlPlaneKind.ETCD,
+        nodes=(
+            ClusterNode(NodeRecord("n1", "10.0.0.1", 4040, 4041, 4042, (("zone", "a"),)), True, 3),
+            ClusterNode(NodeRecord("n2", "fd00::2", 4040, 4041, 4042, (), "0.1"), True, 1),
+            ClusterNode(NodeRecord("n3", "10.0.0.3", 4040, 4041, 4042), False, 0),
+        ),
+        chores_holder="n1",
+        domain_violations=2,
+        lease_age_seconds=0.12345,
+    )
+    metrics = Metrics(Clock())
+    metrics.peer_connection_opened()
+    metrics.peer_bytes("in", 10)
+    metrics.peer_bytes("out", 20)
+
+    payload = cluster_payload(status, metrics.snapshot())
+
+    assert {key: value for key, value in payload.items() if key != "nodes"} == {
+        "cluster_id": "prod",
+        "node_id": "n2",
+        "control_plane": "etcd",
+        "chores_holder": "n1",
+        "domain_violations": 2,
+        "lease_age_seconds": 0.123,
+        "peers": {"connections": 1, "bytes_in": 10, "bytes_out": 20},
+    }
+    assert payload["nodes"] == [
+        {
+            "node_id": "n1",
+            "state": "alive",
+            "address": "10.0.0.1:4040",
+            "dashboard_port": 4041,
+            "peer_port": 4042,
+            "attributes": {"zone": "a"},
+            "segments_led": 3,
+            "version": "",
+            "answering": False,
+            "chores": True,
+        },
+        {
+            "node_id": "n2",
+            "state": "alive",
+            "address": "[fd00::2]:4040",
+            "dashboard_port": 4041,
+            "peer_port": 4042,
+            "attributes": {},
+            "segments_led": 1,
+            "version": "0.1",
+            "answering": True,
+            "chores": False,
+        },
+        {
+            "node_id": "n3",
+            "state": "dead",
+            "address": "10.0.0.3:4040",
+            "dashboard_port": 4041,
+            "peer_port": 4042,
+            "attributes": {},
+            "segments_led": 0,
+            "version": "",
+            "answering": False,
+            "chores": False,
+        },
+    ]

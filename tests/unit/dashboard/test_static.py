@@ -3,6 +3,7 @@ and client data only ever written as text."""
 
 from __future__ import annotations
 
+import re
 from html.parser import HTMLParser
 from importlib import resources
 
@@ -59,3 +60,31 @@ def test_a_script_never_writes_html_nor_evaluates_text(script: str) -> None:
     for forbidden in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert forbidden not in text
     assert "new Function" not in text
+
+
+def element_ids(page: str) -> set[str]:
+    return set(re.findall(r'\bid="([^"]+)"', (STATIC / page).read_text("utf-8")))
+
+
+def test_every_element_the_console_script_fills_is_on_the_page() -> None:
+    script = (STATIC / "dashboard.js").read_text("utf-8")
+    named = set(re.findall(r'(?:byId|setText|fillRows|pairs)\(\s*"([^"]+)"', script))
+
+    assert {"cluster", "cluster-nodes", "cluster-chores", "cluster-violations"} <= named
+    assert named - element_ids("index.html") == set()
+
+
+def test_the_cluster_card_is_hidden_until_the_broker_describes_its_cluster() -> None:
+    page = (STATIC / "index.html").read_text("utf-8")
+
+    assert re.search(r'<section class="panel" id="cluster" hidden>', page)
+    headings = re.findall(r"<th[^>]*>([^<]+)</th>", page.split('id="cluster-nodes"')[1])
+    assert headings[:7] == [
+        "Node",
+        "State",
+        "Address",
+        "Peer port",
+        "Attributes",
+        "Segments led",
+        "Role",
+    ]

@@ -12,12 +12,24 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker import __version__
+from logbroker.cluster.placement import PlacementRule
+from logbroker.cluster.view import MembershipView, SingleNodeView
+from logbroker.config import SpreadPolicy
+from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.maintenance.periodic import PeriodicTask
-from logbroker.metrics import Metrics, MetricsSnapshot, ReactorLagProbe
+from logbroker.metrics import (
+    CONTROLPLANE_OPS,
+    CONTROLPLANE_RESULTS,
+    Metrics,
+    MetricsSnapshot,
+    ReactorLagProbe,
+)
 from logbroker.records import Record
 from logbroker.storage import DamageReason, LogConfig
 from logbroker.testing import ManualExecutor, MemoryFileSystem
 from tests.unit.broker.helpers import make_broker_and_control
+from tests.unit.cluster.test_membership import Cluster, record
+from tests.unit.controlplane.helpers import make_topic, started
 from tests.unit.metrics.helpers import (
     GROUP_COMMIT,
     open_reporting_log,
@@ -91,6 +103,17 @@ def test_every_series_shows_from_the_start_at_zero() -> None:
         ("svc_storage_segments", {"state": "active"}),
         ("svc_storage_segments", {"state": "sealed"}),
         ("svc_storage_segments", {"state": "closed"}),
+        ("svc_cluster_nodes", {"state": "alive"}),
+        ("svc_cluster_nodes", {"state": "dead"}),
+        *[
+            ("svc_controlplane_requests_total", {"op": op, "result": result})
+            for op in CONTROLPLANE_OPS
+            for result in CONTROLPLANE_RESULTS
+        ],
+        *[("svc_controlplane_request_seconds_count", {"op": op}) for op in CONTROLPLANE_OPS],
+        ("svc_peer_connections", {}),
+        ("svc_peer_bytes_total", {"direction": "in"}),
+        ("svc_peer_bytes_total", {"direction": "out"}),
     ]
     for name, labels in expected_zero:
         assert exported[(name, tuple(sorted(labels.items())))] == 0, (name, labels)
@@ -141,6 +164,9 @@ def test_the_snapshot_of_a_new_registry() -> None:
         ranges=0,
         storage_bytes=0,
         storage_segments={"active": 0, "sealed": 0, "closed": 0},
+        cluster_nodes={"alive": 0, "dead": 0},
+        peer_connections=0,
+        peer_bytes={"in": 0, "out": 0},
     )
 
 
@@ -322,6 +348,103 @@ def test_scrub_results_and_domain_violations_show_at_zero_before_anything_feeds_
     for result in ("verified", "repaired", "unrepairable"):
         assert value(metrics, "svc_storage_scrub_segments_total", result=result) == 0
     assert value(metrics, "svc_domain_violations") == 0
+
+
+# -- the cluster ---------------------------------------------------------------------------------
+
+
+def test_a_single_node_is_one_live_node_without_a_lease_age() -> None:
+    metrics = Metrics(Clock())
+    metrics.watch_cluster(SingleNodeView("logbroker", record("n1"), started(MemoryFileSystem())))
+
+    assert metrics.snapshot().cluster_nodes == {"alive": 1, "dead": 0}
+    assert value(metrics, "svc_cluster_nodes", state="alive") == 1
+    assert value(metrics, "svc_cluster_nodes", state="dead") == 0
+    assert value(metrics, "svc_domain_violations") == 0
+    assert not [name for name, _ in samples(metrics) if name.startswith("svc_membership")], (
+        "no lease, no sample"
+    )
+    assert b"# TYPE svc_membership_lease_age_seconds gauge" in metrics.render_text()
+
+
+def test_a_cluster_s_nodes_violations_and_lease_age_are_read_at_scrape_time() -> None:
+    cluster = Cluster()
+    try:
+        nodes = [cluster.join(f"n{i}", ttl_ms=3000) for i in (1, 2, 3)]
+        control = started(MemoryFileSystem())
+        topic, ranges = make_topic("orders", ranges=1)
+        result_of(control.create_topic(topic, ranges))
+        # Every test node is in zone a: a set of two spans one zone, short of the two asked.
+        meta = SegmentMeta("orders.0", 0, SegmentState.ACTIVE, None, None, ("n2", "n3"), 0)
+        result_of(control.put_segment(meta))
+        metrics = Metrics(cluster.clock)
+        metrics.watch_cluster(
+            MembershipView(
+                "prod", nodes[0], control, PlacementRule(2, "zone", 2, SpreadPolicy.SOFT)
+            )
+        )
+        assert metrics.snapshot().cluster_nodes == {"alive": 3, "dead": 0}
+        assert metrics.snapshot().domain_violations == 1
+        assert value(metrics, "svc_domain_violations") == 1
+        assert value(metrics, "svc_membership_lease_age_seconds") == 0
+
+        # n3 stops keeping its lease alive: once its TTL has passed, it is dead.
+        result_of(nodes[2].stopService())
+        cluster.advance(4)
+
+        assert value(metrics, "svc_cluster_nodes", state="alive") == 2
+        assert value(metrics, "svc_cluster_nodes", state="dead") == 1
+        assert value(metrics, "svc_membership_lease_age_seconds") < 3
+    finally:
+        cluster.stop()
+
+
+def test_controlplane_requests_count_by_op_and_result_and_time_by_op() -> None:
+    metrics = Metrics(Clock())
+
+    metrics.controlplane_request("txn", "ok", 0.004)
+    metrics.controlplane_request("txn", "error", 0.006)
+    metrics.controlplane_request("keepalive", "unavailable", 2.0)
+
+    assert value(metrics, "svc_controlplane_requests_total", op="txn", result="ok") == 1
+    assert value(metrics, "svc_controlplane_requests_total", op="txn", result="error") == 1
+    assert value(metrics, "svc_controlplane_requests_total", op="range", result="ok") == 0
+    assert (
+        value(metrics, "svc_controlplane_requests_total", op="keepalive", result="unavailable") == 1
+    )
+    assert value(metrics, "svc_controlplane_request_seconds_count", op="txn") == 2
+    assert value(metrics, "svc_controlplane_request_seconds_sum", op="txn") == pytest.approx(0.01)
+    assert value(metrics, "svc_controlplane_request_seconds_bucket", op="txn", le="0.005") == 1
+    assert value(metrics, "svc_controlplane_request_seconds_bucket", op="keepalive", le="1.0") == 0
+
+
+@pytest.mark.parametrize(("op", "result"), [("put", "ok"), ("txn", "timeout"), ("lease", "error")])
+def test_a_controlplane_op_or_result_outside_the_set_is_refused(op: str, result: str) -> None:
+    metrics = Metrics(Clock())
+
+    with pytest.raises(KeyError):
+        metrics.controlplane_request(op, result, 0.1)
+
+    assert all(labels != (("op", op), ("result", result)) for _, labels in samples(metrics))
+
+
+def test_peer_connections_and_bytes() -> None:
+    metrics = Metrics(Clock())
+
+    metrics.peer_connection_opened()
+    metrics.peer_connection_opened()
+    metrics.peer_connection_closed()
+    metrics.peer_bytes("in", 100)
+    metrics.peer_bytes("out", 40)
+    metrics.peer_bytes("out", 2)
+
+    snapshot = metrics.snapshot()
+    assert snapshot.peer_connections == 1
+    assert snapshot.peer_bytes == {"in": 100, "out": 42}
+    assert value(metrics, "svc_peer_connections") == 1
+    assert value(metrics, "svc_peer_bytes_total", direction="out") == 42
+    with pytest.raises(KeyError):
+        metrics.peer_bytes("sideways", 1)
 
 
 # -- clients and security ------------------------------------------------------------------------

@@ -13,6 +13,9 @@ from twisted.internet.testing import StringTransport
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
+from logbroker.cluster.membership import NodeRecord
+from logbroker.cluster.view import ClusterView, SingleNodeView
+from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.metrics import Metrics
 from logbroker.records import Record
 from logbroker.security import UserDirectory, seed_accounts
@@ -79,6 +82,8 @@ class Server:
         self.metrics = Metrics(clock)
         self.guards = make_guards(clock, metrics=self.metrics)
         self.factories: list[ClientFactory] = []
+        #: What ``describe_cluster`` answers (the factories' ``cluster``).
+        self.cluster: ClusterView | None = None
 
     def connect(
         self, settings: ProtocolSettings | None = None, peer: IAddress | None = None
@@ -89,6 +94,7 @@ class Server:
             self.clock,
             settings or ProtocolSettings(),
             self.guards,
+            cluster=self.cluster,
         )
         self.factories.append(factory)
         protocol = factory.buildProtocol(peer)
@@ -341,6 +347,101 @@ def test_list_topics_needs_authentication(world: World) -> None:
     client.send(wire.ListTopics(), 4)
 
     assert client.one() == wire.Response(4, b"", "auth_required")
+
+
+# -- describe_cluster ----------------------------------------------------------------------
+
+NODE = NodeRecord("n1", "broker-1.internal", 4040, 4041, 4042, (("zone", "a"),), "0.1")
+
+
+def with_single_node_view() -> tuple[Server, Client]:
+    clock = Clock()
+    broker, _, _, control = make_broker_and_control(clock, BrokerSettings(initial_ranges=2))
+    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
+    result_of(seed_accounts(users, "dev", {}))
+    server = Server(broker, users, clock)
+    server.cluster = SingleNodeView("prod", NODE, control)
+    admin = server.connect()
+    admin.login()
+    admin.send(wire.CreateTopic("orders", 0))
+    for range_id in ("orders.0", "orders.1"):
+        meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, ("n1",), 0)
+        result_of(control.put_segment(meta))
+    admin.responses()
+    return server, admin
+
+
+EXPECTED_CLUSTER = wire.ClusterInfo(
+    cluster_id="prod",
+    node_id="n1",
+    control_plane="local",
+    chores_holder="n1",
+    domain_violations=0,
+    lease_age_ms=None,
+    nodes=(
+        wire.ClusterNodeInfo(
+            "n1", "broker-1.internal", 4040, 4041, 4042, True, 2, (("zone", "a"),), "0.1"
+        ),
+    ),
+)
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 7], ids=["whole", "one byte at a time", "split"])
+def test_an_admin_is_told_the_cluster_as_the_view_sees_it(chunk: int | None) -> None:
+    _, admin = with_single_node_view()
+    frame = wire.encode_request(21, wire.DescribeCluster())
+
+    if chunk is None:
+        admin.protocol.dataReceived(frame)
+    else:
+        for start in range(0, len(frame), chunk):
+            admin.protocol.dataReceived(frame[start : start + chunk])
+
+    response = admin.one()
+    assert (response.correlation_id, response.ok) == (21, True)
+    assert wire.decode_cluster(response.payload) == EXPECTED_CLUSTER
+
+
+def test_describe_cluster_is_for_admins_only() -> None:
+    server, _ = with_single_node_view()
+    consumer = server.connect()
+    consumer.login("consumer", "consumer123")
+
+    consumer.send(wire.DescribeCluster(), 5)
+
+    assert consumer.one() == wire.Response(5, b"", "permission_denied")
+
+
+def test_describe_cluster_needs_authentication() -> None:
+    server, _ = with_single_node_view()
+    client = server.connect()
+
+    client.send(wire.DescribeCluster(), 4)
+
+    assert client.one() == wire.Response(4, b"", "auth_required")
+
+
+def test_without_a_cluster_view_describe_cluster_is_an_invalid_operation(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.send(wire.DescribeCluster(), 8)
+
+    assert client.one() == wire.Response(8, b"", "invalid_operation")
+    assert client.transport.connected, "the connection goes on"
+
+
+def test_a_view_set_on_the_factory_after_it_was_built_is_the_one_answered(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    control = make_broker_and_control()[3]
+
+    server.factories[-1].cluster = SingleNodeView("late", NODE, control)
+    client.send(wire.DescribeCluster(), 9)
+
+    assert wire.decode_cluster(client.one().payload).cluster_id == "late"
 
 
 # -- subscribe -----------------------------------------------------------------------------
@@ -630,7 +731,8 @@ def test_a_subscribers_group_share_is_handed_over_when_its_connection_goes(world
 
     first.protocol.connectionLost()
 
-    assert server.broker._groups[("t", "g")].members == ["stays"]
+    # The broker's one-node group coordinator (``LocalGroups``) keeps each group's members.
+    assert server.broker._groups._groups[("t", "g")].members == ["stays"]
 
 
 def test_names_and_cursors_that_are_not_utf8_get_the_reason_of_what_they_name(

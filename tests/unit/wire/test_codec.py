@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import struct
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -22,10 +23,13 @@ from logbroker.wire import (
     ApiKey,
     Auth,
     ChangePassword,
+    ClusterInfo,
+    ClusterNodeInfo,
     Commit,
     CreateTopic,
     CreateUser,
     DeleteUser,
+    DescribeCluster,
     Fetch,
     FrameDecoder,
     FrameTooLargeError,
@@ -47,6 +51,7 @@ from logbroker.wire import (
     TopicInfo,
     WireError,
     decode_acls,
+    decode_cluster,
     decode_count,
     decode_empty,
     decode_records,
@@ -56,6 +61,7 @@ from logbroker.wire import (
     decode_topics,
     decode_users,
     encode_acls,
+    encode_cluster,
     encode_count,
     encode_error,
     encode_frame,
@@ -96,6 +102,30 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(RevokeAcl, texts, texts, texts),
     st.builds(ListAcls, texts),
     st.just(ListTopics()),
+    st.just(DescribeCluster()),
+)
+names = st.text(max_size=12)
+cluster_nodes = st.builds(
+    ClusterNodeInfo,
+    node_id=names,
+    host=names,
+    client_port=st.integers(0, 65535),
+    dashboard_port=st.integers(0, 65535),
+    peer_port=st.integers(0, 65535),
+    alive=st.booleans(),
+    segments_led=U32,
+    attributes=st.lists(st.tuples(names, names), max_size=3).map(tuple),
+    version=names,
+)
+clusters = st.builds(
+    ClusterInfo,
+    cluster_id=names,
+    node_id=names,
+    control_plane=st.sampled_from(["local", "etcd"]),
+    chores_holder=st.one_of(st.none(), names),
+    domain_violations=U32,
+    lease_age_ms=st.one_of(st.none(), U32),
+    nodes=st.lists(cluster_nodes, max_size=4).map(tuple),
 )
 
 
@@ -178,7 +208,10 @@ def test_api_keys_are_those_of_the_protocol_table() -> None:
 
 
 def test_extensions_take_keys_from_64_up() -> None:
-    assert {key.name.lower(): int(key) for key in ApiKey if key >= 64} == {"list_topics": 64}
+    assert {key.name.lower(): int(key) for key in ApiKey if key >= 64} == {
+        "list_topics": 64,
+        "describe_cluster": 65,
+    }
 
 
 def test_a_list_topics_exchange_has_the_documented_bytes() -> None:
@@ -189,6 +222,83 @@ def test_a_list_topics_exchange_has_the_documented_bytes() -> None:
         b"\x08"  # keyspace_bits
         b"\x00\x00\x00\x04"  # range_count
     )
+
+
+ONE_NODE = ClusterInfo(
+    cluster_id="c",
+    node_id="n1",
+    control_plane="local",
+    chores_holder="n1",
+    domain_violations=2,
+    lease_age_ms=None,
+    nodes=(ClusterNodeInfo("n1", "h", 4040, 4041, 4042, True, 3, (("zone", "a"),), "0.1"),),
+)
+ONE_NODE_BYTES = (
+    b"\x01"  # payload version 1
+    b"\x01\x00\x00\x00\x01c"  # cluster id
+    b"\x01\x00\x00\x00\x02n1"  # answering node
+    b"\x01\x00\x00\x00\x05local"  # control plane
+    b"\x01\x00\x00\x00\x02n1"  # chores holder
+    b"\x00\x00\x00\x02"  # domain violations
+    b"\x00"  # no lease age
+    b"\x00\x00\x00\x01"  # node count
+    b"\x00\x00\x00\x33"  # the node's entry: 51 bytes
+    b"\x01\x00\x00\x00\x02n1"  # node id
+    b"\x01\x00\x00\x00\x01h"  # host
+    b"\x0f\xc8\x0f\xc9\x0f\xca"  # client, dashboard and peer ports
+    b"\x01"  # alive
+    b"\x00\x00\x00\x03"  # segments led
+    b"\x00\x00\x00\x01"  # attribute count
+    b"\x01\x00\x00\x00\x04zone\x01\x00\x00\x00\x01a"  # zone=a
+    b"\x01\x00\x00\x00\x030.1"  # version
+)
+
+
+def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
+    assert encode_request(3, DescribeCluster()) == b"\x00\x00\x00\x06\x00\x41\x00\x00\x00\x03"
+    assert encode_cluster(ONE_NODE) == ONE_NODE_BYTES
+    with_lease = encode_cluster(attrs.evolve(ONE_NODE, lease_age_ms=1500, chores_holder=None))
+    assert with_lease[:29] == ONE_NODE_BYTES[:24] + b"\x00" + b"\x00\x00\x00\x02"
+    assert with_lease[29:34] == b"\x01\x00\x00\x05\xdc"  # a lease age of 1500 ms
+
+
+def test_a_later_cluster_payload_version_is_read_for_the_fields_this_one_knows() -> None:
+    # Version 2 appends a field to the node's entry and one to the payload.
+    entry_start = 40
+    entry = ONE_NODE_BYTES[entry_start + 4 :] + b"\x07more"
+    later = (
+        b"\x02"
+        + ONE_NODE_BYTES[1:entry_start]
+        + struct.pack(">I", len(entry))
+        + entry
+        + b"\x00\x00\x00\x09"
+    )
+
+    assert decode_cluster(later) == ONE_NODE
+    with pytest.raises(ProtocolViolation, match="bytes left"):
+        decode_cluster(ONE_NODE_BYTES + b"\x00")  # version 1 has nothing after its nodes
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (b"\x00" + ONE_NODE_BYTES[1:], "version 0"),
+        (b"\x01\x00" + ONE_NODE_BYTES[7:], "cluster id is null"),
+        (ONE_NODE_BYTES[:35] + b"\x02", "lease marker"),
+        (ONE_NODE_BYTES[:-1], "needs"),
+        (ONE_NODE_BYTES[:40] + b"\xff\xff\xff\xff" + ONE_NODE_BYTES[44:], "needs"),
+        (ONE_NODE_BYTES[:36] + b"\x7f\xff\xff\xff", "nodes cannot fit"),
+    ],
+    ids=["version 0", "null id", "bad lease marker", "cut short", "bad length", "node count"],
+)
+def test_a_cluster_payload_that_breaks_the_layout_is_refused(payload: bytes, why: str) -> None:
+    with pytest.raises(ProtocolViolation, match=why):
+        decode_cluster(payload)
+
+
+@given(clusters)
+def test_cluster_payloads_round_trip(cluster: ClusterInfo) -> None:
+    assert decode_cluster(encode_cluster(cluster)) == cluster
 
 
 # -- round trips ---------------------------------------------------------------------------
@@ -281,7 +391,7 @@ def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: byt
     assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
 
 
-@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 0xFFFF])
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 66, 0xFFFF])
 def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
     with pytest.raises(WireError) as raised:
         decode_request(struct.pack(">HI", api_key, 42))
