@@ -62,6 +62,7 @@ from logbroker.security.connections import ConnectionRegistry
 from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.security.sessions import SessionStore
+from logbroker.security.shared_sessions import SharedSessions
 from logbroker.security.tls import ServerTls
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.storage import (
@@ -595,6 +596,19 @@ def build_service(
     auth_threads.setName("auth-threads")
     auth_threads.setServiceParent(root)
     guards = build_guards(config, reactor, metrics)
+    shared: SharedSessions | None = None
+    if cluster is not None:
+        # Sessions valid on every node: kept in etcd, each node following them. Before the
+        # listeners, so that it starts before them and stops after them.
+        shared = SharedSessions(
+            guards.sessions,
+            cluster.store,
+            f"/logbroker/{config.cluster.cluster_id}/".encode(),
+            reactor,
+            metrics=metrics,
+        )
+        shared.setName("shared-sessions")
+        shared.setServiceParent(root)
     users = UserDirectory(
         control, auth_executor, on_credentials_revoked=guards.sessions.revoke_user
     )
@@ -716,4 +730,6 @@ def build_service(
     factory.cluster = view
     app.cluster = view
     metrics.watch_cluster(view)
+    if shared is not None:
+        app.open_session = shared.login
     return root

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from klein import Klein
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -288,6 +289,11 @@ class DashboardApp:
         self._secure = secure
         #: May be set after construction, as ``ClientFactory.cluster`` may.
         self.cluster = cluster
+        #: Opens a login's session: at once on one node; in a cluster, once the other nodes can
+        #: know it (``SharedSessions.login``), so the browser's next request may land anywhere.
+        self.open_session: Callable[[str, str, Origin], Deferred[Session]] = (
+            lambda user, client_ip, origin: succeed(self._sessions.create(user, client_ip, origin))
+        )
         self._meter: RateMeter[tuple[str, str]] = RateMeter()
         self._assets = load_assets()
 
@@ -439,7 +445,7 @@ class DashboardApp:
             log.info("Dashboard login refused from {client_ip}", client_ip=client_ip)
             raise Unauthenticated(Reason.INVALID_CREDENTIALS)
         self._guards.on_auth(AuthResult.OK)
-        session = self._sessions.create(user.name, client_ip, Origin.DASHBOARD)
+        session = await self.open_session(user.name, client_ip, Origin.DASHBOARD)
         self._set_cookie(request, session.token, self._settings.session_timeout_sec)
         log.info("Dashboard login: {user} from {client_ip}", user=user.name, client_ip=client_ip)
         return _answer(request, {"s": "ok", "token": session.token})

@@ -11,13 +11,19 @@ stolen token is worth a bounded time. Validating a token can find two things wro
 
 Tokens are 256 random bits; the store keys sessions by the token's SHA-256, so that looking a
 token up takes no time that depends on how much of it matches a real one.
+
+A cluster shares its sessions (``logbroker.security.shared_sessions``) through hooks and entry
+points that change nothing for a single node: ``on_created``, ``on_revoked`` and
+``on_user_revoked`` tell it what to publish; ``adopt`` and ``drop`` let it add and remove the
+sessions other nodes opened and ended. An adopted session is known by its key only (the token
+never leaves the node that made it): validating it hands back the token that was presented.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 
 import attrs
@@ -76,7 +82,8 @@ class Validation:
         return Rejection.INVALID
 
 
-def _key(token: str) -> bytes:
+def session_key(token: str) -> bytes:
+    """What the store keys a token's session by: its SHA-256."""
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
 
 
@@ -96,18 +103,61 @@ class SessionStore:
         self._sessions: dict[bytes, Session] = {}
         #: The keys of each user's sessions from each origin, oldest first.
         self._owned: dict[tuple[str, Origin], dict[bytes, None]] = {}
+        #: Told of each session ``create`` opens, with its key.
+        self.on_created: list[Callable[[bytes, Session], None]] = []
+        #: Told of the keys of the sessions that ``revoke``, ``revoke_user`` or a login over the
+        #: quota ended (not of expired ones, nor of what ``drop`` forgets).
+        self.on_revoked: list[Callable[[Sequence[bytes]], None]] = []
+        #: Told of each ``revoke_user``, after ``on_revoked``: the user, and when (ms).
+        self.on_user_revoked: list[Callable[[str, int], None]] = []
+
+    @property
+    def timeout_ms(self) -> int:
+        """How long a session lives."""
+        return self._timeout_ms
 
     def create(self, user: str, client_ip: str, origin: Origin) -> Session:
         now = self._now_ms()
         owned = self._owned.get((user, origin))
         if owned is not None and len(owned) >= MAX_SESSIONS_PER_USER:
-            self._forget(next(iter(owned)))
+            oldest = next(iter(owned))
+            self._forget(oldest)
+            self._revoked([oldest])
         token = secrets.token_urlsafe(32)
         session = Session(token, user, client_ip, origin, now, now + self._timeout_ms)
-        key = _key(token)
+        key = session_key(token)
         self._sessions[key] = session
         self._owned.setdefault((user, origin), {})[key] = None
+        for listener in self.on_created:
+            listener(key, session)
         return session
+
+    def adopt(self, key: bytes, session: Session) -> bool:
+        """Know ``session`` (another node's, its token unknown: ``""``) by ``key``, unless a
+        session has that key already; whether it was added. Tells no hook and pushes out none
+        of the user's sessions: the node that opened it applied the quota."""
+        if key in self._sessions:
+            return False
+        self._sessions[key] = session
+        self._owned.setdefault((session.user, session.origin), {})[key] = None
+        return True
+
+    def drop(self, key: bytes) -> Session | None:
+        """Forget the session of ``key`` (ended elsewhere) without telling any hook."""
+        return self._forget(key)
+
+    def find(self, key: bytes) -> Session | None:
+        """The session of ``key``, as stored (an adopted one without its token)."""
+        return self._sessions.get(key)
+
+    def sessions_of(self, user: str) -> list[tuple[bytes, Session]]:
+        """Every session of ``user`` with its key, from either origin."""
+        return [
+            (key, self._sessions[key])
+            for (owner, _), owned in self._owned.items()
+            if owner == user
+            for key in owned
+        ]
 
     def _forget(self, key: bytes) -> Session | None:
         session = self._sessions.pop(key, None)
@@ -120,7 +170,7 @@ class SessionStore:
         return session
 
     def validate(self, token: str, client_ip: str) -> Validation:
-        key = _key(token)
+        key = session_key(token)
         session = self._sessions.get(key)
         if session is None:
             return Validation(None)
@@ -133,18 +183,33 @@ class SessionStore:
             self._on_hijack()
         if expired or hijack:
             return Validation(None, expired=expired, hijack=hijack)
+        if not session.token:
+            # Adopted: the token presented is the one that hashes to its key.
+            session = attrs.evolve(session, token=token)
         return Validation(session)
 
     def revoke(self, token: str) -> bool:
         """End the session of ``token``; whether there was one."""
-        return self._forget(_key(token)) is not None
+        key = session_key(token)
+        if self._forget(key) is None:
+            return False
+        self._revoked([key])
+        return True
 
     def revoke_user(self, user: str) -> int:
         """End every session of ``user`` (deleted, or given a new password); how many."""
-        keys = [key for (owner, _), owned in self._owned.items() if owner == user for key in owned]
+        keys = [key for key, _ in self.sessions_of(user)]
         for key in keys:
             self._forget(key)
+        if keys:
+            self._revoked(keys)
+        for listener in self.on_user_revoked:
+            listener(user, self._now_ms())
         return len(keys)
+
+    def _revoked(self, keys: Sequence[bytes]) -> None:
+        for listener in self.on_revoked:
+            listener(keys)
 
     def remove_expired(self) -> int:
         """Forget the sessions that are over (without counting them: nobody presented them)."""

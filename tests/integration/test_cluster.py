@@ -7,7 +7,10 @@ a node brings it back before it ends, and each test uses topics of its own.
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -161,3 +164,61 @@ def test_group_members_on_different_nodes_read_disjoint_shares(cluster: BrokerCl
     assert sorted(everything) == sorted(b"%d" % i for i in range(200))
     assert len(everything) == len(set(everything))
     assert sum(1 for values in read.values() if values) >= 2
+
+
+def http(
+    node: Node, method: str, path: str, body: object = None, token: str | None = None
+) -> tuple[int, dict[str, object]]:
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{node.dashboard_port}{path}",
+        method=method,
+        data=None if body is None else json.dumps(body).encode(),
+        headers={
+            **({"Content-Type": "application/json"} if body is not None else {}),
+            **({"Authorization": f"Bearer {token}"} if token else {}),
+        },
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as error:
+        return error.code, json.load(error)
+
+
+def login(node: Node, user: str, password: str) -> str:
+    status, body = http(node, "POST", "/login", {"username": user, "password": password})
+    assert status == 200, body
+    token = body["token"]
+    assert isinstance(token, str)
+    return token
+
+
+def test_a_dashboard_session_is_valid_on_every_node_and_ends_with_its_user(
+    cluster: BrokerCluster,
+) -> None:
+    n1, n2, n3 = cluster.nodes
+    admin_on_n2 = login(n2, "admin", "admin123")
+    status, _ = http(
+        n2,
+        "POST",
+        "/users",
+        {"username": "dave", "password": "dave-secret-1", "permissions": ["admin"]},
+        admin_on_n2,
+    )
+    assert status == 201
+
+    # A user created through node 2 logs in on node 1's dashboard.
+    dave_on_n1 = login(n1, "dave", "dave-secret-1")
+    # Its session is valid on node 3 at once.
+    assert http(n3, "GET", "/users", token=dave_on_n1)[0] == 200
+
+    # Deleting the user through node 3 ends its sessions everywhere.
+    status, _ = http(n3, "DELETE", "/users/dave", token=admin_on_n2)
+    assert status == 200
+
+    def ended() -> None:
+        for node in (n1, n2):
+            status, body = http(node, "GET", "/users", token=dave_on_n1)
+            assert status == 401, body
+
+    eventually(ended)
