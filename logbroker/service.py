@@ -557,7 +557,7 @@ def build_service(
     control: ControlPlane
     ranges: RangeDirectory
     if config.cluster.control_plane is ControlPlaneKind.ETCD:
-        cluster = build_cluster(reactor, config, node_id, storage)
+        cluster = build_cluster(reactor, config, node_id, storage, metrics)
         control, ranges = cluster.control, cluster.ranges
     else:
         control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
@@ -635,6 +635,9 @@ def build_service(
         started = control_service.started
         started.addCallback(lambda _: log.info("This node is {node_id}", node_id=node_id))
         started.addCallback(lambda _: seed_accounts(users, config.mode.value, passwords))
+        if cluster is not None:
+            # A cluster node serves once it is a member: its lease is what lets it lead ranges.
+            started.addCallback(lambda _: cluster.membership.registered())
         started.addCallback(lambda _: broker.open())
         return started.addCallback(lambda _: recorder.reconcile(storage.logs))
 
@@ -659,12 +662,19 @@ def build_service(
             how="required" if tls.required else "offered beside plaintext",
         )
     clients = ClientPortService(reactor, config, factory, prepare, metrics)
+
+    def node_status() -> NodeStatus:
+        """The client port's status, but degraded while a cluster node holds no lease."""
+        status = clients.status
+        holds_lease = cluster is None or cluster.membership.holds_lease
+        return NodeStatus.DEGRADED if status is NodeStatus.READY and not holds_lease else status
+
     app = DashboardApp(
         clock=reactor,
         settings=config.dashboard,
         users=users,
         guards=guards,
-        node=BrokerNode(lambda: clients.status, broker, storage.logs),
+        node=BrokerNode(node_status, broker, storage.logs),
         metrics=metrics,
         mode=config.mode.value,
         # With TLS on, the dashboard is HTTPS only: its cookie is Secure and HSTS is sent.

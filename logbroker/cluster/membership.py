@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -115,6 +115,7 @@ class Membership(MultiService):
         self.on_lease_lost: list[Callable[[], None]] = []
         self.on_lease_regained: list[Callable[[], None]] = []
         self.on_change: list[Callable[[], None]] = []
+        self._registered_waiters: list[Deferred[None]] = []
         self._keepalive = PeriodicTask(
             "membership_keepalive", self._ttl / KEEPALIVES_PER_TTL, self._renew, clock, now=False
         )
@@ -133,6 +134,14 @@ class Membership(MultiService):
     @property
     def chores_holder(self) -> str | None:
         return self._chores_holder
+
+    def registered(self) -> Deferred[None]:
+        """Fires once this node holds a lease (at once if it does now)."""
+        if self._lease:
+            return succeed(None)
+        waiting: Deferred[None] = Deferred()
+        self._registered_waiters.append(waiting)
+        return waiting
 
     def lease_age(self) -> float | None:
         """Seconds since etcd last renewed this node's lease; None without a lease."""
@@ -223,6 +232,9 @@ class Membership(MultiService):
         )
         for listener in self.on_lease_regained:
             listener()
+        waiters, self._registered_waiters = self._registered_waiters, []
+        for waiting in waiters:
+            waiting.callback(None)
         self._claim_chores()
 
     def _renew(self) -> Deferred[None] | None:
@@ -245,7 +257,12 @@ class Membership(MultiService):
             # timer decides.
             log.debug("A lease keepalive failed: {error}", error=failure.getErrorMessage())
 
-        return self._store.keepalive(lease).addCallbacks(answered, failed)
+        # A keepalive that etcd holds (a member whose leader just died holds requests until the
+        # election is over) is given up by the next one's turn, so that one hung request cannot
+        # use up the lease: the next goes out, and the new leader answers it.
+        asked = self._store.keepalive(lease)
+        asked.addTimeout(self._ttl / KEEPALIVES_PER_TTL, self._clock)
+        return asked.addCallbacks(answered, failed)
 
     def _renewed(self, sent: float) -> None:
         """etcd restarted the lease's TTL no earlier than ``sent``: it runs out no earlier than

@@ -30,6 +30,7 @@ from logbroker.cluster.ranges import ClusterRanges
 from logbroker.cluster.view import MembershipView
 from logbroker.config import BrokerConfig, EnvMode
 from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore
+from logbroker.metrics import Metrics
 from logbroker.replication.codec import PeerOp
 from logbroker.replication.handshake import PeerIdentity
 from logbroker.replication.protocol import PeerConnections, PeerServerFactory
@@ -78,13 +79,32 @@ def cluster_secret(config: BrokerConfig) -> bytes:
     return DEVELOPMENT_CLUSTER_SECRET
 
 
+@attrs.frozen
+class _PeerMetrics:
+    """The peer port's and links' ``PeerObserver``, counting into ``metrics``."""
+
+    metrics: Metrics
+
+    def opened(self) -> None:
+        self.metrics.peer_connection_opened()
+
+    def closed(self) -> None:
+        self.metrics.peer_connection_closed()
+
+    def bytes(self, direction: str, n: int) -> None:
+        self.metrics.peer_bytes(direction, n)
+
+
 def build_cluster(
-    reactor: Any, config: BrokerConfig, node_id: str, storage: OpenLogs
+    reactor: Any, config: BrokerConfig, node_id: str, storage: OpenLogs, metrics: Metrics
 ) -> ClusterParts:
+    """The node's cluster parts; the etcd store, the peer port and the peer links count their
+    requests, connections and bytes into ``metrics``."""
     cluster = config.cluster
     store = EtcdGatewayStore(
         [f"http://{_bracketed(host)}:{port}" for host, port in cluster.etcd_endpoints],
         reactor=reactor,
+        on_request=metrics.controlplane_request,
     )
     prefix = f"/logbroker/{cluster.cluster_id}/"
     control = EtcdControlPlane(store, prefix=prefix + "state/", clock=reactor)
@@ -108,7 +128,8 @@ def build_cluster(
             raise ValueError(f"node {peer!r} is not a live member")
         return HostnameEndpoint(reactor, found.host, found.peer_port)
 
-    peers = PeerConnections(identity, reactor, endpoint_for)
+    peer_metrics = _PeerMetrics(metrics)
+    peers = PeerConnections(identity, reactor, endpoint_for, observer=peer_metrics)
 
     def keep_links() -> None:
         live = {r.node_id for r in membership.live_nodes()} - {node_id}
@@ -127,7 +148,15 @@ def build_cluster(
     def live_nodes() -> list[PlacementNode]:
         return [PlacementNode(r.node_id, r.attributes, True) for r in membership.live_nodes()]
 
-    ranges = ClusterRanges(node_id, control, local, forward, live_nodes, rule)
+    ranges = ClusterRanges(
+        node_id,
+        control,
+        local,
+        forward,
+        live_nodes,
+        rule,
+        holds_lease=lambda: membership.holds_lease,
+    )
     local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
     range_server = RangeServer(ranges.led_here())
@@ -145,7 +174,7 @@ def build_cluster(
         view=MembershipView(cluster.cluster_id, membership, control, rule),
         peers=peers,
         groups=groups,
-        peer_factory=PeerServerFactory(identity, reactor, serve),
+        peer_factory=PeerServerFactory(identity, reactor, serve, observer=peer_metrics),
         store=store,
     )
 

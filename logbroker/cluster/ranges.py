@@ -9,7 +9,9 @@ agree, since placement is a pure function of the membership every node sees, and
 plane takes only one record of a segment.
 
 With replication factor 1 (the only one built so far) a range's active segment stays on its
-primary for good: a dead primary's ranges answer ``unreachable`` until it returns.
+primary for good: a dead primary's ranges answer ``unreachable`` until it returns. A node that
+holds no membership lease (etcd has not answered it for a lease TTL) acts as no range's primary
+(``not_primary``) until it registers again: it cannot know whether another node took over.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class ClusterRanges:
         forward: Forwarder,
         live_nodes: Callable[[], Iterable[PlacementNode]],
         rule: PlacementRule,
+        holds_lease: Callable[[], bool] = lambda: True,
     ) -> None:
         self.node_id = node_id
         self._control = control
@@ -54,6 +57,7 @@ class ClusterRanges:
         self._forward = forward
         self._live_nodes = live_nodes
         self._rule = rule
+        self._holds_lease = holds_lease
 
     def primary(self, range_id: str) -> str | None:
         """The node leading the range's active segment, if one is recorded."""
@@ -74,6 +78,14 @@ class ClusterRanges:
             )
         if primary != self.node_id:
             return self._forward(primary, range_id)
+        if not self._holds_lease():
+            # Another node may have taken over meanwhile: this one cannot know, so it stops
+            # acting as the primary until it holds a lease again.
+            raise BrokerError(
+                Reason.NOT_PRIMARY,
+                f"this node ({self.node_id}) holds no membership lease, so it does not act as"
+                f" the primary of {range_id} until etcd answers again",
+            )
         try:
             return self._local.handle(range_id)
         except BrokerError:

@@ -16,14 +16,23 @@ again. Reads, watches and lease calls are safe to repeat and go to the next memb
 
 A watch that the member ends, or loses its leader during (``hasleader`` metadata), ends with
 ``on_lost``; the caller resumes it from the next revision, which goes to a live member.
+
+Each request is reported once to ``on_request(op, result, seconds)``, timed on the reactor's clock
+from the call to its outcome (failing over to other members included). ``op`` is ``range`` (each
+page of a read), ``txn`` (puts too), ``watch`` (setting it up: until the member answers, not the
+watch's lifetime), ``grant``, ``keepalive`` or ``revoke``; deletes and compactions, which only
+operators' chores and tests make, are not reported. ``result`` is ``ok`` for any answer
+(a transaction whose compare failed included), ``error`` when etcd answered and refused, and
+``unavailable`` without an answer: no member reachable, a timeout, an unknown outcome, or a
+request its caller cancelled.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 from treq import content
 from treq._types import _ITreqReactor
@@ -64,6 +73,11 @@ from logbroker.controlplane.errors import (
 )
 
 log = Logger()
+
+_T = TypeVar("_T")
+
+#: ``(op, result, seconds)``: one request to etcd ended (see the module docstring).
+OnRequest = Callable[[str, str, float], None]
 
 #: gRPC status codes etcd answers with.
 _NOT_FOUND = 5
@@ -133,6 +147,17 @@ def _operation(op: Operation) -> dict[str, Any]:
             }
         }
     return {"request_range": {"key": _b64(op.key)}}
+
+
+def _ignore_request(op: str, result: str, seconds: float) -> None:
+    pass
+
+
+def _failed_as(error: BaseException) -> str:
+    """The ``result`` of a request that failed with ``error``."""
+    if isinstance(error, ControlPlaneUnavailableError | TimeoutError | CancelledError):
+        return "unavailable"
+    return "error"
 
 
 class _NotSent(Exception):
@@ -207,7 +232,9 @@ class _GatewayWatch:
 
     async def _run(self) -> None:
         try:
-            endpoint, response = await self._store._open_stream("/v3/watch", self._body)
+            endpoint, response = await self._store._observed(
+                "watch", self._store._open_stream("/v3/watch", self._body)
+            )
             finished: Deferred[None] = Deferred()
             self._lines = _Lines(self._line, finished)
             response.deliverBody(self._lines)  # type: ignore[no-untyped-call]
@@ -274,7 +301,8 @@ class _GatewayWatch:
 class EtcdGatewayStore:
     """etcd at ``endpoints`` (``http://host:port`` of each member), through its JSON gateway.
 
-    ``timeout`` bounds each request; ``reactor`` makes the connections and times them."""
+    ``timeout`` bounds each request; ``reactor`` makes the connections and times them;
+    ``on_request`` hears of each request's outcome (see the module docstring)."""
 
     def __init__(
         self,
@@ -282,12 +310,14 @@ class EtcdGatewayStore:
         *,
         reactor: _ITreqReactor,
         timeout: float = 5.0,
+        on_request: OnRequest = _ignore_request,
     ) -> None:
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint")
         self.endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._reactor = reactor
         self._timeout = timeout
+        self._on_request = on_request
         self._pool = HTTPConnectionPool(reactor, persistent=True)  # type: ignore[no-untyped-call]
         self._pool.maxPersistentPerHost = 4
         self._http = HTTPClient(Agent(reactor, pool=self._pool))  # type: ignore[no-untyped-call]
@@ -403,6 +433,17 @@ class EtcdGatewayStore:
             f"{', '.join(self.endpoints)}"
         )
 
+    async def _observed(self, op: str, request: Awaitable[_T]) -> _T:
+        """``request``'s outcome, reported to ``on_request`` as one ``op``."""
+        start = self._reactor.seconds()
+        try:
+            answer = await request
+        except BaseException as e:
+            self._on_request(op, _failed_as(e), self._reactor.seconds() - start)
+            raise
+        self._on_request(op, "ok", self._reactor.seconds() - start)
+        return answer
+
     async def _open_stream(self, path: str, body: Any) -> tuple[str, IResponse]:
         opened: tuple[str, IResponse] = await self._call(path, body, repeatable=True, stream=True)
         return opened
@@ -422,7 +463,9 @@ class EtcdGatewayStore:
             if revision:
                 # Later pages at the first one's revision: one consistent snapshot.
                 body["revision"] = str(revision)
-            payload = await self._call("/v3/kv/range", body, repeatable=True)
+            payload = await self._observed(
+                "range", self._call("/v3/kv/range", body, repeatable=True)
+            )
             revision = revision or _revision(payload)
             page = [_kv(record) for record in payload.get("kvs", ())]
             kvs.extend(page)
@@ -436,7 +479,7 @@ class EtcdGatewayStore:
         success: Sequence[Operation],
         failure: Sequence[Operation] = (),
     ) -> Deferred[TxnResult]:
-        return Deferred.fromCoroutine(self._txn(compares, success, failure))
+        return Deferred.fromCoroutine(self._observed("txn", self._txn(compares, success, failure)))
 
     async def _txn(
         self,
@@ -484,7 +527,7 @@ class EtcdGatewayStore:
         return watch
 
     def grant(self, ttl_seconds: int) -> Deferred[int]:
-        return Deferred.fromCoroutine(self._grant(ttl_seconds))
+        return Deferred.fromCoroutine(self._observed("grant", self._grant(ttl_seconds)))
 
     async def _grant(self, ttl_seconds: int) -> int:
         # Repeatable: a grant whose answer was lost leaves a lease nobody keeps alive, which
@@ -495,7 +538,7 @@ class EtcdGatewayStore:
         return _int(payload, "ID")
 
     def keepalive(self, lease: int) -> Deferred[int]:
-        return Deferred.fromCoroutine(self._keepalive(lease))
+        return Deferred.fromCoroutine(self._observed("keepalive", self._keepalive(lease)))
 
     async def _keepalive(self, lease: int) -> int:
         # A stream of one answer: the gateway closes it when the request body ends.
@@ -506,7 +549,7 @@ class EtcdGatewayStore:
         return _int(payload.get("result", {}), "TTL")
 
     def revoke(self, lease: int) -> Deferred[None]:
-        return Deferred.fromCoroutine(self._revoke(lease))
+        return Deferred.fromCoroutine(self._observed("revoke", self._revoke(lease)))
 
     async def _revoke(self, lease: int) -> None:
         await self._call("/v3/lease/revoke", {"ID": str(lease)}, repeatable=True)

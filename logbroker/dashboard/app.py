@@ -44,6 +44,7 @@ from logbroker.controlplane import (
 )
 from logbroker.dashboard._http import JSON_CONTENT_TYPE, MAX_BODY_BYTES, DashboardRequest
 from logbroker.dashboard.payload import (
+    NOT_READY_REASONS,
     NodeStatus,
     RateMeter,
     metrics_payload,
@@ -396,9 +397,10 @@ class DashboardApp:
 
     @app.route("/ready", methods=["GET"])
     def ready(self, request: IRequest) -> bytes:
-        if self._node.status is NodeStatus.READY:
+        status = self._node.status
+        if status is NodeStatus.READY:
             return _answer(request, {"status": "ready"})
-        return _answer(request, {"status": "not_ready"}, 503)
+        return _answer(request, {"status": "not_ready", "reason": NOT_READY_REASONS[status]}, 503)
 
     @app.route("/metrics", methods=["GET"])
     def metrics(self, request: IRequest) -> bytes:

@@ -39,6 +39,20 @@ class NodeStatus(StrEnum):
     READY = "ready"
     #: The client port has begun to stop: no new clients, connections draining.
     DRAINING = "draining"
+    #: A cluster node that accepts clients but cannot do its part: it holds no membership
+    #: lease (etcd has not answered for a lease TTL), so it leads nothing and its changes fail.
+    DEGRADED = "degraded"
+
+
+#: What ``/ready`` says of each status that is not ready.
+NOT_READY_REASONS = {
+    NodeStatus.STARTING: "starting: storage, the control plane or the ranges are not open yet",
+    NodeStatus.DRAINING: "stopping: the client port no longer accepts",
+    NodeStatus.DEGRADED: (
+        "the control plane (etcd) has not answered for a membership lease TTL: this node holds"
+        " no lease, so it leads no range and cannot make changes; it recovers by itself"
+    ),
+}
 
 
 _K = TypeVar("_K", bound=Hashable)

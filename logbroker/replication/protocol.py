@@ -34,10 +34,16 @@ side refused. In ``ESTABLISHED`` the connection carries pipelined requests:
 the same node replaces the older). ``PeerConnections`` keeps one outbound connection per peer
 node, each a ``ClientService`` that reconnects with backoff; its ``request`` answers
 ``unreachable`` at once while there is no established connection to that node.
+
+Both take a ``PeerObserver`` and give it to each of their connections: a connection is
+``opened`` when its handshake succeeds and ``closed`` when such a connection ends, however it
+ends (so connections refused or lost during the handshake are never counted); every byte read
+and written, handshake included, goes to ``bytes`` as ``in`` or ``out``.
 """
 
 from __future__ import annotations
 
+import typing
 from collections import deque
 from collections.abc import Callable, Iterable
 from enum import Enum, auto
@@ -141,6 +147,33 @@ def _ignore(protocol: PeerProtocol) -> None:
     pass
 
 
+class PeerObserver(typing.Protocol):
+    """Hears of peer connections: each one established and ended, and the bytes they carry."""
+
+    def opened(self) -> None:
+        """A connection's handshake succeeded."""
+
+    def closed(self) -> None:
+        """A connection reported by ``opened`` ended."""
+
+    def bytes(self, direction: str, n: int) -> None:
+        """``n`` bytes were read (``in``) or written (``out``)."""
+
+
+class _Unobserved:
+    def opened(self) -> None:
+        pass
+
+    def closed(self) -> None:
+        pass
+
+    def bytes(self, direction: str, n: int) -> None:
+        pass
+
+
+_UNOBSERVED: PeerObserver = _Unobserved()
+
+
 class PeerProtocol(Protocol):
     """One peer connection, either side (``handshake.role``)."""
 
@@ -153,6 +186,7 @@ class PeerProtocol(Protocol):
         handler: RequestHandler | None = None,
         on_established: Callable[[PeerProtocol], None] = _ignore,
         on_ended: Callable[[PeerProtocol], None] = _ignore,
+        observer: PeerObserver = _UNOBSERVED,
     ) -> None:
         self.handshake = handshake
         self._clock = clock
@@ -160,6 +194,9 @@ class PeerProtocol(Protocol):
         self._handler = handler
         self._on_established = on_established
         self._on_ended = on_ended
+        self._observer = observer
+        #: Whether ``observer.opened`` was called (and ``closed`` is owed).
+        self._observed_open = False
         self.state = LinkState.HANDSHAKING
         self._decoder = PeerFrameDecoder(settings.max_frame_size)
         #: Messages received and not handled yet (held while ``max_inbound`` requests run).
@@ -233,6 +270,9 @@ class PeerProtocol(Protocol):
         serving, self._serving = self._serving, {}
         for handling in serving.values():
             handling.cancel()
+        if self._observed_open:
+            self._observed_open = False
+            self._observer.closed()
         self._on_ended(self)
 
     def close(self) -> None:
@@ -264,11 +304,15 @@ class PeerProtocol(Protocol):
         return str(transport.getPeer()) if transport is not None else "(none)"
 
     def _send_all(self, messages: Iterable[PeerMessage]) -> None:
+        for message in messages:
+            self._write(encode(message))
+
+    def _write(self, frame: bytes) -> None:
         transport = self.transport
         if transport is None:
             return
-        for message in messages:
-            transport.write(encode(message))
+        transport.write(frame)
+        self._observer.bytes("out", len(frame))
 
     # -- flow control (IPushProducer) ----------------------------------------------------
 
@@ -304,6 +348,7 @@ class PeerProtocol(Protocol):
     # -- input ---------------------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
+        self._observer.bytes("in", len(data))
         if self.state is LinkState.CLOSED:
             return
         self._last_received = self._clock.seconds()
@@ -399,6 +444,8 @@ class PeerProtocol(Protocol):
         )
         self._last_received = self._clock.seconds()
         self._schedule_liveness()
+        self._observed_open = True
+        self._observer.opened()
         self._on_established(self)
 
     def _handshake_timed_out(self) -> None:
@@ -501,8 +548,7 @@ class PeerProtocol(Protocol):
 
         waiting: Deferred[bytes] = Deferred(cancel)
         self._outstanding[correlation_id] = waiting
-        assert self.transport is not None
-        self.transport.write(frame)
+        self._write(frame)
         return waiting
 
     def _next_correlation_id(self) -> int:
@@ -590,11 +636,13 @@ class PeerServerFactory(Factory):
         clock: IReactorTime,
         handler: RequestHandler,
         settings: PeerSettings | None = None,
+        observer: PeerObserver = _UNOBSERVED,
     ) -> None:
         self._identity = identity
         self._clock = clock
         self._handler = handler
         self._settings = settings or PeerSettings()
+        self._observer = observer
         #: Every open connection, established or not.
         self.connections: set[PeerProtocol] = set()
         self._by_peer: dict[str, PeerProtocol] = {}
@@ -607,6 +655,7 @@ class PeerServerFactory(Factory):
             handler=self._handler,
             on_established=self._established,
             on_ended=self._ended,
+            observer=self._observer,
         )
         protocol.factory = self
         self.connections.add(protocol)
@@ -656,6 +705,7 @@ class _Link:
             owner._settings,
             on_established=self._established,
             on_ended=self._ended,
+            observer=owner._observer,
         )
 
     def _established(self, protocol: PeerProtocol) -> None:
@@ -698,12 +748,14 @@ class PeerConnections(Service):
         endpoint_for: Callable[[str], IStreamClientEndpoint],
         settings: PeerSettings | None = None,
         retry_policy: Callable[[int], float] | None = None,
+        observer: PeerObserver = _UNOBSERVED,
     ) -> None:
         self._identity = identity
         self._clock = clock
         self._endpoint_for = endpoint_for
         self._settings = settings or PeerSettings()
         self._retry_policy = retry_policy or backoffPolicy()
+        self._observer = observer
         self._links: dict[str, _Link] = {}
 
     @property

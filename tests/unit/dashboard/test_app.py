@@ -94,14 +94,19 @@ async def test_health_answers_ok_whatever_the_node_status(dashboard: Dashboard) 
 @pytest_twisted.ensureDeferred
 async def test_ready_only_while_the_client_port_accepts(dashboard: Dashboard) -> None:
     seen = []
-    for status in (NodeStatus.STARTING, NodeStatus.READY, NodeStatus.DRAINING):
+    statuses = (NodeStatus.STARTING, NodeStatus.READY, NodeStatus.DRAINING, NodeStatus.DEGRADED)
+    for status in statuses:
         dashboard.status.value = status
         seen.append(await answer(await http.get(dashboard.url("/ready"))))
-    assert seen == [
-        (503, {"status": "not_ready"}),
-        (200, {"status": "ready"}),
-        (503, {"status": "not_ready"}),
+    assert [(code, body["status"]) for code, body in seen] == [
+        (503, "not_ready"),
+        (200, "ready"),
+        (503, "not_ready"),
+        (503, "not_ready"),
     ]
+    assert seen[0][1]["reason"].startswith("starting:")
+    assert seen[2][1]["reason"].startswith("stopping:")
+    assert seen[3][1]["reason"].startswith("the control plane (etcd) has not answered")
 
 
 # -- rate-limit statistics -----------------------------------------------------------------

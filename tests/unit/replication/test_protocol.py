@@ -78,6 +78,26 @@ class Handler:
         self.calls[index][3].callback(payload)
 
 
+class Seen:
+    """A ``PeerObserver`` that counts: connections open now, ever opened, and bytes."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.opened_total = 0
+        self.moved = {"in": 0, "out": 0}
+
+    def opened(self) -> None:
+        self.open += 1
+        self.opened_total += 1
+
+    def closed(self) -> None:
+        assert self.open > 0, "closed without being opened"
+        self.open -= 1
+
+    def bytes(self, direction: str, n: int) -> None:
+        self.moved[direction] += n
+
+
 class Result:
     """What a Deferred fired with, caught so that no failure goes unhandled."""
 
@@ -112,14 +132,19 @@ class Pair:
     ) -> None:
         self.clock = clock
         self.handler = Handler()
+        self.dialer_seen, self.listener_seen = Seen(), Seen()
         self.dialer = PeerProtocol(
-            Handshake(Role.DIALER, dialer or identity("a"), expected_peer="b"), clock, settings
+            Handshake(Role.DIALER, dialer or identity("a"), expected_peer="b"),
+            clock,
+            settings,
+            observer=self.dialer_seen,
         )
         self.listener = PeerProtocol(
             Handshake(Role.LISTENER, listener or identity("b")),
             clock,
             settings,
             handler=self.handler,
+            observer=self.listener_seen,
         )
         self.pump: IOPump = connect(
             self.listener,
@@ -292,11 +317,13 @@ class Remote:
         handler: RequestHandler | None = None,
     ) -> None:
         self.handler = Handler()
+        self.seen = Seen()
         self.protocol = PeerProtocol(
             Handshake(Role.LISTENER, identity("b")),
             clock,
             settings,
             handler=handler or self.handler,
+            observer=self.seen,
         )
         self.transport = StringTransport()
         self.protocol.makeConnection(self.transport)
@@ -716,7 +743,10 @@ class FakeEndpoint:
 class Cluster:
     def __init__(self, clock: Clock, listener: PeerIdentity | None = None) -> None:
         self.handler = Handler()
-        server = PeerServerFactory(listener or identity("b"), clock, self.handler, SETTINGS)
+        self.listener_seen, self.dialer_seen = Seen(), Seen()
+        server = PeerServerFactory(
+            listener or identity("b"), clock, self.handler, SETTINGS, observer=self.listener_seen
+        )
         self.endpoint = FakeEndpoint(clock, server)
         self.dialed: list[str] = []
 
@@ -725,7 +755,12 @@ class Cluster:
             return self.endpoint
 
         self.connections = PeerConnections(
-            identity("a"), clock, endpoint_for, SETTINGS, retry_policy=lambda attempt: attempt
+            identity("a"),
+            clock,
+            endpoint_for,
+            SETTINGS,
+            retry_policy=lambda attempt: attempt,
+            observer=self.dialer_seen,
         )
 
 
@@ -854,3 +889,102 @@ def test_peers_are_added_and_removed(clock: Clock) -> None:
     with pytest.raises(ValueError, match="this node"):
         connections.add_peer("a")
     connections.stopService()
+
+
+# -- what the observer hears ------------------------------------------------------------------
+
+
+def test_an_established_connection_is_opened_and_closed_once_on_each_side(clock: Clock) -> None:
+    pair = Pair(clock)
+    assert (pair.dialer_seen.open, pair.listener_seen.open) == (1, 1)
+    result = Result(pair.dialer.request(PeerOp.APPEND, b"payload"))
+    pair.flush()
+    pair.handler.answer(0, b"done")
+    pair.flush()
+    assert result.value == b"done"
+
+    close(pair)
+    for seen in (pair.dialer_seen, pair.listener_seen):
+        assert (seen.open, seen.opened_total) == (0, 1)
+    # Every byte one side wrote, framing and handshake included, the other read.
+    assert pair.dialer_seen.moved["out"] == pair.listener_seen.moved["in"] > len(b"payload")
+    assert pair.listener_seen.moved["out"] == pair.dialer_seen.moved["in"] > len(b"done")
+
+
+@pytest.mark.parametrize("ending", ["closed here", "closed there", "lost", "peer dead"])
+def test_a_connection_is_closed_once_however_it_ends(clock: Clock, ending: str) -> None:
+    pair = Pair(clock)
+    if ending == "closed here":
+        pair.dialer.close()
+        pair.dialer.close()
+    elif ending == "lost":
+        pair.pump.serverIO.loseConnection()
+    elif ending == "peer dead":
+        # Nothing pumped: the dialer hears nothing and drops the link.
+        while pair.dialer.state is LinkState.ESTABLISHED:
+            clock.advance(1)
+    else:
+        pair.listener.close()
+    pair.flush()
+    assert pair.dialer.state is pair.listener.state is LinkState.CLOSED
+    for seen in (pair.dialer_seen, pair.listener_seen):
+        assert (seen.open, seen.opened_total) == (0, 1)
+
+
+def test_a_refused_connection_is_never_opened_but_its_bytes_count(
+    clock: Clock, logged_errors: list[dict[str, Any]]
+) -> None:
+    pair = Pair(clock, dialer=identity("a", cluster_id="c2"))
+    logged_errors.clear()
+    assert pair.dialer.state is pair.listener.state is LinkState.CLOSED
+    for seen in (pair.dialer_seen, pair.listener_seen):
+        assert seen.opened_total == 0
+        assert seen.open == 0
+    assert pair.dialer_seen.moved["out"] == pair.listener_seen.moved["in"] > 0
+
+
+def test_a_connection_lost_in_the_handshake_is_never_opened(clock: Clock) -> None:
+    seen = Seen()
+    protocol = PeerProtocol(Handshake(Role.LISTENER, identity("b")), clock, SETTINGS, observer=seen)
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    protocol.connectionLost(Failure(ConnectionRefusedError()))
+    assert (seen.opened_total, seen.open) == (0, 0)
+    assert seen.moved == {"in": 0, "out": len(transport.value())}
+
+
+@pytest.mark.parametrize("chunking", ["whole", "byte-at-a-time"])
+def test_bytes_count_what_the_transport_carried(clock: Clock, chunking: str) -> None:
+    remote = Remote(clock)
+    hello = len(remote.transport.value())  # the listener's, read by handshake_bytes
+    stream = remote.handshake_bytes() + encode(Request(1, PeerOp.READ, b"r")) + encode(Ping(3))
+    pieces = [stream] if chunking == "whole" else [stream[i : i + 1] for i in range(len(stream))]
+    for piece in pieces:
+        remote.protocol.dataReceived(piece)
+    remote.handler.answer(0, b"answer")
+    written = hello + len(remote.transport.value())
+    assert remote.seen.moved == {"in": len(stream), "out": written}
+    assert remote.seen.open == 1
+    remote.end()
+    assert remote.seen.open == 0
+
+
+def test_the_factory_and_the_links_give_their_connections_the_observer(clock: Clock) -> None:
+    cluster = Cluster(clock)
+    connections = cluster.connections
+    connections.add_peer("b")
+    connections.startService()
+    cluster.endpoint.flush()
+    assert (cluster.dialer_seen.open, cluster.listener_seen.open) == (1, 1)
+    cluster.endpoint.pumps[0].serverIO.loseConnection()
+    cluster.endpoint.flush()
+    assert (cluster.dialer_seen.open, cluster.listener_seen.open) == (0, 0)
+    clock.advance(1)  # the retry policy's first delay
+    cluster.endpoint.flush()
+    assert (cluster.dialer_seen.open, cluster.listener_seen.open) == (1, 1)
+    assert cluster.dialer_seen.opened_total == 2
+    connections.stopService()
+    cluster.endpoint.flush()
+    assert (cluster.dialer_seen.open, cluster.listener_seen.open) == (0, 0)
+    assert cluster.dialer_seen.moved["out"] == cluster.listener_seen.moved["in"] > 0
+    assert cluster.listener_seen.moved["out"] == cluster.dialer_seen.moved["in"] > 0
