@@ -100,7 +100,6 @@ class Broker:
         self._metrics = metrics or Metrics(clock)
         self._keyless_turn: dict[str, itertools.count[int]] = {}
         self._read_turn: dict[str, itertools.count[int]] = {}
-        self._waiters: dict[str, set[_Wakeup]] = {}
         self._sleepers: set[_Wakeup] = set()
         self._groups = groups or LocalGroups(clock, self._settings.group_session_timeout_ms)
         self._commits: dict[tuple[str, str], dict[str, int]] = {}
@@ -214,10 +213,8 @@ class Broker:
         return routed
 
     def _append(self, handle: RangeHandle, batch: list[Record]) -> Deferred[None]:
-        def wake(_: None) -> None:
-            self._wake(handle.range_id)
-
-        return handle.append(batch).addCallback(wake)
+        # The handle wakes the long polls waiting on its range, wherever they were made.
+        return handle.append(batch)
 
     # -- fetch ---------------------------------------------------------------------------
 
@@ -269,7 +266,7 @@ class Broker:
             return result
         # Nothing was read, so the positions are where the next read starts, over the same
         # share.
-        await self._wait(range_ids, wait_ms)
+        await self._wait(handles, positions, wait_ms)
         return await self._read(topic, positions, handles, limit)
 
     def _decode_cursor(self, topic: Topic, text: str) -> dict[str, int]:
@@ -349,17 +346,16 @@ class Broker:
 
     # -- long poll -----------------------------------------------------------------------
 
-    def _wait(self, range_ids: Iterable[str], wait_ms: int) -> Deferred[None]:
-        wakeup = _Wakeup(self, list(range_ids))
-        for range_id in wakeup.range_ids:
-            self._waiters.setdefault(range_id, set()).add(wakeup)
+    def _wait(
+        self, handles: Mapping[str, RangeHandle], positions: Mapping[str, int], wait_ms: int
+    ) -> Deferred[None]:
+        """Fires when one of the ranges gets a record at its position, or after ``wait_ms``."""
+        wakeup = _Wakeup(self)
         self._sleepers.add(wakeup)
         wakeup.timer = self._clock.callLater(wait_ms / 1000.0, wakeup.fire)
+        for range_id, offset in positions.items():
+            wakeup.watch(handles[range_id].wait(offset, wait_ms))
         return wakeup.deferred
-
-    def _wake(self, range_id: str) -> None:
-        for wakeup in list(self._waiters.get(range_id, ())):
-            wakeup.fire()
 
     def wake_all(self) -> None:
         """End every long poll now (each answers with what it has): the broker is stopping."""
@@ -368,12 +364,6 @@ class Broker:
 
     def _forget(self, wakeup: _Wakeup) -> None:
         self._sleepers.discard(wakeup)
-        for range_id in wakeup.range_ids:
-            waiting = self._waiters.get(range_id)
-            if waiting is not None:
-                waiting.discard(wakeup)
-                if not waiting:
-                    del self._waiters[range_id]
 
     # -- groups --------------------------------------------------------------------------
 
@@ -424,13 +414,28 @@ class Broker:
 
 
 class _Wakeup:
-    """One long poll waiting for a produce to any of its ranges, or for its timer."""
+    """One long poll waiting for a record in any of its ranges, or for its timer."""
 
-    def __init__(self, broker: Broker, range_ids: list[str]) -> None:
+    def __init__(self, broker: Broker) -> None:
         self._broker = broker
-        self.range_ids = range_ids
         self.timer: IDelayedCall | None = None
         self.deferred: Deferred[None] = Deferred(self._cancel)
+        #: The ranges' waits still outstanding, cancelled once the poll is over.
+        self._watching: list[Deferred[None]] = []
+
+    def watch(self, waiting: Deferred[None]) -> None:
+        if self.deferred.called:
+            waiting.cancel()
+            return
+        self._watching.append(waiting)
+        # A wait that fails (a range that cannot be reached) ends the poll too: the read that
+        # follows answers with what there is, or with the error.
+        waiting.addBoth(self._woken, waiting)
+
+    def _woken(self, outcome: object, waiting: Deferred[None]) -> None:
+        if waiting in self._watching:
+            self._watching.remove(waiting)
+            self.fire()
 
     def fire(self) -> None:
         if self.deferred.called:
@@ -447,6 +452,9 @@ class _Wakeup:
         if self.timer is not None and self.timer.active():
             self.timer.cancel()
         self.timer = None
+        watching, self._watching = self._watching, []
+        for waiting in watching:
+            waiting.cancel()
 
 
 def _fail(reason: Reason, detail: str) -> Deferred[None]:

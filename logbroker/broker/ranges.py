@@ -71,6 +71,12 @@ class RangeHandle(Protocol):
         ``max_records``, stopping once ``max_bytes`` of keys and values are taken (at least one
         record, if there is one)."""
 
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        """Fires once the range holds a record at ``offset`` or later, whichever node's client
+        produced it (a long poll). It may fire earlier, without one (after ``wait_ms``, or when
+        the range cannot be reached): the caller reads again, and bounds the wait itself.
+        Cancelling it stops the wait."""
+
 
 class RangeDirectory(Protocol):
     """Where the broker core finds the handle of each range."""
@@ -88,6 +94,8 @@ class LocalRange:
     def __init__(self, range_id: str, range_log: RangeLog) -> None:
         self._range_id = range_id
         self._log = range_log
+        #: Long polls waiting for a record at an offset, woken by the appends that reach it.
+        self._waiting: dict[Deferred[None], int] = {}
 
     @property
     def range_id(self) -> str:
@@ -98,7 +106,25 @@ class LocalRange:
         return None if refused is None else _storage_error(refused)
 
     def append(self, records: Sequence[Record]) -> Deferred[None]:
-        return self._log.append(records).addCallbacks(_nothing, self._append_failed)
+        return self._log.append(records).addCallbacks(self._appended, self._append_failed)
+
+    def _appended(self, _: object) -> None:
+        end = self._log.end_offset
+        woken = [waiting for waiting, offset in self._waiting.items() if offset < end]
+        for waiting in woken:
+            del self._waiting[waiting]
+            waiting.callback(None)
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        # Only a record can wake it: the caller's own timer ends a wait that finds none.
+        if self._log.end_offset > offset:
+            return succeed(None)
+        waiting: Deferred[None] = Deferred(self._forget)
+        self._waiting[waiting] = offset
+        return waiting
+
+    def _forget(self, cancelled: Deferred[None]) -> None:
+        self._waiting.pop(cancelled, None)
 
     def _append_failed(self, failure: Failure) -> None:
         error = failure.value

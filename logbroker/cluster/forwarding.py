@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -151,6 +152,19 @@ class ForwardedRange:
         payload = encode_read_request(request)
         return self._request(PeerOp.READ, payload, decode_read_result).addCallback(read)
 
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        """A long poll on the primary: a read of nothing that it answers once the range holds a
+        record at ``offset``, or after ``wait_ms``."""
+        request = ReadRequest(
+            self._range_id,
+            min(max(offset, 0), _MAX_U64),
+            max_records=0,
+            max_bytes=0,
+            wait_ms=min(max(wait_ms, 0), _MAX_U32),
+        )
+        payload = encode_read_request(request)
+        return self._request(PeerOp.READ, payload, decode_read_result).addCallback(_nothing)
+
     def _request(self, op: PeerOp, payload: bytes, decode: Callable[[bytes], _T]) -> Deferred[_T]:
         sent = self._requester.request(self._primary, op, payload)
         return sent.addCallback(decode).addErrback(self._failed, op)
@@ -204,12 +218,13 @@ class RangeServer:
     ``reason`` attribute); a payload that does not decode is ``malformed_request``; anything
     else is logged by the peer protocol and answered ``internal_error``.
 
-    ``ReadRequest.wait_ms`` is not implemented yet: a read answers at once with what there is,
-    whatever its ``wait_ms`` (the forwarding broker's long poll waits on its own side).
+    A read with ``wait_ms`` that finds nothing at its offset waits, up to ``wait_ms`` on
+    ``clock``, for a record there (the forwarding node's long poll), then reads again.
     """
 
-    def __init__(self, directory: RangeDirectory) -> None:
+    def __init__(self, directory: RangeDirectory, clock: IReactorTime) -> None:
         self._directory = directory
+        self._clock = clock
         #: Ranges being opened for a request, and the requests waiting for each.
         self._opening: dict[str, list[Deferred[RangeHandle]]] = {}
         self._ops: dict[PeerOp, Callable[[bytes], Deferred[bytes]]] = {
@@ -256,8 +271,16 @@ class RangeServer:
 
                 return handle.bounds().addCallback(encode)
 
-            reading = handle.read(request.from_offset, request.max_records, request.max_bytes)
-            return reading.addCallback(answer)
+            def read_now(_: object = None) -> Deferred[bytes]:
+                reading = handle.read(request.from_offset, request.max_records, request.max_bytes)
+                return reading.addCallback(answer)
+
+            if request.wait_ms == 0:
+                return read_now()
+            waiting = handle.wait(request.from_offset, request.wait_ms)
+            waiting.addTimeout(request.wait_ms / 1000.0, self._clock)
+            # A timeout is the long poll's ordinary end: answer with what there is.
+            return waiting.addBoth(read_now)
 
         return self._handle(request.range_id).addCallback(read)
 
@@ -304,3 +327,7 @@ class RangeServer:
                 waiting.errback(outcome)
             else:
                 waiting.callback(outcome)
+
+
+def _nothing(_: object) -> None:
+    return None

@@ -159,7 +159,7 @@ def build_cluster(
     )
     local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
-    range_server = RangeServer(ranges.led_here())
+    range_server = RangeServer(ranges.led_here(), reactor)
     serve_group = group_handler(local_groups)
 
     def serve(peer: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:

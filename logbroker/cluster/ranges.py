@@ -171,3 +171,6 @@ class _Opening:
         return self._opened().addCallback(
             lambda handle: handle.read(offset, max_records, max_bytes)
         )
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        return self._opened().addCallback(lambda handle: handle.wait(offset, wait_ms))

@@ -31,9 +31,8 @@ def check_built(config: BrokerConfig) -> list[str]:
                 " authenticate peers (mutual TLS between peers is not built yet)",
             )
         warnings.append(
-            "cluster mode is partly built: replication factor 1 only (a node that is down takes"
-            " its ranges with it until it returns), and a long poll on one node is not woken"
-            " early by a produce to a range another node leads (it answers at its timeout)"
+            "cluster mode is partly built: replication factor 1 only, without failover (a node"
+            " that is down takes its ranges with it until it returns)"
         )
     if config.scrub.enabled:
         warnings.append(

@@ -8,6 +8,7 @@ a node brings it back before it ends, and each test uses topics of its own.
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -222,3 +223,32 @@ def test_a_dashboard_session_is_valid_on_every_node_and_ends_with_its_user(
             assert status == 401, body
 
     eventually(ended)
+
+
+def test_a_long_poll_on_one_node_is_woken_by_a_produce_through_another(
+    cluster: BrokerCluster,
+) -> None:
+    n1, n2, n3 = cluster.nodes
+    with connect(n1) as client:
+        client.create_topic("polled")
+        client.produce("polled", [Record(b"old", key=b"k%d" % i) for i in range(16)])
+    with connect(n3) as consumer:
+        drained = consumer.fetch("polled", None, None, None, 1000, 0)
+        assert len(drained.records) == 16
+        started = time.monotonic()
+        answered: list[object] = []
+
+        def poll() -> None:
+            answered.append(consumer.fetch("polled", drained.next_cursor, None, None, 100, 20_000))
+
+        poller = threading.Thread(target=poll)
+        poller.start()
+        time.sleep(0.5)
+        with connect(n2) as producer:
+            producer.produce("polled", [Record(b"new", key=b"k%d" % i) for i in range(16)])
+        poller.join(timeout=25)
+
+    [result] = answered
+    assert [r.value for r in result.records][:1] == [b"new"]  # type: ignore[attr-defined]
+    # Woken by the produce, well before the 20 s poll would have run out.
+    assert time.monotonic() - started < 5

@@ -369,9 +369,7 @@ def test_a_member_whose_share_is_empty_waits_instead_of_spinning() -> None:
     members = [f"m{i}" for i in range(5)]
     for member in members:
         broker.fetch("t", None, "g", member, 0, 0)
-    idle = next(
-        m for m in members if not result_of(broker._groups.share("t", "g", m, ["t.0"]))
-    )
+    idle = next(m for m in members if not result_of(broker._groups.share("t", "g", m, ["t.0"])))
 
     polling = broker.fetch("t", None, "g", idle, 0, 1000)
 

@@ -17,9 +17,10 @@ from typing import Any
 
 import attrs
 import pytest
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, succeed
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 from twisted.test.iosim import FakeTransport, IOPump, connect
 from zope.interface import implementer
 
@@ -174,7 +175,7 @@ class PeerLink:
 def forwarded_world(config: LogConfig) -> World:
     executor = ManualExecutor()
     primary = LocalRanges(_Logs(MemoryFileSystem(), executor, config))
-    link = PeerLink(RangeServer(primary))
+    link = PeerLink(RangeServer(primary, Clock()))
 
     def settle() -> None:
         while link.flush() or executor.pending:
@@ -276,3 +277,38 @@ def test_an_unknown_range_is_unreachable() -> None:
     with pytest.raises(BrokerError) as raised:
         ranges.handle("nope.0")
     assert raised.value.reason is Reason.UNREACHABLE
+
+
+def test_a_wait_fires_once_a_record_is_stored_at_its_offset(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.done(world.handle.append(records(b"a")))
+    outcome: list[object] = []
+
+    # A record at the offset already: at once.
+    world.done(world.handle.wait(0, 30_000))
+    # None yet: once one is stored, whoever stored it.
+    waiting = world.handle.wait(1, 30_000)
+    waiting.addBoth(outcome.append)
+    world.settle()
+    assert outcome == []
+    world.done(world.handle.append(records(b"b")))
+
+    assert outcome == [None]
+    read = world.done(world.handle.read(1, 100, 1 << 20))
+    assert decoded(read.data, read.count) == [b"b"]
+
+
+def test_a_cancelled_wait_is_not_woken(make_world: Callable[..., World]) -> None:
+    world = make_world()
+    outcome: list[object] = []
+    waiting = world.handle.wait(0, 30_000)
+    waiting.addBoth(outcome.append)
+
+    waiting.cancel()
+    world.done(world.handle.append(records(b"a")))
+
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], Failure)
+    assert outcome[0].check(CancelledError)

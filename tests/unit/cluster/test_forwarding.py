@@ -74,7 +74,7 @@ class Nodes:
         opening = self.primary.open([RANGE])
         self.executor.run_all()
         result_of(opening)
-        self.link = PeerLink(RangeServer(self.primary))
+        self.link = PeerLink(RangeServer(self.primary, Clock()))
         self.forwarded = ForwardedRange(RANGE, "b", self.link.connections)
 
     def settle(self) -> None:
@@ -268,14 +268,14 @@ def serve(server: RangeServer, op: PeerOp, payload: bytes) -> Deferred[bytes]:
 def test_a_malformed_request_is_answered_malformed_request(
     nodes: Nodes, op: PeerOp, payload: bytes
 ) -> None:
-    server = RangeServer(nodes.primary)
+    server = RangeServer(nodes.primary, Clock())
 
     assert reason_of(serve(server, op, payload)) is Reason.MALFORMED_REQUEST
     assert nodes.logs.logs[RANGE].end_offset == 0
 
 
 def test_an_op_that_is_not_a_range_op_is_answered_unknown_op(nodes: Nodes) -> None:
-    answer = serve(RangeServer(nodes.primary), cast(PeerOp, 99), b"")
+    answer = serve(RangeServer(nodes.primary, Clock()), cast(PeerOp, 99), b"")
 
     error = failure_of(answer).value
     assert isinstance(error, PeerError)
@@ -285,7 +285,7 @@ def test_an_op_that_is_not_a_range_op_is_answered_unknown_op(nodes: Nodes) -> No
 def test_a_range_not_open_yet_is_opened_once_by_its_first_requests() -> None:
     executor = ManualExecutor()
     logs = CountingLogs(executor, LogConfig())
-    server = RangeServer(LocalRanges(logs))
+    server = RangeServer(LocalRanges(logs), Clock())
     payload = encode_bounds_request(BoundsRequest("fresh.0"))
 
     answers = [serve(server, PeerOp.BOUNDS, payload) for _ in range(3)]
@@ -320,7 +320,7 @@ class Refusing:
 
 def test_a_range_led_elsewhere_is_answered_not_primary_never_forwarded_on() -> None:
     for directory in (Refusing(Reason.NOT_PRIMARY), Refusing(None)):
-        server = RangeServer(directory)
+        server = RangeServer(directory, Clock())
         payload = encode_bounds_request(BoundsRequest(RANGE))
 
         assert reason_of(serve(server, PeerOp.BOUNDS, payload)) is Reason.NOT_PRIMARY
@@ -329,7 +329,7 @@ def test_a_range_led_elsewhere_is_answered_not_primary_never_forwarded_on() -> N
 
 def test_a_range_that_cannot_be_opened_is_unreachable() -> None:
     directory = Refusing(Reason.UNREACHABLE)
-    server = RangeServer(directory)
+    server = RangeServer(directory, Clock())
 
     answer = serve(server, PeerOp.BOUNDS, encode_bounds_request(BoundsRequest(RANGE)))
 
@@ -337,20 +337,43 @@ def test_a_range_that_cannot_be_opened_is_unreachable() -> None:
     assert directory.opened == [RANGE]
 
 
-def test_a_read_answers_at_once_whatever_its_wait(nodes: Nodes) -> None:
-    server = RangeServer(nodes.primary)
+def has_result(deferred: Deferred[Any]) -> bool:
+    """Whether ``deferred`` has its result (``called`` is true already while it waits on
+    another Deferred)."""
+    return not isinstance(deferred.result, Deferred) if deferred.called else False
+
+
+def test_a_read_with_a_wait_is_a_long_poll_on_the_primary(nodes: Nodes) -> None:
+    clock = Clock()
+    server = RangeServer(nodes.primary, clock)
     appending = nodes.forwarded.append(records(b"a", b"b"))
     nodes.settle()
     result_of(appending)
 
-    at_end = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 2, 10, 100, 30_000)))
+    # Records at the offset: answered at once.
     read = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 1, 10, 100, 30_000)))
-
-    empty = decode_read_result(result_of(at_end))
-    assert (empty.record_count, empty.next_offset, empty.end_offset) == (0, 2, 2)
     found = decode_read_result(result_of(read))
     assert (found.record_count, found.next_offset, found.end_offset) == (1, 2, 2)
     assert decoded((found.records,), 1) == [b"b"]
+
+    # None yet: answered once a produce (through any node) brings one.
+    woken = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 2, 10, 100, 30_000)))
+    clock.advance(5)
+    assert not has_result(woken)
+    appending = nodes.forwarded.append(records(b"c"))
+    nodes.settle()
+    result_of(appending)
+    late = decode_read_result(result_of(woken))
+    assert (late.record_count, late.next_offset) == (1, 3)
+
+    # None within the wait: answered empty when it runs out, and nothing is left waiting.
+    idle = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 3, 10, 100, 2_000)))
+    clock.advance(1.9)
+    assert not has_result(idle)
+    clock.advance(0.2)
+    empty = decode_read_result(result_of(idle))
+    assert (empty.record_count, empty.next_offset, empty.end_offset) == (0, 3, 3)
+    assert clock.getDelayedCalls() == []
 
 
 def test_a_forwarded_read_is_the_primarys_read(nodes: Nodes) -> None:
@@ -406,7 +429,7 @@ class Cluster:
         self.storage = MemoryRangeLogs(fs, self.clock, metrics, ImmediateExecutor())
         settings = BrokerSettings(initial_ranges=4)
         self.owner = Broker(control, LocalRanges(self.storage), self.clock, settings)
-        self.link = PeerLink(RangeServer(LocalRanges(self.storage)), self.clock)
+        self.link = PeerLink(RangeServer(LocalRanges(self.storage), self.clock), self.clock)
         self.forwarder = Broker(control, Forwarding(self.link), self.clock, settings)
 
     def done(self, deferred: Deferred[Any]) -> Any:
