@@ -73,18 +73,13 @@ from logbroker.controlplane._kv import (
     WatchHandle,
 )
 from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._reads import StateControlPlane
 from logbroker.controlplane._state import (
     Change,
     CommitGroupPosition,
     ControlState,
-    CreateTopic,
-    CreateUser,
-    DeleteSegment,
-    DeleteUser,
     GrantAcl,
     PutSegment,
-    RevokeAcl,
-    UpdateUser,
 )
 from logbroker.controlplane.errors import (
     CompactedError,
@@ -303,7 +298,7 @@ class _Waiter:
     done: Deferred[None]
 
 
-class EtcdControlPlane:
+class EtcdControlPlane(StateControlPlane):
     """A ``ControlPlane`` in a ``KeyValueStore`` (etcd) under ``prefix``; ``clock`` schedules
     watch resumption."""
 
@@ -494,82 +489,6 @@ class EtcdControlPlane:
         if self._state is None:
             raise ControlPlaneClosedError(f"the control plane under {self.prefix} is not started")
         return self._state
-
-    def topic(self, name: str) -> Topic | None:
-        return self._read().topics.get(name)
-
-    def topics(self) -> list[Topic]:
-        return [topic for _, topic in sorted(self._read().topics.items())]
-
-    def range(self, range_id: str) -> Range | None:
-        return self._read().ranges.get(range_id)
-
-    def ranges(self, topic: str) -> list[Range]:
-        state = self._read()
-        found = state.topics.get(topic)
-        if found is None:
-            return []
-        # A topic another node is creating may be seen before all of its ranges.
-        return [state.ranges[r] for r in found.range_ids if r in state.ranges]
-
-    def segments(self, range_id: str) -> list[SegmentMeta]:
-        segments = self._read().segments.get(range_id, {})
-        return [meta for _, meta in sorted(segments.items())]
-
-    def user(self, name: str) -> User | None:
-        return self._read().users.get(name)
-
-    def users(self) -> list[User]:
-        return [user for _, user in sorted(self._read().users.items())]
-
-    def acls(self, user: str | None = None) -> list[AclGrant]:
-        acls = self._read().acls
-        grants = (
-            acls.get(user, frozenset()) if user is not None else frozenset().union(*acls.values())
-        )
-        return sorted(grants, key=lambda g: (g.user, g.operation, g.pattern))
-
-    def group_position(self, topic: str, group: str) -> str | None:
-        return self._read().positions.get((topic, group))
-
-    # -- changes -------------------------------------------------------------------------------
-
-    def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
-        return self._change(CreateTopic(topic, tuple(ranges)))
-
-    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
-        return self._change(PutSegment(meta))
-
-    def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
-        return self._change(DeleteSegment(range_id, base_offset))
-
-    def create_user(self, user: User) -> Deferred[None]:
-        return self._change(CreateUser(user))
-
-    def update_user(
-        self,
-        name: str,
-        *,
-        password_hash: str | None = None,
-        permissions: frozenset[str] | None = None,
-    ) -> Deferred[User]:
-        updated = self._submit(UpdateUser(name, password_hash, permissions))
-        return updated.addCallback(lambda state: state.users[name])
-
-    def delete_user(self, name: str) -> Deferred[None]:
-        return self._change(DeleteUser(name))
-
-    def grant_acl(self, grant: AclGrant) -> Deferred[None]:
-        return self._change(GrantAcl(grant))
-
-    def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
-        return self._change(RevokeAcl(grant))
-
-    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
-        return self._change(CommitGroupPosition(topic, group, cursor))
-
-    def _change(self, change: Change) -> Deferred[None]:
-        return self._submit(change).addCallback(_nothing)
 
     # -- the writer ----------------------------------------------------------------------------
 

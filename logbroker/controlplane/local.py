@@ -19,7 +19,6 @@ write may bring them back, as after any write whose outcome was unknown.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -29,19 +28,10 @@ from twisted.python.failure import Failure
 
 from logbroker.controlplane._format import decode_state, encode_state
 from logbroker.controlplane._interface import ControlPlane
-from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._reads import StateControlPlane
 from logbroker.controlplane._state import (
     Change,
-    CommitGroupPosition,
     ControlState,
-    CreateTopic,
-    CreateUser,
-    DeleteSegment,
-    DeleteUser,
-    GrantAcl,
-    PutSegment,
-    RevokeAcl,
-    UpdateUser,
 )
 from logbroker.controlplane.errors import (
     ControlPlaneClosedError,
@@ -94,7 +84,7 @@ def _write_job(fs: FileSystem, path: str, state: ControlState) -> None:
     fs.write_atomic(path, encode_state(state))
 
 
-class LocalControlPlane:
+class LocalControlPlane(StateControlPlane):
     """A ``ControlPlane`` kept in one file under ``directory`` (created if missing)."""
 
     def __init__(self, directory: str, *, fs: FileSystem, executor: Executor) -> None:
@@ -143,80 +133,10 @@ class LocalControlPlane:
 
     # -- reads ---------------------------------------------------------------------------------
 
-    def _state(self) -> ControlState:
+    def _read(self) -> ControlState:
         if self._durable is None:
             raise ControlPlaneClosedError(f"the control plane in {self.directory} is not started")
         return self._durable
-
-    def topic(self, name: str) -> Topic | None:
-        return self._state().topics.get(name)
-
-    def topics(self) -> list[Topic]:
-        return [topic for _, topic in sorted(self._state().topics.items())]
-
-    def range(self, range_id: str) -> Range | None:
-        return self._state().ranges.get(range_id)
-
-    def ranges(self, topic: str) -> list[Range]:
-        state = self._state()
-        found = state.topics.get(topic)
-        return [state.ranges[r] for r in found.range_ids] if found is not None else []
-
-    def segments(self, range_id: str) -> list[SegmentMeta]:
-        segments = self._state().segments.get(range_id, {})
-        return [meta for _, meta in sorted(segments.items())]
-
-    def user(self, name: str) -> User | None:
-        return self._state().users.get(name)
-
-    def users(self) -> list[User]:
-        return [user for _, user in sorted(self._state().users.items())]
-
-    def acls(self, user: str | None = None) -> list[AclGrant]:
-        acls = self._state().acls
-        grants = (
-            acls.get(user, frozenset()) if user is not None else frozenset().union(*acls.values())
-        )
-        return sorted(grants, key=lambda g: (g.user, g.operation, g.pattern))
-
-    def group_position(self, topic: str, group: str) -> str | None:
-        return self._state().positions.get((topic, group))
-
-    # -- changes -------------------------------------------------------------------------------
-
-    def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
-        return self._change(CreateTopic(topic, tuple(ranges)))
-
-    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
-        return self._change(PutSegment(meta))
-
-    def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
-        return self._change(DeleteSegment(range_id, base_offset))
-
-    def create_user(self, user: User) -> Deferred[None]:
-        return self._change(CreateUser(user))
-
-    def update_user(
-        self,
-        name: str,
-        *,
-        password_hash: str | None = None,
-        permissions: frozenset[str] | None = None,
-    ) -> Deferred[User]:
-        updated = self._submit(UpdateUser(name, password_hash, permissions))
-        return updated.addCallback(lambda state: state.users[name])
-
-    def delete_user(self, name: str) -> Deferred[None]:
-        return self._change(DeleteUser(name))
-
-    def grant_acl(self, grant: AclGrant) -> Deferred[None]:
-        return self._change(GrantAcl(grant))
-
-    def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
-        return self._change(RevokeAcl(grant))
-
-    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
-        return self._change(CommitGroupPosition(topic, group, cursor))
 
     # -- the writer ----------------------------------------------------------------------------
 
@@ -235,9 +155,6 @@ class LocalControlPlane:
         self._queued.append((done, self._pending))
         self._kick()
         return done
-
-    def _change(self, change: Change) -> Deferred[None]:
-        return self._submit(change).addCallback(_nothing)
 
     def _kick(self) -> None:
         # A loop, not recursion: with an executor that fires at once, each write finishes

@@ -1,0 +1,124 @@
+"""What every control plane does the same way: reads of a ``ControlState``, and each change of
+the interface as one ``Change`` (``_state``) handed to the implementation's writer.
+
+An implementation provides ``_read()`` (the state reads see, or ``ControlPlaneClosedError``) and
+``_submit(change)`` (queue the change; fire, once it is durable and readable, with the state as
+it left it).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+from twisted.internet.defer import Deferred
+
+from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._state import (
+    Change,
+    CommitGroupPosition,
+    ControlState,
+    CreateTopic,
+    CreateUser,
+    DeleteSegment,
+    DeleteUser,
+    GrantAcl,
+    PutSegment,
+    RevokeAcl,
+    UpdateUser,
+)
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+class StateControlPlane(ABC):
+    """The reads and changes of ``ControlPlane`` over a ``ControlState``."""
+
+    @abstractmethod
+    def _read(self) -> ControlState:
+        """The state reads see; ``ControlPlaneClosedError`` before the start."""
+
+    @abstractmethod
+    def _submit(self, change: Change) -> Deferred[ControlState]:
+        """Queue ``change``; fire, once it is durable and readable, with the state as it left
+        it (a typed ``ControlPlaneError`` at once if it contradicts the state)."""
+
+    # -- reads ---------------------------------------------------------------------------------
+
+    def topic(self, name: str) -> Topic | None:
+        return self._read().topics.get(name)
+
+    def topics(self) -> list[Topic]:
+        return [topic for _, topic in sorted(self._read().topics.items())]
+
+    def range(self, range_id: str) -> Range | None:
+        return self._read().ranges.get(range_id)
+
+    def ranges(self, topic: str) -> list[Range]:
+        state = self._read()
+        found = state.topics.get(topic)
+        if found is None:
+            return []
+        # A topic another node is creating may be seen before all of its ranges.
+        return [state.ranges[r] for r in found.range_ids if r in state.ranges]
+
+    def segments(self, range_id: str) -> list[SegmentMeta]:
+        segments = self._read().segments.get(range_id, {})
+        return [meta for _, meta in sorted(segments.items())]
+
+    def user(self, name: str) -> User | None:
+        return self._read().users.get(name)
+
+    def users(self) -> list[User]:
+        return [user for _, user in sorted(self._read().users.items())]
+
+    def acls(self, user: str | None = None) -> list[AclGrant]:
+        acls = self._read().acls
+        grants = (
+            acls.get(user, frozenset()) if user is not None else frozenset().union(*acls.values())
+        )
+        return sorted(grants, key=lambda g: (g.user, g.operation, g.pattern))
+
+    def group_position(self, topic: str, group: str) -> str | None:
+        return self._read().positions.get((topic, group))
+
+    # -- changes -------------------------------------------------------------------------------
+
+    def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
+        return self._change(CreateTopic(topic, tuple(ranges)))
+
+    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
+        return self._change(PutSegment(meta))
+
+    def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
+        return self._change(DeleteSegment(range_id, base_offset))
+
+    def create_user(self, user: User) -> Deferred[None]:
+        return self._change(CreateUser(user))
+
+    def update_user(
+        self,
+        name: str,
+        *,
+        password_hash: str | None = None,
+        permissions: frozenset[str] | None = None,
+    ) -> Deferred[User]:
+        updated = self._submit(UpdateUser(name, password_hash, permissions))
+        return updated.addCallback(lambda state: state.users[name])
+
+    def delete_user(self, name: str) -> Deferred[None]:
+        return self._change(DeleteUser(name))
+
+    def grant_acl(self, grant: AclGrant) -> Deferred[None]:
+        return self._change(GrantAcl(grant))
+
+    def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
+        return self._change(RevokeAcl(grant))
+
+    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
+        return self._change(CommitGroupPosition(topic, group, cursor))
+
+    def _change(self, change: Change) -> Deferred[None]:
+        return self._submit(change).addCallback(_nothing)
