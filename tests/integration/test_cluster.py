@@ -8,11 +8,14 @@ a node brings it back before it ends, and each test uses topics of its own.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,7 @@ from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.records import Record
 from tests.cluster import BrokerCluster, Node, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
+from tests.integration.twistd import broker_env
 
 pytestmark = pytest.mark.integration
 
@@ -252,3 +256,49 @@ def test_a_long_poll_on_one_node_is_woken_by_a_produce_through_another(
     assert [r.value for r in result.records][:1] == [b"new"]  # type: ignore[attr-defined]
     # Woken by the produce, well before the 20 s poll would have run out.
     assert time.monotonic() - started < 5
+
+
+LOGBROKER = str(Path(sys.executable).with_name("logbroker"))
+
+
+def cli(node: Node, *args: str, stdin: str = "", user: str = "app") -> str:
+    password = {"app": "app123", "admin": "admin123"}[user]
+    done = subprocess.run(
+        [
+            LOGBROKER,
+            "--server",
+            f"127.0.0.1:{node.port}",
+            "--user",
+            user,
+            "--password",
+            password,
+            *args,
+        ],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=broker_env({}),
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_cli_works_through_any_node_and_sees_three_live_nodes(
+    cluster: BrokerCluster,
+) -> None:
+    n1, n2, n3 = cluster.nodes
+    status = json.loads(cli(n2, "cluster", "status", "--json", user="admin"))
+    cli(n1, "topic", "create", "cli-orders")
+    cli(n1, "produce", "cli-orders", "--key", "k", stdin="one\ntwo\nthree\n")
+    consumed = cli(n3, "consume", "cli-orders")
+
+    assert sorted((n["node_id"], n["state"]) for n in status["nodes"]) == [
+        ("n1", "alive"),
+        ("n2", "alive"),
+        ("n3", "alive"),
+    ]
+    assert status["node_id"] == "n2"
+    assert status["control_plane"] == "etcd"
+    assert consumed.split() == ["one", "two", "three"]
