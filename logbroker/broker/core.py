@@ -32,6 +32,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker import wire
+from logbroker._deferreds import detached
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import GroupCoordinator, LocalGroups
@@ -184,7 +185,7 @@ class Broker:
         stored = _gather(appends).addCallback(lambda _: self._produced(topic.name, records))
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
-        return _detached(stored)
+        return detached(stored)
 
     def _produced(self, topic: str, records: Sequence[Record]) -> int:
         """Count an acknowledged produce; its record count is the reply."""
@@ -472,22 +473,6 @@ def _check_name(what: str, name: str | None) -> None:
         raise BrokerError(
             Reason.INVALID_OPERATION, f"a {what} name takes 1 to {MAX_NAME_LENGTH} characters"
         )
-
-
-def _detached(source: Deferred[int]) -> Deferred[int]:
-    """A Deferred with ``source``'s result whose cancellation does not reach ``source``."""
-    result: Deferred[int] = Deferred()
-
-    def forward(outcome: object) -> None:
-        if not result.called:
-            if isinstance(outcome, Failure):
-                result.errback(outcome)
-            else:
-                assert isinstance(outcome, int)
-                result.callback(outcome)
-
-    source.addBoth(forward)
-    return result
 
 
 def _check_positions(positions: Mapping[str, int], bounds: Mapping[str, Bounds]) -> None:

@@ -170,6 +170,9 @@ class LocalRanges:
     def __init__(self, storage: OpenLogs) -> None:
         self._storage = storage
         self._handles: dict[str, LocalRange] = {}
+        #: Ranges being opened, and who waits for each, in the order they asked: one open per
+        #: range however many ask, and its waiters go on in that order (appends keep theirs).
+        self._opening: dict[str, list[Deferred[None]]] = {}
 
     def handle(self, range_id: str) -> RangeHandle:
         handle = self._handles.get(range_id)
@@ -182,8 +185,25 @@ class LocalRanges:
 
     def open(self, range_ids: Sequence[str]) -> Deferred[None]:
         missing = [r for r in range_ids if r not in self._storage.logs]
-        opened = [self._storage.open_range(range_id) for range_id in missing]
+        opened = [self._open(range_id) for range_id in missing]
         return gatherResults(opened, consumeErrors=True).addCallback(_nothing)
+
+    def _open(self, range_id: str) -> Deferred[None]:
+        waiter: Deferred[None] = Deferred()
+        waiting = self._opening.get(range_id)
+        if waiting is not None:
+            waiting.append(waiter)
+            return waiter
+        self._opening[range_id] = [waiter]
+        self._storage.open_range(range_id).addBoth(self._opened, range_id)
+        return waiter
+
+    def _opened(self, outcome: object, range_id: str) -> None:
+        for waiter in self._opening.pop(range_id):
+            if isinstance(outcome, Failure):
+                waiter.errback(outcome)
+            else:
+                waiter.callback(None)
 
 
 def _nothing(_: object) -> None:

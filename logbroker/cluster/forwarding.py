@@ -28,6 +28,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logbroker._deferreds import detached
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
 from logbroker.errors import Reason
@@ -255,7 +256,9 @@ class RangeServer:
             refusal = handle.refusal(len(records))
             if refusal is not None:
                 raise refusal
-            appended = handle.append(records)
+            # Once asked, the append finishes even if the peer's connection goes (a stop, a
+            # drop): it is stored, and the long polls waiting on the range are woken.
+            appended = detached(handle.append(records))
             return appended.addCallback(lambda _: encode_append_result(AppendResult(len(records))))
 
         return self._handle(request.range_id).addCallback(append)

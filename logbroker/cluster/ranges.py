@@ -11,7 +11,8 @@ plane takes only one record of a segment.
 With replication factor 1 (the only one built so far) a range's active segment stays on its
 primary for good: a dead primary's ranges answer ``unreachable`` until it returns. A node that
 holds no membership lease (etcd has not answered it for a lease TTL) acts as no range's primary
-(``not_primary``) until it registers again: it cannot know whether another node took over.
+(``unreachable``: retry later) until it registers again: it cannot know whether another node
+took over.
 """
 
 from __future__ import annotations
@@ -58,17 +59,15 @@ class ClusterRanges:
         self._live_nodes = live_nodes
         self._rule = rule
         self._holds_lease = holds_lease
+        self._opening: dict[str, _Opening] = {}
 
     def primary(self, range_id: str) -> str | None:
-        """The node leading the range's active segment, if one is recorded."""
-        active = self._active(range_id)
-        return active.replicas[0] if active is not None else None
-
-    def _active(self, range_id: str) -> SegmentMeta | None:
+        """The node leading the range, if its first segment is placed: the primary of its last
+        segment. With replication factor 1 a range's next segment stays on the node that
+        sealed the last one, so between a seal and the record of the next active segment (two
+        changes) the range still has its primary."""
         segments = self._control.segments(range_id)
-        if segments and segments[-1].state is SegmentState.ACTIVE:
-            return segments[-1]
-        return None
+        return segments[-1].replicas[0] if segments else None
 
     def handle(self, range_id: str) -> RangeHandle:
         primary = self.primary(range_id)
@@ -82,15 +81,21 @@ class ClusterRanges:
             # Another node may have taken over meanwhile: this one cannot know, so it stops
             # acting as the primary until it holds a lease again.
             raise BrokerError(
-                Reason.NOT_PRIMARY,
+                Reason.UNREACHABLE,
                 f"this node ({self.node_id}) holds no membership lease, so it does not act as"
                 f" the primary of {range_id} until etcd answers again",
             )
         try:
-            return self._local.handle(range_id)
+            handle = self._local.handle(range_id)
         except BrokerError:
-            # Placed here by another node (it created the topic): open it on first use.
-            return _Opening(range_id, self._local)
+            # Placed here by another node (it created the topic): open it on first use. One
+            # opening handle per range, so that what waits for the open goes on in order.
+            opening = self._opening.get(range_id)
+            if opening is None:
+                opening = self._opening[range_id] = _Opening(range_id, self._local)
+            return opening
+        self._opening.pop(range_id, None)
+        return handle
 
     def led_here(self) -> LedHere:
         """The ranges this node leads, for the peers' requests: a range led elsewhere is
