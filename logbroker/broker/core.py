@@ -103,7 +103,6 @@ class Broker:
         self._read_turn: dict[str, itertools.count[int]] = {}
         self._sleepers: set[_Wakeup] = set()
         self._groups = groups or LocalGroups(clock, self._settings.group_session_timeout_ms)
-        self._commits: dict[tuple[str, str], dict[str, int]] = {}
 
     # -- topics --------------------------------------------------------------------------
 
@@ -307,14 +306,10 @@ class Broker:
         return positions
 
     def _committed(self, topic: str, group: str) -> dict[str, int]:
-        """The group's committed position per range, including commits still being written."""
-        key = (topic, group)
-        committed = self._commits.get(key)
-        if committed is None:
-            text = self._control.group_position(topic, group)
-            committed = dict(Cursor.decode(text).positions) if text is not None else {}
-            self._commits[key] = committed
-        return committed
+        """The group's committed position per range, as the control plane holds it (commits
+        made through any node)."""
+        text = self._control.group_position(topic, group)
+        return _positions_of(text)
 
     async def _read(
         self,
@@ -395,10 +390,12 @@ class Broker:
         handles: Mapping[str, RangeHandle],
     ) -> None:
         _check_positions(positions, await self._bounds(handles))
-        committed = self._committed(topic, group)
-        committed.update(positions)
-        merged = Cursor(committed).encode()
-        await self._control.commit_group_position(topic, group, merged)
+        # The control plane merges the ranges named into the stored position as the change
+        # takes effect, so members committing their shares through different nodes at once
+        # never undo each other.
+        await self._control.commit_group_position(
+            topic, group, Cursor(positions).encode(), merge=_merge_positions
+        )
 
     def touch_member(self, topic: str, group: str, member: str) -> None:
         """``member`` is alive (it holds a subscription), whether or not it is fetching."""
@@ -473,6 +470,24 @@ def _check_name(what: str, name: str | None) -> None:
         raise BrokerError(
             Reason.INVALID_OPERATION, f"a {what} name takes 1 to {MAX_NAME_LENGTH} characters"
         )
+
+
+def _positions_of(text: str | None) -> dict[str, int]:
+    """The positions a stored cursor names; none for none, or for one that does not decode
+    (it was written by this broker, so that would be damage: start over from the ranges'
+    starts rather than fail every fetch of the group)."""
+    if text is None:
+        return {}
+    try:
+        return dict(Cursor.decode(text).positions)
+    except InvalidCursorError:
+        log.error("A stored group position does not decode: {cursor!r}", cursor=text)
+        return {}
+
+
+def _merge_positions(stored: str | None, committed: str) -> str:
+    """The stored position with the ranges ``committed`` names moved to where it says."""
+    return Cursor({**_positions_of(stored), **_positions_of(committed)}).encode()
 
 
 def _check_positions(positions: Mapping[str, int], bounds: Mapping[str, Bounds]) -> None:

@@ -15,6 +15,7 @@ from typing import Protocol
 from twisted.internet.defer import Deferred
 
 from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._state import MergeCursors
 
 
 class ControlPlane(Protocol):
@@ -85,5 +86,9 @@ class ControlPlane(Protocol):
     def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
         """Remove a grant; ``NotFoundError`` if it is not present."""
 
-    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
-        """Record ``group``'s cursor on ``topic``; ``NotFoundError`` for an unknown topic."""
+    def commit_group_position(
+        self, topic: str, group: str, cursor: str, merge: MergeCursors | None = None
+    ) -> Deferred[None]:
+        """Record ``group``'s cursor on ``topic``; ``NotFoundError`` for an unknown topic.
+        With ``merge``, record ``merge(stored cursor or None, cursor)``, computed against the
+        state as it is when the change takes effect (not when it was asked for)."""

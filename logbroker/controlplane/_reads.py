@@ -23,6 +23,7 @@ from logbroker.controlplane._state import (
     DeleteSegment,
     DeleteUser,
     GrantAcl,
+    MergeCursors,
     PutSegment,
     RevokeAcl,
     UpdateUser,
@@ -117,8 +118,10 @@ class StateControlPlane(ABC):
     def revoke_acl(self, grant: AclGrant) -> Deferred[None]:
         return self._change(RevokeAcl(grant))
 
-    def commit_group_position(self, topic: str, group: str, cursor: str) -> Deferred[None]:
-        return self._change(CommitGroupPosition(topic, group, cursor))
+    def commit_group_position(
+        self, topic: str, group: str, cursor: str, merge: MergeCursors | None = None
+    ) -> Deferred[None]:
+        return self._change(CommitGroupPosition(topic, group, cursor, merge))
 
     def _change(self, change: Change) -> Deferred[None]:
         return self._submit(change).addCallback(_nothing)

@@ -8,7 +8,7 @@ Each change copies only the mapping it touches.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -227,11 +227,21 @@ class RevokeAcl:
         return attrs.evolve(state, acls=acls)
 
 
+#: ``(the stored cursor or None, the committed one) -> the cursor to store``.
+MergeCursors = Callable[[str | None, str], str]
+
+
 @attrs.frozen
 class CommitGroupPosition:
+    """Record ``group``'s cursor on ``topic``; with ``merge``, the cursor ``merge`` makes of the
+    stored one and this one, computed against the state the change is applied to, so that
+    commits of different ranges made through different nodes at once never undo each other
+    (in etcd a commit that lost a race is applied again to the winner's position)."""
+
     topic: str
     group: str = attrs.field()
     cursor: str
+    merge: MergeCursors | None = attrs.field(default=None, eq=False, repr=False)
 
     @group.validator
     def _check_group(self, attribute: attrs.Attribute[str], value: str) -> None:
@@ -242,7 +252,10 @@ class CommitGroupPosition:
         if self.topic not in state.topics:
             raise NotFoundError(f"topic {self.topic!r} does not exist")
         key = (self.topic, self.group)
-        return attrs.evolve(state, positions={**state.positions, key: self.cursor})
+        cursor = (
+            self.cursor if self.merge is None else self.merge(state.positions.get(key), self.cursor)
+        )
+        return attrs.evolve(state, positions={**state.positions, key: cursor})
 
 
 Change = (

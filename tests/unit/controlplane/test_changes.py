@@ -294,6 +294,26 @@ async def test_group_positions_are_committed_and_replaced(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_merged_commit_merges_into_the_stored_position(
+    backend: Backend, control: ControlPlane
+) -> None:
+    topic, ranges = make_topic("orders")
+    await done(backend, control.create_topic(topic, ranges))
+    seen: list[tuple[str | None, str]] = []
+
+    def merge(stored: str | None, committed: str) -> str:
+        seen.append((stored, committed))
+        return committed if stored is None else f"{stored}+{committed}"
+
+    await done(backend, control.commit_group_position("orders", "billing", "a", merge))
+    await done(backend, control.commit_group_position("orders", "billing", "b", merge))
+
+    assert control.group_position("orders", "billing") == "a+b"
+    assert (None, "a") in seen
+    assert ("a", "b") in seen
+
+
+@pytest_twisted.ensureDeferred
 async def test_changes_asked_for_together_apply_in_order(
     backend: Backend, control: ControlPlane
 ) -> None:

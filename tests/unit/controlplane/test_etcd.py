@@ -232,6 +232,28 @@ def test_racing_group_commits_both_land_in_order(cluster: Cluster) -> None:
     assert a.group_position("orders", "billing") == b.group_position("orders", "billing") == "AR"
 
 
+def test_racing_merged_group_commits_on_two_nodes_keep_both_ranges(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+
+    def merge(stored: str | None, committed: str) -> str:
+        return ",".join(sorted({*(stored or "").split(","), committed} - {""}))
+
+    cluster.store.hold()
+    first = a.commit_group_position("orders", "billing", "range0=5", merge)
+    second = b.commit_group_position("orders", "billing", "range1=7", merge)
+    cluster.store.release()
+
+    result_of(first)
+    result_of(second)
+    # The second lost the race, was applied again to the first's position, and merged into it.
+    expected = "range0=5,range1=7"
+    assert (
+        a.group_position("orders", "billing") == b.group_position("orders", "billing") == expected
+    )
+
+
 def test_each_change_is_one_transaction_comparing_what_it_depends_on(cluster: Cluster) -> None:
     a = cluster.node()
     topic, ranges = make_topic("orders")
