@@ -102,6 +102,8 @@ class Broker:
         self._keyless_turn: dict[str, itertools.count[int]] = {}
         self._read_turn: dict[str, itertools.count[int]] = {}
         self._sleepers: set[_Wakeup] = set()
+        #: Set by ``wake_all``: long polls answer with what they have rather than wait again.
+        self._stopping = False
         self._groups = groups or LocalGroups(clock, self._settings.group_session_timeout_ms)
 
     # -- topics --------------------------------------------------------------------------
@@ -261,13 +263,16 @@ class Broker:
         bounds = await self._bounds(handles)
         _check_positions(start, bounds)
         positions = self._positions(topic, start, group, range_ids, bounds)
-        result = await self._read(topic, positions, handles, limit)
-        if result.count or wait_ms == 0:
-            return result
-        # Nothing was read, so the positions are where the next read starts, over the same
-        # share.
-        await self._wait(handles, positions, wait_ms)
-        return await self._read(topic, positions, handles, limit)
+        deadline = self._clock.seconds() + wait_ms / 1000.0
+        while True:
+            result = await self._read(topic, positions, handles, limit)
+            remaining_ms = round((deadline - self._clock.seconds()) * 1000)
+            if result.count or remaining_ms <= 0 or self._stopping:
+                return result
+            # Nothing was read, so the positions are where the next read starts, over the same
+            # share. A wait may end without a record (a remote one gives up after a few
+            # seconds): read again, and wait on while the poll has time left.
+            await self._wait(handles, positions, remaining_ms)
 
     def _decode_cursor(self, topic: Topic, text: str) -> dict[str, int]:
         try:
@@ -355,6 +360,7 @@ class Broker:
 
     def wake_all(self) -> None:
         """End every long poll now (each answers with what it has): the broker is stopping."""
+        self._stopping = True
         for wakeup in list(self._sleepers):
             wakeup.fire()
 

@@ -93,10 +93,17 @@ if TYPE_CHECKING:
 class ForwardedRange:
     """A range whose primary is node ``primary_node_id``, reached through ``requester``."""
 
-    def __init__(self, range_id: str, primary_node_id: str, requester: PeerRequester) -> None:
+    def __init__(
+        self,
+        range_id: str,
+        primary_node_id: str,
+        requester: PeerRequester,
+        waits: RemoteWaits | None = None,
+    ) -> None:
         self._range_id = range_id
         self._primary = primary_node_id
         self._requester = requester
+        self._waits = waits if waits is not None else RemoteWaits(requester)
 
     @property
     def range_id(self) -> str:
@@ -154,17 +161,9 @@ class ForwardedRange:
         return self._request(PeerOp.READ, payload, decode_read_result).addCallback(read)
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
-        """A long poll on the primary: a read of nothing that it answers once the range holds a
-        record at ``offset``, or after ``wait_ms``."""
-        request = ReadRequest(
-            self._range_id,
-            min(max(offset, 0), _MAX_U64),
-            max_records=0,
-            max_bytes=0,
-            wait_ms=min(max(wait_ms, 0), _MAX_U32),
-        )
-        payload = encode_read_request(request)
-        return self._request(PeerOp.READ, payload, decode_read_result).addCallback(_nothing)
+        """A long poll on the primary, shared by every fetch of this node waiting on the same
+        offset of the range (``RemoteWaits``)."""
+        return self._waits.wait(self._primary, self._range_id, offset, wait_ms)
 
     def _request(self, op: PeerOp, payload: bytes, decode: Callable[[bytes], _T]) -> Deferred[_T]:
         sent = self._requester.request(self._primary, op, payload)
@@ -203,6 +202,65 @@ class ForwardedRange:
             Reason.UNREACHABLE,
             f"{op.name.lower()} of range {self._range_id} on node {self._primary} failed",
         )
+
+
+#: The longest a long poll waits on a primary in one request. A waiting fetch asks again when it
+#: runs out; what a forwarding node stops waiting for is held on the primary at most this long.
+MAX_REMOTE_WAIT_MS = 5_000
+
+
+class RemoteWaits:
+    """The long polls this node has on its peers: one peer request per (primary, range, offset)
+    however many local fetches wait on it, each at most ``MAX_REMOTE_WAIT_MS``, so that waiting
+    consumers take a bounded share of a peer link's requests (produces need the rest)."""
+
+    def __init__(self, requester: PeerRequester) -> None:
+        self._requester = requester
+        self._shared: dict[tuple[str, str, int], _SharedWait] = {}
+
+    def wait(self, primary: str, range_id: str, offset: int, wait_ms: int) -> Deferred[None]:
+        key = (primary, range_id, offset)
+        shared = self._shared.get(key)
+        if shared is None:
+            request = ReadRequest(
+                range_id,
+                min(max(offset, 0), _MAX_U64),
+                max_records=0,
+                max_bytes=0,
+                wait_ms=min(max(wait_ms, 0), MAX_REMOTE_WAIT_MS),
+            )
+            asked = self._requester.request(primary, PeerOp.READ, encode_read_request(request))
+            shared = self._shared[key] = _SharedWait(asked)
+            asked.addBoth(self._answered, key, shared)
+        return shared.join()
+
+    def _answered(self, outcome: object, key: tuple[str, str, int], shared: _SharedWait) -> None:
+        # An answer, a timeout or a failure alike: the fetches read again and decide.
+        if self._shared.get(key) is shared:
+            del self._shared[key]
+        shared.release()
+
+
+class _SharedWait:
+    def __init__(self, asked: Deferred[bytes]) -> None:
+        self._asked = asked
+        self._waiting: list[Deferred[None]] = []
+
+    def join(self) -> Deferred[None]:
+        waiting: Deferred[None] = Deferred(self._leave)
+        self._waiting.append(waiting)
+        return waiting
+
+    def _leave(self, cancelled: Deferred[None]) -> None:
+        if cancelled in self._waiting:
+            self._waiting.remove(cancelled)
+        if not self._waiting and not self._asked.called:
+            self._asked.cancel()
+
+    def release(self) -> None:
+        waiting, self._waiting = self._waiting, []
+        for each in waiting:
+            each.callback(None)
 
 
 class RangeServer:
@@ -280,8 +338,9 @@ class RangeServer:
 
             if request.wait_ms == 0:
                 return read_now()
-            waiting = handle.wait(request.from_offset, request.wait_ms)
-            waiting.addTimeout(request.wait_ms / 1000.0, self._clock)
+            wait_ms = min(request.wait_ms, MAX_REMOTE_WAIT_MS)
+            waiting = handle.wait(request.from_offset, wait_ms)
+            waiting.addTimeout(wait_ms / 1000.0, self._clock)
             # A timeout is the long poll's ordinary end: answer with what there is.
             return waiting.addBoth(read_now)
 

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 from logbroker import __version__
 from logbroker.broker.groups import LocalGroups
 from logbroker.broker.ranges import LocalRanges, RangeHandle
-from logbroker.cluster.forwarding import ForwardedRange, RangeServer
+from logbroker.cluster.forwarding import ForwardedRange, RangeServer, RemoteWaits
 from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.cluster.membership import Membership, NodeRecord
 from logbroker.cluster.placement import PlacementNode, PlacementRule
@@ -142,8 +142,10 @@ def build_cluster(
     local = LocalRanges(storage)
     rule = PlacementRule.from_settings(cluster)
 
+    waits = RemoteWaits(peers)
+
     def forward(primary: str, range_id: str) -> RangeHandle:
-        return ForwardedRange(range_id, primary, peers)
+        return ForwardedRange(range_id, primary, peers, waits)
 
     def live_nodes() -> list[PlacementNode]:
         return [PlacementNode(r.node_id, r.attributes, True) for r in membership.live_nodes()]

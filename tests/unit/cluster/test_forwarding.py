@@ -18,7 +18,13 @@ from twisted.internet.task import Clock
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle
-from logbroker.cluster.forwarding import FORWARDED_REASONS, ForwardedRange, RangeServer
+from logbroker.cluster.forwarding import (
+    FORWARDED_REASONS,
+    MAX_REMOTE_WAIT_MS,
+    ForwardedRange,
+    RangeServer,
+    RemoteWaits,
+)
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
 from logbroker.records import Record
@@ -358,13 +364,18 @@ def test_a_read_with_a_wait_is_a_long_poll_on_the_primary(nodes: Nodes) -> None:
 
     # None yet: answered once a produce (through any node) brings one.
     woken = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 2, 10, 100, 30_000)))
-    clock.advance(5)
+    clock.advance(4)
     assert not has_result(woken)
     appending = nodes.forwarded.append(records(b"c"))
     nodes.settle()
     result_of(appending)
     late = decode_read_result(result_of(woken))
     assert (late.record_count, late.next_offset) == (1, 3)
+
+    # A wait longer than a primary holds one is cut to MAX_REMOTE_WAIT_MS (the asker asks again).
+    capped = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 3, 10, 100, 30_000)))
+    clock.advance(MAX_REMOTE_WAIT_MS / 1000)
+    assert decode_read_result(result_of(capped)).record_count == 0
 
     # None within the wait: answered empty when it runs out, and nothing is left waiting.
     idle = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 3, 10, 100, 2_000)))
@@ -497,3 +508,32 @@ def test_the_forwarder_answers_unreachable_while_the_owner_is_away(cluster: Clus
 
     assert reason_of(cluster.forwarder.produce("t", mixed(b"a"))) is Reason.UNREACHABLE
     assert reason_of(cluster.forwarder.fetch("t", None, None, None, 0, 0)) is Reason.UNREACHABLE
+
+
+class _CountingRequester:
+    def __init__(self) -> None:
+        self.asked: list[Deferred[bytes]] = []
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        asked: Deferred[bytes] = Deferred()
+        self.asked.append(asked)
+        return asked
+
+
+def test_fetches_waiting_on_one_offset_share_one_remote_wait() -> None:
+    requester = _CountingRequester()
+    waits = RemoteWaits(requester)
+    handles = [ForwardedRange(RANGE, "b", requester, waits) for _ in range(3)]
+
+    waiting = [handle.wait(7, 30_000) for handle in handles]
+    other = handles[0].wait(8, 30_000)
+
+    assert len(requester.asked) == 2
+    waiting[0].cancel()  # one fetch goes away; the others still wait
+    failure_of(waiting[0]).trap(CancelledError)
+    assert not requester.asked[0].called
+    requester.asked[0].callback(b"")
+    assert [has_result(w) for w in waiting[1:]] == [True, True]
+    other.cancel()  # the last one waiting on offset 8 goes: its request is given up
+    failure_of(other).trap(CancelledError)
+    assert requester.asked[1].called
