@@ -68,9 +68,13 @@ class NodeRecord:
 
     @classmethod
     def decode(cls, data: bytes) -> NodeRecord:
+        """The record in ``data``; fields a newer node added are left out (so a rolling upgrade
+        keeps every node visible to the others)."""
         document: dict[str, Any] = json.loads(data)
-        document["attributes"] = tuple(tuple(pair) for pair in document.get("attributes", ()))
-        return cls(**document)
+        known = {field.name for field in attrs.fields(cls)}
+        fields = {name: value for name, value in document.items() if name in known}
+        fields["attributes"] = tuple(tuple(pair) for pair in fields.get("attributes", ()))
+        return cls(**fields)
 
 
 @attrs.frozen
@@ -193,8 +197,10 @@ class Membership(MultiService):
         if self._registering is not None:
             return self._registering
 
+        # etcd starts the lease's TTL when it grants it: count from before asking.
+        sent = self._clock.seconds()
+
         def granted(lease: int) -> Deferred[None]:
-            sent = self._clock.seconds()
             record = self.record.encode()
             node_id = self.record.node_id
             registering = self._store.txn(

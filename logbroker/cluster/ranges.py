@@ -59,7 +59,9 @@ class ClusterRanges:
         self._live_nodes = live_nodes
         self._rule = rule
         self._holds_lease = holds_lease
-        self._opening: dict[str, _Opening] = {}
+        #: Ranges that must be placed or opened before their first use, and their handle
+        #: meanwhile: one per range, so that what waits for it goes on in order.
+        self._later: dict[str, _Later] = {}
 
     def primary(self, range_id: str) -> str | None:
         """The node leading the range, if its first segment is placed: the primary of its last
@@ -72,9 +74,9 @@ class ClusterRanges:
     def handle(self, range_id: str) -> RangeHandle:
         primary = self.primary(range_id)
         if primary is None:
-            raise BrokerError(
-                Reason.UNREACHABLE, f"range {range_id} has no active segment placed yet"
-            )
+            # Its topic is created but its first segment not placed (the creating node stopped
+            # in between, or the record failed): place it now, then serve it.
+            return self._when_ready(range_id, self._place)
         if primary != self.node_id:
             return self._forward(primary, range_id)
         if not self._holds_lease():
@@ -88,14 +90,28 @@ class ClusterRanges:
         try:
             handle = self._local.handle(range_id)
         except BrokerError:
-            # Placed here by another node (it created the topic): open it on first use. One
-            # opening handle per range, so that what waits for the open goes on in order.
-            opening = self._opening.get(range_id)
-            if opening is None:
-                opening = self._opening[range_id] = _Opening(range_id, self._local)
-            return opening
-        self._opening.pop(range_id, None)
+            # Placed here by another node (it created the topic): open it on first use.
+            return self._when_ready(range_id, lambda r: self._local.open([r]))
+        self._later.pop(range_id, None)
         return handle
+
+    def _when_ready(self, range_id: str, prepare: Callable[[str], Deferred[None]]) -> _Later:
+        """The range's one waiting handle, until ``prepare`` has made it ready."""
+        later = self._later.get(range_id)
+        if later is None:
+
+            def ready() -> Deferred[RangeHandle]:
+                return prepare(range_id).addCallback(self._again, range_id)
+
+            later = self._later[range_id] = _Later(range_id, ready)
+        return later
+
+    def _again(self, _: object, range_id: str) -> RangeHandle | Deferred[RangeHandle]:
+        """The range's handle once one step is done; the next step's if there is one (a range
+        placed here must still be opened)."""
+        self._later.pop(range_id, None)
+        handle = self.handle(range_id)
+        return handle.ready() if isinstance(handle, _Later) else handle
 
     def led_here(self) -> LedHere:
         """The ranges this node leads, for the peers' requests: a range led elsewhere is
@@ -147,35 +163,29 @@ class LedHere:
         return self._ranges.open(range_ids)
 
 
-class _Opening:
-    """A range led by this node whose log is not open yet: opened by its first use."""
+class _Later:
+    """A range that needs something done before its first use (opened here, or placed): what
+    asks for it meanwhile waits, in order, then goes to the handle ``ready`` gives."""
 
-    def __init__(self, range_id: str, local: LocalRanges) -> None:
+    def __init__(self, range_id: str, ready: Callable[[], Deferred[RangeHandle]]) -> None:
         self._range_id = range_id
-        self._local = local
+        self.ready = ready
 
     @property
     def range_id(self) -> str:
         return self._range_id
 
-    def _opened(self) -> Deferred[RangeHandle]:
-        return self._local.open([self._range_id]).addCallback(
-            lambda _: self._local.handle(self._range_id)
-        )
-
     def refusal(self, count: int) -> BrokerError | None:
         return None
 
     def append(self, records: Sequence[Record]) -> Deferred[None]:
-        return self._opened().addCallback(lambda handle: handle.append(records))
+        return self.ready().addCallback(lambda handle: handle.append(records))
 
     def bounds(self) -> Deferred[Bounds]:
-        return self._opened().addCallback(lambda handle: handle.bounds())
+        return self.ready().addCallback(lambda handle: handle.bounds())
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
-        return self._opened().addCallback(
-            lambda handle: handle.read(offset, max_records, max_bytes)
-        )
+        return self.ready().addCallback(lambda handle: handle.read(offset, max_records, max_bytes))
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
-        return self._opened().addCallback(lambda handle: handle.wait(offset, wait_ms))
+        return self.ready().addCallback(lambda handle: handle.wait(offset, wait_ms))

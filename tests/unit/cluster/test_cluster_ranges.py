@@ -45,13 +45,16 @@ class _Logs:
         ).addCallback(opened)
 
 
-def world(leader: str, holds_lease: bool = True) -> tuple[ClusterRanges, _Logs, ManualExecutor]:
+def world(
+    leader: str | None, holds_lease: bool = True
+) -> tuple[ClusterRanges, _Logs, ManualExecutor]:
     executor = ManualExecutor()
     control = started(MemoryFileSystem())
     topic, ranges = make_topic("t", ranges=1)
     result_of(control.create_topic(topic, ranges))
-    meta = SegmentMeta("t.0", 0, SegmentState.ACTIVE, None, None, (leader,), 0)
-    result_of(control.put_segment(meta))
+    if leader is not None:
+        meta = SegmentMeta("t.0", 0, SegmentState.ACTIVE, None, None, (leader,), 0)
+        result_of(control.put_segment(meta))
     logs = _Logs(executor)
 
     def forward(primary: str, range_id: str) -> RangeHandle:
@@ -92,3 +95,15 @@ def test_a_node_without_its_lease_acts_as_no_range_s_primary() -> None:
         directory.handle("t.0")
     assert raised.value.reason is Reason.UNREACHABLE
     assert "holds no membership lease" in raised.value.detail
+
+
+def test_a_range_whose_placement_was_never_recorded_is_placed_on_first_use() -> None:
+    directory, logs, executor = world(leader=None)
+
+    appending = directory.handle("t.0").append([Record(b"v", b"k")])
+    while executor.pending:
+        executor.run_all()
+
+    result_of(appending)
+    assert directory.primary("t.0") == "me"
+    assert [r.record.value for r in logs.logs["t.0"].read(0, 10)] == [b"v"]

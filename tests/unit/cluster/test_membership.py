@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 
 import pytest
@@ -156,3 +157,10 @@ def _compacted() -> Exception:
     from logbroker.controlplane.errors import CompactedError
 
     return CompactedError("compacted", 1)
+
+
+def test_a_record_with_fields_a_newer_node_added_still_decodes() -> None:
+    newer = json.loads(record("n9").encode())
+    newer["rack_power"] = "feed-b"
+
+    assert NodeRecord.decode(json.dumps(newer).encode()) == record("n9")
