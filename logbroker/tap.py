@@ -61,8 +61,8 @@ def makeService(options: Options) -> IService:
             env[variable] = options[flag]
     try:
         config, warnings = BrokerConfig.from_env(env)
-        warnings += check_built(config)
         tls = server_tls(config.tls, config.mode, datetime.now(UTC), warnings)
+        warnings += check_built(config)
     except ConfigError as error:
         _warn(error.warnings)
         raise _exit(exitcodes.CONFIG_ERROR, str(error)) from None
