@@ -289,7 +289,7 @@ class BrokerClient(Protocol):
         return self._call(wire.ListTopics(), wire.decode_topics)
 
     def describe_cluster(self) -> Deferred[wire.ClusterInfo]:
-        """The cluster as the broker sees it (extension ``describe_cluster``, key 65; admin
+        """The cluster as the broker sees it (extension ``describe_cluster``, key 66; admin
         only)."""
         return self._call(wire.DescribeCluster(), wire.decode_cluster)
 

@@ -141,7 +141,7 @@ class BlockingClient:
         return wire.decode_topics(self.call(wire.ListTopics()))
 
     def describe_cluster(self) -> wire.ClusterInfo:
-        """The cluster as the broker sees it (extension ``describe_cluster``, key 65; admin
+        """The cluster as the broker sees it (extension ``describe_cluster``, key 66; admin
         only)."""
         return wire.decode_cluster(self.call(wire.DescribeCluster()))
 

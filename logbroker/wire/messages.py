@@ -49,7 +49,7 @@ class ApiKey(IntEnum):
     LIST_ACLS = 16
     # Extensions (docs/protocol.md, "Extensions"): keys from 64 up, never renumbered.
     LIST_TOPICS = 64
-    DESCRIBE_CLUSTER = 65
+    DESCRIBE_CLUSTER = 66
 
 
 @attrs.frozen

@@ -210,7 +210,7 @@ def test_api_keys_are_those_of_the_protocol_table() -> None:
 def test_extensions_take_keys_from_64_up() -> None:
     assert {key.name.lower(): int(key) for key in ApiKey if key >= 64} == {
         "list_topics": 64,
-        "describe_cluster": 65,
+        "describe_cluster": 66,
     }
 
 
@@ -255,7 +255,7 @@ ONE_NODE_BYTES = (
 
 
 def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
-    assert encode_request(3, DescribeCluster()) == b"\x00\x00\x00\x06\x00\x41\x00\x00\x00\x03"
+    assert encode_request(3, DescribeCluster()) == b"\x00\x00\x00\x06\x00\x42\x00\x00\x00\x03"
     assert encode_cluster(ONE_NODE) == ONE_NODE_BYTES
     with_lease = encode_cluster(attrs.evolve(ONE_NODE, lease_age_ms=1500, chores_holder=None))
     assert with_lease[:29] == ONE_NODE_BYTES[:24] + b"\x00" + b"\x00\x00\x00\x02"
@@ -391,7 +391,7 @@ def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: byt
     assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
 
 
-@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 66, 0xFFFF])
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 67, 0xFFFF])
 def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
     with pytest.raises(WireError) as raised:
         decode_request(struct.pack(">HI", api_key, 42))
