@@ -104,6 +104,10 @@ MAX_ATTEMPTS = 5
 MAX_BATCH = 64
 #: Delays before resuming a lost watch: the first, and the cap of its doubling.
 RESUME_DELAY = 0.1
+#: How long a change that took effect may wait for the watch to bring it back before the cache
+#: is reloaded: a watch on a member cut off without a word (no reset, no "no leader") delivers
+#: nothing and never ends, and a change must not wait on it for ever.
+CATCH_UP_SECONDS = 5.0
 MAX_RESUME_DELAY = 5.0
 
 _MISSING: Any = object()
@@ -296,6 +300,8 @@ class _Queued:
 class _Waiter:
     ready: Callable[[], bool]
     done: Deferred[None]
+    #: When the cache is reloaded if the watch has not brought what this waits for.
+    catch_up: IDelayedCall | None = None
 
 
 class EtcdControlPlane(StateControlPlane):
@@ -473,14 +479,36 @@ class EtcdControlPlane(StateControlPlane):
         if ready():
             return succeed(None)
         done: Deferred[None] = Deferred()
-        self._waiters.append(_Waiter(ready, done))
+        waiter = _Waiter(ready, done)
+        waiter.catch_up = self._clock.callLater(CATCH_UP_SECONDS, self._catch_up, waiter)
+        self._waiters.append(waiter)
         return done
+
+    def _catch_up(self, waiter: _Waiter) -> None:
+        waiter.catch_up = None
+        if waiter not in self._waiters or self._closed:
+            return
+        log.warn(
+            "The control plane's etcd watch under {prefix} has not brought back a change made"
+            " {seconds} s ago; reloading from a live member in case the watch went silent",
+            prefix=self.prefix,
+            seconds=CATCH_UP_SECONDS,
+        )
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
+        if self._resume_call is not None and self._resume_call.active():
+            self._resume_call.cancel()
+            self._resume_call = None
+        self._reload()
 
     def _wake(self) -> None:
         ready = [waiter for waiter in self._waiters if waiter.ready()]
         if ready:
             self._waiters = [waiter for waiter in self._waiters if waiter not in ready]
             for waiter in ready:
+                if waiter.catch_up is not None and waiter.catch_up.active():
+                    waiter.catch_up.cancel()
                 waiter.done.callback(None)
 
     # -- reads ---------------------------------------------------------------------------------

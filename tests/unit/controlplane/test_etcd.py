@@ -27,7 +27,7 @@ from logbroker.controlplane import (
     UserNotFoundError,
 )
 from logbroker.controlplane._kv import Compare, DeletePrefix, Put, Result, Target
-from logbroker.controlplane.etcd import MAX_ATTEMPTS, RESUME_DELAY
+from logbroker.controlplane.etcd import CATCH_UP_SECONDS, MAX_ATTEMPTS, RESUME_DELAY
 from logbroker.testing import MemoryKeyValueStore
 from tests.unit.controlplane.helpers import active, make_topic, make_user
 from tests.unit.storage.helpers import failure_of, result_of
@@ -517,3 +517,20 @@ def test_the_gateway_tries_the_member_that_answered_then_the_others_then_the_fai
     # A failed member that answers again is back in use.
     store._mark_up("http://b:2")
     assert store._order() == ["http://b:2", "http://c:3", "http://a:1"]
+
+
+def test_a_change_whose_watch_went_silent_fires_once_the_cache_is_reloaded(
+    cluster: Cluster,
+) -> None:
+    control = cluster.node()
+    # The watch's member is cut off without a word: no event, no end, ever.
+    assert control._watch is not None
+    control._watch.cancel()
+
+    creating = control.create_user(make_user("alice"))
+    assert not creating.called
+    cluster.clock.advance(CATCH_UP_SECONDS)
+
+    result_of(creating)
+    assert control.user("alice") == make_user("alice")
+    assert cluster.store.watch_count == 1  # following again, from the reloaded revision
