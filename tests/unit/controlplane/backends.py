@@ -9,6 +9,7 @@ fired at once.
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 from twisted.internet.task import Clock
@@ -40,14 +41,15 @@ class Backend(Protocol):
     async def close(self) -> None: ...
 
 
-class _Opened:
+class _Opened(ABC):
     synchronous = True
 
     def __init__(self) -> None:
         self.opened: list[ControlPlane] = []
 
+    @abstractmethod
     def unstarted(self) -> ControlPlane:
-        raise NotImplementedError
+        """A new control plane on this backend's store, not started yet."""
 
     async def open(self) -> ControlPlane:
         control = self.unstarted()
