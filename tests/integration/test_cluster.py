@@ -66,6 +66,18 @@ def eventually(check: object, seconds: float = 10.0) -> None:
             time.sleep(0.1)
 
 
+def known_everywhere(cluster: BrokerCluster, topic: str) -> None:
+    """Wait until every node knows ``topic``: a node hears of a topic created through another
+    within one watch round trip of its control plane (until then it answers no_such_topic)."""
+    for node in cluster.nodes:
+
+        def knows(node: Node = node) -> None:
+            with connect(node) as client:
+                client.fetch(topic, None, None, None, 1, 0)
+
+        eventually(knows)
+
+
 def test_records_produced_through_one_node_are_consumed_through_another(
     cluster: BrokerCluster,
 ) -> None:
@@ -73,6 +85,7 @@ def test_records_produced_through_one_node_are_consumed_through_another(
     records = [Record(b"value-%d" % i, key=b"key-%d" % (i % 16)) for i in range(400)]
     with connect(n2) as admin:
         admin.create_topic("orders")
+    known_everywhere(cluster, "orders")
     with connect(n1) as producer:
         for start in range(0, len(records), 50):
             assert producer.produce("orders", records[start : start + 50]) == 50
@@ -94,16 +107,21 @@ def test_group_positions_committed_through_one_node_hold_on_another(
     n1, n2, n3 = cluster.nodes
     with connect(n1) as client:
         client.create_topic("positions")
+    known_everywhere(cluster, "positions")
+    with connect(n1) as client:
         client.produce("positions", [Record(b"%d" % i, key=b"k") for i in range(10)])
         first = client.fetch("positions", None, "billing", None, 4, 0)
     assert len(first.records) == 4
     with connect(n2) as client:
         client.commit("positions", "billing", first.next_cursor)
 
-    with connect(n3) as client:
-        resumed = drain(client, "positions", "billing")
+    # Node 3 hears of the commit within one watch round trip.
+    def resumes_there() -> None:
+        with connect(n3) as client:
+            resumed = drain(client, "positions", "billing")
+        assert [r.value for r in resumed] == [b"%d" % i for i in range(4, 10)]
 
-    assert [r.value for r in resumed] == [b"%d" % i for i in range(4, 10)]
+    eventually(resumes_there)
 
 
 def test_a_user_created_through_one_node_logs_in_on_the_others(cluster: BrokerCluster) -> None:
@@ -143,6 +161,8 @@ def test_a_topic_s_ranges_are_spread_over_the_nodes(cluster: BrokerCluster) -> N
 def test_group_members_on_different_nodes_read_disjoint_shares(cluster: BrokerCluster) -> None:
     with connect(cluster.nodes[0]) as client:
         client.create_topic("shared")
+    known_everywhere(cluster, "shared")
+    with connect(cluster.nodes[0]) as client:
         client.produce("shared", [Record(b"%d" % i, key=b"k%d" % i) for i in range(200)])
     clients = [connect(node) for node in cluster.nodes]
     try:
@@ -212,10 +232,21 @@ def test_a_dashboard_session_is_valid_on_every_node_and_ends_with_its_user(
     )
     assert status == 201
 
-    # A user created through node 2 logs in on node 1's dashboard.
-    dave_on_n1 = login(n1, "dave", "dave-secret-1")
-    # Its session is valid on node 3 at once.
-    assert http(n3, "GET", "/users", token=dave_on_n1)[0] == 200
+    # A user created through node 2 logs in on node 1's dashboard (once node 1 has heard of
+    # it, within one watch round trip).
+    tokens: list[str] = []
+    eventually(lambda: tokens.append(login(n1, "dave", "dave-secret-1")))
+    dave_on_n1 = tokens[-1]
+
+    # Its session is valid on node 3 within a watch round trip (the login answered once the
+    # session was in etcd; node 3 hears of it through its watch).
+    def valid_on_n3() -> None:
+        status, body = http(n3, "GET", "/users", token=dave_on_n1)
+        assert status == 200, body
+
+    started = time.monotonic()
+    eventually(valid_on_n3)
+    assert time.monotonic() - started < 2
 
     # Deleting the user through node 3 ends its sessions everywhere.
     status, _ = http(n3, "DELETE", "/users/dave", token=admin_on_n2)
@@ -235,6 +266,8 @@ def test_a_long_poll_on_one_node_is_woken_by_a_produce_through_another(
     n1, n2, n3 = cluster.nodes
     with connect(n1) as client:
         client.create_topic("polled")
+    known_everywhere(cluster, "polled")
+    with connect(n1) as client:
         client.produce("polled", [Record(b"old", key=b"k%d" % i) for i in range(16)])
     with connect(n3) as consumer:
         drained = consumer.fetch("polled", None, None, None, 1000, 0)
@@ -291,6 +324,7 @@ def test_the_cli_works_through_any_node_and_sees_three_live_nodes(
     n1, n2, n3 = cluster.nodes
     status = json.loads(cli(n2, "cluster", "status", "--json", user="admin"))
     cli(n1, "topic", "create", "cli-orders")
+    known_everywhere(cluster, "cli-orders")
     cli(n1, "produce", "cli-orders", "--key", "k", stdin="one\ntwo\nthree\n")
     consumed = cli(n3, "consume", "cli-orders")
 
