@@ -227,27 +227,24 @@ class _Working:
         a key that is not the control plane's."""
         kind, _, rest = relative.partition("/")
         record = None if value is None else json.loads(value)
-        if kind == "topics":
+        # Entities kept by name alone: their mapping (copied on first change), and the decoder.
+        by_name: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[Any], Any]]] = {
+            "topics": (self._topics, _format.topic_from_record),
+            "ranges": (self._ranges, _format.range_from_record),
+            "users": (self._users, _format.user_from_record),
+        }
+        if kind in by_name:
+            mapping, decode = by_name[kind]
             if record is None:
-                self._topics().pop(rest, None)
+                mapping().pop(rest, None)
             else:
-                self._topics()[rest] = _format.topic_from_record(record)
-        elif kind == "ranges":
-            if record is None:
-                self._ranges().pop(rest, None)
-            else:
-                self._ranges()[rest] = _format.range_from_record(record)
+                mapping()[rest] = decode(record)
         elif kind == "segments":
             range_id, _, base = rest.partition("/")
             if record is None:
                 self._segments(range_id).pop(int(base), None)
             else:
                 self._segments(range_id)[int(base)] = _format.segment_from_record(record)
-        elif kind == "users":
-            if record is None:
-                self._users().pop(rest, None)
-            else:
-                self._users()[rest] = _format.user_from_record(record)
         elif kind == "acls":
             user, _, grant_part = rest.partition("/")
             operation, _, pattern = grant_part.partition("/")
