@@ -37,6 +37,9 @@ class Reason(StrEnum):
     INVALID_TOPIC_NAME = "invalid_topic_name"
     INVALID_KEYSPACE_BITS = "invalid_keyspace_bits"
     INVALID_CURSOR = "invalid_cursor"
+    #: A ``produce_idempotent`` whose sequence is older than its producer's window at a range:
+    #: too late to tell whether its first try was stored there, so it is not stored again.
+    SEQUENCE_TOO_OLD = "sequence_too_old"
     NO_QUORUM = "no_quorum"
     NOT_PRIMARY = "not_primary"
     UNREACHABLE = "unreachable"
@@ -118,6 +121,7 @@ HTTP_STATUS: dict[Reason, int] = {
     _R.INVALID_TOPIC_NAME: 400,
     _R.INVALID_KEYSPACE_BITS: 400,
     _R.INVALID_CURSOR: 400,
+    _R.SEQUENCE_TOO_OLD: 409,
     _R.NO_QUORUM: 503,
     _R.NOT_PRIMARY: 503,
     _R.UNREACHABLE: 503,

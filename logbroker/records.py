@@ -67,3 +67,21 @@ class StoredRecord:
 
     offset: int
     record: Record
+
+
+def _u64(_: object, attribute: attrs.Attribute[int], value: object) -> None:
+    if type(value) is not int:
+        raise TypeError(f"{attribute.name} must be an int, not {type(value).__name__}")
+    if not 0 <= value <= MAX_U64:
+        raise ValueError(f"{attribute.name} {value} is outside 0..2**64-1")
+
+
+@attrs.frozen
+class ProducerStamp:
+    """Who sent a produce and which of its produces it is (``produce_idempotent``): a retry
+    carries the stamp of its first try, so that the ranges that stored it know it again."""
+
+    #: Chosen at random by each producer (a client object), so that producers never share one.
+    producer_id: int = attrs.field(validator=_u64)
+    #: Counts the producer's produces from 0; never reused for another produce.
+    sequence: int = attrs.field(validator=_u64)

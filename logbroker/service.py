@@ -113,6 +113,8 @@ class StorageService(Service):
         self._log_config = log_config
         self._metrics = metrics
         self._executor = ThreadPoolExecutor(reactor)
+        # Reads get threads of their own: a fetch never waits for a free writer thread.
+        self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
         self.logs: dict[str, RangeLog] = {}
         #: Told of every seal, with the range's name: the control plane records them.
         self.on_sealed: Callable[[str, SegmentInfo], None] = lambda name, info: None
@@ -153,6 +155,7 @@ class StorageService(Service):
             "fs": self._fs,
             "clock": self._reactor,
             "executor": self._executor,
+            "reader": self._reader,
             "config": self._log_config,
             "on_integrity_event": self._metrics.integrity_event,
             "on_flushed": self._metrics.flushed,
@@ -162,6 +165,7 @@ class StorageService(Service):
     def startService(self) -> None:
         super().startService()
         self._executor.start()
+        self._reader.start()
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
             log.info,
@@ -181,6 +185,7 @@ class StorageService(Service):
         closing = DeferredList([range_log.close() for range_log in self.logs.values()])
 
         def stop_threads(_: object) -> None:
+            self._reader.stop()
             self._executor.stop()
             log.info("Storage closed: every range flushed and fsynced")
 
@@ -547,7 +552,7 @@ def build_service(
     # First, so that its handler is in place before anything reports being ready.
     StopOnSigterm(reactor).setServiceParent(root)
     fs = OsFileSystem()
-    storage = StorageService(reactor, data_dir, fs, config.storage.log, metrics)
+    storage = StorageService(reactor, data_dir, fs, log_config_for(config), metrics)
     storage.recover()
     storage.setName("storage")
     storage.setServiceParent(root)
@@ -572,9 +577,13 @@ def build_service(
         cluster.membership.setServiceParent(root)
         cluster.peers.setName("peer-links")
         cluster.peers.setServiceParent(root)
+        for chore in cluster.chores:
+            chore.setServiceParent(root)
     metrics.watch(control, storage)
-    recorder = SegmentRecorder(control, node_id)
-    storage.on_sealed = recorder.sealed
+    # With replication, a segment's primary records its seal in the control plane itself.
+    recorder = SegmentRecorder(control, node_id) if not _replicated(config) else None
+    if recorder is not None:
+        storage.on_sealed = recorder.sealed
 
     lag = PeriodicTask(
         "reactor_lag",
@@ -639,7 +648,9 @@ def build_service(
             # A cluster node serves once it is a member: its lease is what lets it lead ranges.
             started.addCallback(lambda _: cluster.membership.registered())
         started.addCallback(lambda _: broker.open())
-        return started.addCallback(lambda _: recorder.reconcile(storage.logs))
+        if recorder is not None:
+            started.addCallback(lambda _: recorder.reconcile(storage.logs))
+        return started
 
     cleanup = cleanup_task(guards, config.rate_limits.cleanup_interval_ms, reactor, metrics)
     cleanup.setName("rate-limit-cleanup")
@@ -743,3 +754,23 @@ def build_service(
     if shared is not None:
         app.open_session = shared.login
     return root
+
+
+def _replicated(config: BrokerConfig) -> bool:
+    return config.cluster.replication_factor > 1
+
+
+def log_config_for(config: BrokerConfig) -> LogConfig:
+    """The range logs' settings: with replication, a log is a replica (its readers see only
+    what a quorum holds, its primary decides when it rolls) and the replication group commit
+    settings apply (``SVC_REPLICATION_GROUP_COMMIT*``)."""
+    log_config = config.storage.log
+    if not _replicated(config):
+        return log_config
+    return attrs.evolve(
+        log_config,
+        replicated=True,
+        auto_roll=False,
+        group_commit=config.cluster.replication_group_commit,
+        group_commit_interval_ms=config.cluster.replication_group_commit_interval_ms,
+    )

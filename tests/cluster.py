@@ -12,6 +12,7 @@ import itertools
 import re
 import signal
 import subprocess
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
@@ -36,6 +37,7 @@ class Node:
     dashboard_port: int = 0
     peer_port: int = 0
     output: list[str] = attrs.Factory(list)
+    _reader: threading.Thread | None = None
 
     @property
     def running(self) -> bool:
@@ -55,11 +57,29 @@ class Node:
         self.port = int(listening.group(2))
         self.dashboard_port = int(dashboard.group(2))
         self.peer_port = int(peer.group(1))
+        # Read the output as it comes: a node logs a few kilobytes a second under load, and
+        # one whose pipe filled up would block in its next write, stalling its reactor.
+        self._reader = threading.Thread(
+            target=self._read_output,
+            args=(self.process,),
+            name=f"{self.node_id}-output",
+            daemon=True,
+        )
+        self._reader.start()
+
+    def _read_output(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            self.output.append(line)
 
     def _collect(self) -> str:
         assert self.process is not None
-        rest, _ = self.process.communicate(timeout=60)
-        self.output.append(rest)
+        self.process.wait(timeout=60)
+        if self._reader is not None:
+            self._reader.join(timeout=60)
+            self._reader = None
+        if self.process.stdout is not None:
+            self.process.stdout.close()
         return "".join(self.output)
 
     def stop(self) -> str:

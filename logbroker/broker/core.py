@@ -8,13 +8,17 @@ whether they live in this process or on another node.
 Routing: a keyed record goes to the range owning its key's slot (``keyspace.key_slot``), so
 records with one key stay in order. The keyless records of one produce go together to the
 topic's next active range in turn: one append (one write and fsync) per produce rather than one
-per range, spread over the ranges across produces.
+per range, spread over the ranges across produces. Those of a stamped produce
+(``produce_idempotent``) go to the range owning the slot of the stamp's 16 bytes instead, so
+that a retry, through whichever node, reaches the same ranges with the same records, and each
+range knows its share again by the stamp.
 """
 
 from __future__ import annotations
 
 import bisect
 import itertools
+import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -41,9 +45,10 @@ from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 
 log = Logger()
+_STAMP = struct.Struct(">QQ")
 
 DEFAULT_FETCH_MAX = 100
 MAX_FETCH_RECORDS = 1000
@@ -162,17 +167,25 @@ class Broker:
 
     # -- produce -------------------------------------------------------------------------
 
-    def produce(self, topic_name: str | None, records: Sequence[Record]) -> Deferred[int]:
+    def produce(
+        self,
+        topic_name: str | None,
+        records: Sequence[Record],
+        stamp: ProducerStamp | None = None,
+    ) -> Deferred[int]:
         """Append ``records``; fires with their count once every one of them is durable.
 
         Every range the records go to must take its share before any is written, so a refusal
         (``overloaded``, a range out of service) stores nothing. A failure during the writes
-        themselves (a disk error) can leave some ranges' records stored: a produce is
-        at-least-once, and a client that retries after an error may store records twice.
+        themselves (a disk error) can leave some ranges' records stored: without ``stamp`` a
+        produce is at-least-once, and a client that retries after an error may store records
+        twice. With ``stamp``, each range's share carries it, and a range that has stored it
+        already does not store it again: a retry with the same stamp and records stores what
+        its first try did not, and is answered the same count.
         """
         try:
             topic = self._topic(topic_name)
-            routed = self._route(topic, records)
+            routed = self._route(topic, records, stamp)
             handles = self._handles(routed)
             for range_id, batch in routed.items():
                 refusal = handles[range_id].refusal(len(batch))
@@ -182,7 +195,9 @@ class Broker:
             return fail(error)
         if not routed:
             return succeed(0)
-        appends = [self._append(handles[range_id], batch) for range_id, batch in routed.items()]
+        appends = [
+            self._append(handles[range_id], batch, stamp) for range_id, batch in routed.items()
+        ]
         stored = _gather(appends).addCallback(lambda _: self._produced(topic.name, records))
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
@@ -194,7 +209,9 @@ class Broker:
         self._metrics.produced(topic, len(records), size)
         return len(records)
 
-    def _route(self, topic: Topic, records: Sequence[Record]) -> dict[str, list[Record]]:
+    def _route(
+        self, topic: Topic, records: Sequence[Record], stamp: ProducerStamp | None
+    ) -> dict[str, list[Record]]:
         active = sorted(
             (r for r in self._control.ranges(topic.name) if r.state is RangeState.ACTIVE),
             key=lambda r: r.start,
@@ -202,21 +219,28 @@ class Broker:
         if not active:
             raise BrokerError(Reason.UNREACHABLE, f"topic {topic.name!r} has no active range")
         starts = [r.start for r in active]
-        turn = next(self._keyless_turn.setdefault(topic.name, itertools.count()))
-        keyless = active[turn % len(active)]
+        bits = topic.keyspace_bits
+        if stamp is None:
+            turn = next(self._keyless_turn.setdefault(topic.name, itertools.count()))
+            keyless = active[turn % len(active)]
+        else:
+            slot = key_slot(_STAMP.pack(stamp.producer_id, stamp.sequence), bits)
+            keyless = active[bisect.bisect_right(starts, slot) - 1]
         routed: dict[str, list[Record]] = {}
         for record in records:
             if record.key is None:
                 owner = keyless
             else:
-                slot = key_slot(record.key, topic.keyspace_bits)
+                slot = key_slot(record.key, bits)
                 owner = active[bisect.bisect_right(starts, slot) - 1]
             routed.setdefault(owner.range_id, []).append(record)
         return routed
 
-    def _append(self, handle: RangeHandle, batch: list[Record]) -> Deferred[None]:
+    def _append(
+        self, handle: RangeHandle, batch: list[Record], stamp: ProducerStamp | None
+    ) -> Deferred[None]:
         # The handle wakes the long polls waiting on its range, wherever they were made.
-        return handle.append(batch)
+        return handle.append(batch, stamp)
 
     # -- fetch ---------------------------------------------------------------------------
 

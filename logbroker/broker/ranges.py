@@ -12,8 +12,8 @@ reason the client is told (``overloaded``, ``unreachable``...), never a storage 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import NoReturn, Protocol
 
 import attrs
 from twisted.internet.defer import Deferred, gatherResults, succeed
@@ -21,9 +21,18 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError
+from logbroker.broker.producers import ProducerTable
+from logbroker.broker.stamped import StampedAppends
 from logbroker.errors import Reason
-from logbroker.records import Record
-from logbroker.storage import OpenLogs, OverloadedError, RangeLog, StorageError
+from logbroker.records import ProducerStamp, Record
+from logbroker.storage import (
+    Appended,
+    BatchSlice,
+    OpenLogs,
+    OverloadedError,
+    RangeLog,
+    StorageError,
+)
 from logbroker.transcode import encode_stored, wire_records
 
 log = Logger()
@@ -60,8 +69,13 @@ class RangeHandle(Protocol):
         """Why an append of ``count`` records would be refused right now, if it would: asked
         of every range a produce goes to before any is written, so a refusal stores nothing."""
 
-    def append(self, records: Sequence[Record]) -> Deferred[None]:
-        """Store ``records``; fires once they are durable by the handle's rule."""
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
+        """Store ``records``; fires once they are durable by the handle's rule. With ``stamp``
+        (this range's share of a ``produce_idempotent``), the range's primary stores them only
+        if it has not stored that stamp yet (``logbroker.broker.producers``): a retry gets its
+        first try's outcome."""
 
     def bounds(self) -> Deferred[Bounds]:
         """The range's readable offsets."""
@@ -89,11 +103,19 @@ class RangeDirectory(Protocol):
 
 
 class LocalRange:
-    """A range whose log is open in this process: an append is durable once fsynced here."""
+    """A range whose log is open in this process: an append is durable once fsynced here.
 
-    def __init__(self, range_id: str, range_log: RangeLog) -> None:
+    Stamped appends go through ``producers``, the range's ``ProducerTable``; unless it is given,
+    the table is rebuilt from the stamps the log holds (``RangeLog.recent_stamps``) when the
+    first stamped append comes, and appends wait for that (``StampedAppends``). So a retry of a
+    produce stored before a restart is not stored again."""
+
+    def __init__(
+        self, range_id: str, range_log: RangeLog, producers: ProducerTable | None = None
+    ) -> None:
         self._range_id = range_id
         self._log = range_log
+        self._stamped = StampedAppends(producers if producers is not None else self._rebuild)
         #: Long polls waiting for a record at an offset, woken by the appends that reach it.
         self._waiting: dict[Deferred[None], int] = {}
 
@@ -105,10 +127,37 @@ class LocalRange:
         refused = self._log.refusal(count)
         return None if refused is None else _storage_error(refused)
 
-    def append(self, records: Sequence[Record]) -> Deferred[None]:
-        return self._log.append(records).addCallbacks(self._appended, self._append_failed)
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
+        return self._stamped.append(records, stamp, self._store)
 
-    def _appended(self, _: object) -> None:
+    def _store(self, records: Sequence[Record], stamp: ProducerStamp | None) -> Deferred[object]:
+        stored = self._log.append(records, stamp).addCallbacks(self._appended, self._append_failed)
+        return stored  # type: ignore[return-value]
+
+    def _rebuild(self) -> Deferred[ProducerTable]:
+        return self._log.recent_stamps().addCallbacks(ProducerTable.rebuild, self._rebuild_failed)
+
+    def _rebuild_failed(self, failure: Failure) -> NoReturn:
+        log.error(
+            "Reading back the producer stamps stored in {range_id} failed: {error}",
+            range_id=self._range_id,
+            error=failure.getErrorMessage(),
+        )
+        raise BrokerError(
+            Reason.UNREACHABLE,
+            f"{self._range_id} could not read back which stamped produces it stored "
+            f"({failure.getErrorMessage()}), so it takes none for now; retry",
+        )
+
+    def _appended(self, appended: Appended) -> Appended:
+        self.wake()
+        return appended
+
+    def wake(self) -> None:
+        """Wake the long polls the range's readable end has passed: after an append here, or
+        when replication moved the commit index."""
         end = self._log.end_offset
         woken = [waiting for waiting, offset in self._waiting.items() if offset < end]
         for waiting in woken:
@@ -126,7 +175,7 @@ class LocalRange:
     def _forget(self, cancelled: Deferred[None]) -> None:
         self._waiting.pop(cancelled, None)
 
-    def _append_failed(self, failure: Failure) -> None:
+    def _append_failed(self, failure: Failure) -> NoReturn:
         error = failure.value
         if isinstance(error, StorageError):
             if not isinstance(error, OverloadedError):
@@ -142,16 +191,37 @@ class LocalRange:
         return succeed(Bounds(self._log.start_offset, self._log.end_offset))
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
-        parts: list[bytes] = []
-        count = 0
-        budget = max_bytes
         offset = max(offset, self._log.start_offset)
-        for chunk in self._log.read_batches(offset, budget):
+        return read_records(self._log.read_chunks, offset, max_records, max_bytes)
+
+
+#: ``(offset, max_bytes) -> the batches from the one holding offset on``, about ``max_bytes``
+#: of them (``RangeLog.read_chunks``, or a replica's copy fetched over the peer link).
+ChunkReader = Callable[[int, int], Deferred[list[BatchSlice]]]
+
+
+def read_records(
+    read_chunks: ChunkReader, offset: int, max_records: int, max_bytes: int
+) -> Deferred[RangeRead]:
+    """Records from ``offset`` in the client protocol's encoding, read through ``read_chunks``:
+    at most ``max_records``, stopping once ``max_bytes`` of keys and values are taken."""
+    parts: list[bytes] = []
+    count = 0
+    budget = max_bytes
+    # Log bytes to read (in a reader thread): first enough for a small fetch, then what the
+    # rest of the budget needs at the ratio of log bytes to keys and values seen.
+    window = min(max_bytes, 64 * 1024)
+
+    def transcode(chunks: list[BatchSlice]) -> Deferred[RangeRead] | RangeRead:
+        nonlocal count, budget, offset, window
+        read = taken_here = 0
+        for chunk in chunks:
             if chunk.verified:
                 start, end = chunk.records_region
                 data, taken, offset, used = wire_records(
                     chunk.view, start, end, offset, max_records - count, budget
                 )
+                read += chunk.batch.length
             else:
                 data, taken, offset, used = encode_stored(
                     chunk.records(), offset, max_records - count, budget
@@ -159,9 +229,18 @@ class LocalRange:
             parts.append(data)
             count += taken
             budget -= used
+            taken_here += used
             if count >= max_records or budget <= 0:
                 break
-        return succeed(RangeRead(tuple(parts), count, offset, max_bytes - budget))
+        else:
+            # Only verified batches say the log goes on after them (not damage, nor the end
+            # of what readers may see).
+            if chunks and chunks[-1].verified:
+                window = max(2 * window, budget * read // max(taken_here, 1))
+                return read_chunks(offset, window).addCallback(transcode)
+        return RangeRead(tuple(parts), count, offset, max_bytes - budget)
+
+    return read_chunks(offset, window).addCallback(transcode)
 
 
 class LocalRanges:

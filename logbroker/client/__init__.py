@@ -3,8 +3,12 @@
 - ``BrokerClient`` (``connect``, ``connect_endpoint``): a Twisted protocol; every operation
   returns a Deferred, requests are pipelined, ``subscribe`` acknowledges pushes itself.
 - ``ReconnectingClient``: a ``ClientService`` that keeps one logged-in ``BrokerClient``
-  connected, with backoff.
+  connected, with backoff, and produces through whichever connection is up.
 - ``logbroker.client.blocking.BlockingClient``: one socket, one request at a time, for scripts.
+
+Each produces idempotently: every produce is stamped with the client's random producer id and a
+sequence of its own, and one refused ``not_primary``, ``unreachable`` or ``no_quorum`` is sent
+again with the same stamp as ``ProduceRetry`` says, so a retry never stores records twice.
 
 Each connects over TLS on request (``tls=True``, or ``tls_hostname`` where an endpoint is given),
 checking the broker's certificate against ``cafile`` or the system's CAs and its name against the
@@ -24,6 +28,7 @@ from logbroker.client._protocol import (
     connect_endpoint,
 )
 from logbroker.client._reconnecting import ReconnectingClient
+from logbroker.client._retry import ProduceRetry
 from logbroker.client._tls import client_tls_options
 
 __all__ = [
@@ -32,6 +37,7 @@ __all__ = [
     "BrokerRefused",
     "ConnectionClosed",
     "OnRecords",
+    "ProduceRetry",
     "ReconnectingClient",
     "Subscription",
     "client_tls_options",

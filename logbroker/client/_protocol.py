@@ -9,8 +9,14 @@ In ``OPEN`` every method sends its request at once and returns a Deferred that f
 decoded answer when the frame with its correlation id arrives, in whatever order the answers
 come; an error frame fails it with ``BrokerRefused``. On ``CLOSED`` every request still waiting
 fails (``ConnectionClosed``, or ``BrokerRefused`` with correlation id 0 when the broker said
-why), every subscription ends the same way, and new requests fail at once. Nothing is retried:
-``ReconnectingClient`` reconnects, but what was in flight is for the caller to redo.
+why), every subscription ends the same way, and new requests fail at once.
+
+``produce`` is the one request retried: it goes as ``produce_idempotent`` with the client's
+producer stamp, and one refused ``not_primary``, ``unreachable`` or ``no_quorum`` is sent again
+with the same stamp after a back-off on the client's clock (``StampedProducer``), so a retry
+never stores its records twice. ``ReconnectingClient`` reconnects, and its own ``produce`` also
+retries through the next connection one whose connection was lost; anything else that was in
+flight is for the caller to redo.
 
 A client given credentials logs in on ``connectionMade`` and holds every other request until
 the login's answer (the broker closes a connection whose first frames are not a login): they go
@@ -24,9 +30,21 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum, auto
 from typing import Any, TypeVar, cast
 
-from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.defer import (
+    Deferred,
+    TimeoutError,
+    ensureDeferred,
+    fail,
+    maybeDeferred,
+    succeed,
+)
 from twisted.internet.endpoints import HostnameEndpoint
-from twisted.internet.interfaces import IAddress, IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import (
+    IAddress,
+    IDelayedCall,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -34,8 +52,17 @@ from twisted.python.failure import Failure
 from logbroker import wire
 from logbroker._tcp import no_delay
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
+from logbroker.client._retry import (
+    DEFAULT_PRODUCE_RETRY,
+    RETRIED_REASONS,
+    ProduceRetry,
+    Retries,
+    SequenceWindow,
+    new_producer_id,
+)
 from logbroker.client._tls import secured
-from logbroker.records import Record
+from logbroker.errors import Reason
+from logbroker.records import ProducerStamp, Record
 
 log = Logger()
 
@@ -65,14 +92,23 @@ class BrokerClient(Protocol):
     With ``credentials``, the client logs in as soon as it is connected, holds every other
     request until the login succeeds, and closes the connection if the broker refuses it;
     ``ready()`` says how that went.
+
+    ``produce`` is retried as ``produce_retry`` says (None: never), waiting on ``clock``.
     """
 
     def __init__(
         self,
         credentials: tuple[str, str] | None = None,
         max_frame_size: int = MAX_RESPONSE_SIZE,
+        *,
+        clock: IReactorTime,
+        produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY,
     ) -> None:
         self._credentials = credentials
+        self._producer = StampedProducer(clock, produce_retry)
+        #: Set once the broker answered ``produce_idempotent`` ``unknown_api_key``: produces go
+        #: as plain ``produce`` from then on, and are not retried.
+        self.sends_plain_produce = False
         self._decoder = wire.FrameDecoder(max_frame_size)
         self._state = _State.CONNECTING
         self._last_id = 0
@@ -149,6 +185,7 @@ class BrokerClient(Protocol):
             return
         self._state = _State.CLOSED
         self._ended = error
+        self._producer.interrupt(error)
         pending, self._pending = self._pending, {}
         subscriptions, self._subscriptions = self._subscriptions, {}
         self._cancelled.clear()
@@ -293,9 +330,49 @@ class BrokerClient(Protocol):
         only)."""
         return self._call(wire.DescribeCluster(), wire.decode_cluster)
 
-    def produce(self, topic: str, records: Iterable[Record]) -> Deferred[int]:
-        """Fires with the count appended once every record is durable."""
-        return self._call(wire.Produce(topic, tuple(records)), wire.decode_count)
+    @property
+    def producer_id(self) -> int:
+        """This client's producer id (random), which stamps its produces."""
+        return self._producer.producer_id
+
+    def produce(
+        self, topic: str, records: Iterable[Record], *, give_up_after: float | None = None
+    ) -> Deferred[int]:
+        """Fires with the count appended once every record is durable.
+
+        Sent as ``produce_idempotent`` with this client's next sequence, once the window lets it
+        go out (``wire.PRODUCER_WINDOW`` produces ahead of the oldest unfinished one at most;
+        later ones wait). Refused ``not_primary``, ``unreachable`` or ``no_quorum``, it is sent
+        again with the same stamp, as the client's ``produce_retry`` says, until
+        ``give_up_after`` seconds (default: the policy's) after the first try; then it fails with
+        the last refusal. A broker without ``produce_idempotent`` gets a plain ``produce``,
+        not retried."""
+        return self._producer.produce(
+            topic, tuple(records), lambda: succeed(self), give_up_after=give_up_after
+        )
+
+    def _produce_stamped(
+        self, topic: str, records: tuple[Record, ...], stamp: ProducerStamp
+    ) -> Deferred[int]:
+        """One try of a produce: ``produce_idempotent`` with ``stamp``, or a plain ``produce``
+        once the broker has said it does not know the extension."""
+        if self.sends_plain_produce:
+            return self._call(wire.Produce(topic, records), wire.decode_count)
+
+        def unknown(failure: Failure) -> Deferred[int]:
+            error = failure.value
+            if not (isinstance(error, BrokerRefused) and error.reason == Reason.UNKNOWN_API_KEY):
+                failure.raiseException()
+            if not self.sends_plain_produce:
+                self.sends_plain_produce = True
+                log.warn(
+                    "The broker does not know produce_idempotent (it is older than this client):"
+                    " produces go as plain produce from now on, and are not retried"
+                )
+            return self._call(wire.Produce(topic, records), wire.decode_count)
+
+        sent = self._call(wire.ProduceIdempotent(topic, stamp, records), wire.decode_count)
+        return sent.addErrback(unknown)
 
     def fetch(
         self,
@@ -467,6 +544,133 @@ class Subscription:
         )
 
 
+class StampedProducer:
+    """The produces of one producer (a client object) over Twisted: each takes the next
+    sequence once the window lets it go out (produces beyond it wait, in order), and is tried
+    through the client ``connection`` gives, then retried with the same stamp as ``retry`` says,
+    the back-off waited on ``clock`` (``logbroker.client._retry``)."""
+
+    def __init__(self, clock: IReactorTime, retry: ProduceRetry | None) -> None:
+        self.producer_id = new_producer_id()
+        self._clock = clock
+        self._retry = retry
+        self._window = SequenceWindow()
+        #: Produces waiting for the window to let them out, oldest first.
+        self._waiting: deque[Deferred[int]] = deque()
+        self._admitting = False
+        #: Produces waiting to be retried, and the timers that end their wait.
+        self._sleeping: dict[Deferred[None], IDelayedCall] = {}
+
+    def produce(
+        self,
+        topic: str,
+        records: tuple[Record, ...],
+        connection: Callable[[], Deferred[BrokerClient]],
+        *,
+        reconnects: bool = False,
+        give_up_after: float | None = None,
+    ) -> Deferred[int]:
+        """Produce ``records`` through ``connection()``'s client; with ``reconnects``, one whose
+        connection was lost before its answer is retried too (through the next connection)."""
+        return ensureDeferred(self._produce(topic, records, connection, reconnects, give_up_after))
+
+    def interrupt(self, error: Exception) -> None:
+        """Fail with ``error``, now, the produces waiting to be retried: there is no connection
+        to retry them through any more."""
+        sleeping, self._sleeping = self._sleeping, {}
+        for waiting, timer in sleeping.items():
+            timer.cancel()
+            waiting.errback(error)
+
+    async def _produce(
+        self,
+        topic: str,
+        records: tuple[Record, ...],
+        connection: Callable[[], Deferred[BrokerClient]],
+        reconnects: bool,
+        give_up_after: float | None,
+    ) -> int:
+        sequence = await self._sequence()
+        try:
+            stamp = ProducerStamp(self.producer_id, sequence)
+            retries = None
+            if self._retry is not None:
+                retries = Retries(self._retry, self._clock.seconds(), give_up_after)
+            last: Exception | None = None
+            while True:
+                client = await self._connected(connection, retries if reconnects else None, last)
+                try:
+                    return await client._produce_stamped(topic, records, stamp)
+                except (BrokerRefused, ConnectionClosed) as error:
+                    retried = (
+                        error.reason in RETRIED_REASONS
+                        if isinstance(error, BrokerRefused)
+                        else reconnects
+                    )
+                    if retries is None or not retried or client.sends_plain_produce:
+                        raise
+                    delay = retries.next_delay(self._clock.seconds())
+                    if delay is None:
+                        raise
+                    last = error
+                await self._sleep(delay)
+        finally:
+            self._window.finish(sequence)
+            self._admit_waiting()
+
+    async def _connected(
+        self,
+        connection: Callable[[], Deferred[BrokerClient]],
+        retries: Retries | None,
+        last: Exception | None,
+    ) -> BrokerClient:
+        """The client to try through; with ``retries``, waited for no longer than they last."""
+        if retries is None:
+            return await connection()
+        remaining = retries.remaining(self._clock.seconds())
+        try:
+            return await connection().addTimeout(remaining, self._clock)
+        except TimeoutError:
+            if last is not None:
+                raise last from None
+            raise ConnectionClosed(
+                f"no connection to the broker within {remaining:.3g} s"
+            ) from None
+
+    def _sequence(self) -> Deferred[int]:
+        if not self._waiting:
+            sequence = self._window.take()
+            if sequence is not None:
+                return succeed(sequence)
+        waiting: Deferred[int] = Deferred(self._waiting.remove)
+        self._waiting.append(waiting)
+        return waiting
+
+    def _admit_waiting(self) -> None:
+        # Not re-entered: a produce let out here may finish at once (its connection is closed),
+        # and let out the next from inside this loop.
+        if self._admitting:
+            return
+        self._admitting = True
+        try:
+            while self._waiting:
+                sequence = self._window.take()
+                if sequence is None:
+                    return
+                self._waiting.popleft().callback(sequence)
+        finally:
+            self._admitting = False
+
+    def _sleep(self, delay: float) -> Deferred[None]:
+        waiting: Deferred[None] = Deferred(lambda cancelled: self._sleeping.pop(cancelled).cancel())
+        self._sleeping[waiting] = self._clock.callLater(delay, self._woken, waiting)
+        return waiting
+
+    def _woken(self, waiting: Deferred[None]) -> None:
+        del self._sleeping[waiting]
+        waiting.callback(None)
+
+
 class _OneClient(Factory):
     def __init__(self, client: BrokerClient) -> None:
         self._client = client
@@ -481,15 +685,19 @@ def connect_endpoint(
     password: str,
     max_frame_size: int = MAX_RESPONSE_SIZE,
     *,
+    clock: IReactorTime,
     tls_hostname: str | None = None,
     cafile: str | None = None,
-    clock: IReactorTime | None = None,
+    produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY,
 ) -> Deferred[BrokerClient]:
     """Connect through ``endpoint`` and log in; fires with the client. With ``tls_hostname``,
     over TLS to a broker whose certificate names that host and is signed by a CA of ``cafile``
-    (PEM; default: the system's trusted CAs); ``clock`` runs the TLS layer's write coalescing
-    (default: the global reactor)."""
-    client = BrokerClient((user, password), max_frame_size)
+    (PEM; default: the system's trusted CAs). ``clock`` (the reactor) runs the TLS layer's write
+    coalescing and the waits before produces are retried; ``produce_retry`` says how they are
+    (None: never)."""
+    client = BrokerClient(
+        (user, password), max_frame_size, clock=clock, produce_retry=produce_retry
+    )
     endpoint = secured(endpoint, tls_hostname, cafile, clock)
     connected = cast("Deferred[Any]", endpoint.connect(_OneClient(client)))
     return connected.addCallback(lambda _: client.ready())
@@ -505,11 +713,13 @@ def connect(
     *,
     tls: bool = False,
     cafile: str | None = None,
+    produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY,
 ) -> Deferred[BrokerClient]:
     """Connect to ``host:port`` over TCP, or TLS with ``tls`` (the broker's certificate must
     name ``host`` and be signed by a CA of ``cafile``, else of the system), and log in; fires
     with the client, or fails with ``BrokerRefused`` (``invalid_credentials``,
-    ``tls_required``) or the connection's error."""
+    ``tls_required``) or the connection's error. ``produce_retry`` says how the client's
+    produces are retried (None: never)."""
     return connect_endpoint(
         HostnameEndpoint(reactor, host, port, timeout=timeout),
         user,
@@ -517,4 +727,5 @@ def connect(
         tls_hostname=host if tls else None,
         cafile=cafile,
         clock=reactor,
+        produce_retry=produce_retry,
     )

@@ -1,7 +1,10 @@
 """A ``ClientService`` that keeps one logged-in ``BrokerClient`` connected, with backoff.
 
-Requests in flight when a connection drops fail (``ConnectionClosed``) and are **not** retried:
-only the caller knows whether a produce may be sent twice. Subscriptions end with the
+The service is a producer of its own: ``ReconnectingClient.produce`` stamps its produces with
+the service's producer id, and retries through the next connection a produce whose connection
+was lost before its answer, as well as one refused ``not_primary``, ``unreachable`` or
+``no_quorum``, with the same stamp: never stored twice. Other requests in flight when a
+connection drops fail (``ConnectionClosed``) and are not retried. Subscriptions end with the
 connection too; ``on_ready`` runs on every new logged-in connection, which is the place to
 subscribe again (a group's subscription resumes from its committed position).
 
@@ -14,7 +17,7 @@ failed in a row, so wrong credentials are retried ever more slowly rather than e
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import cast
 
 from twisted.application.internet import ClientService, backoffPolicy
@@ -24,25 +27,33 @@ from twisted.internet.protocol import Factory
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from logbroker.client._protocol import MAX_RESPONSE_SIZE, BrokerClient
+from logbroker.client._errors import ConnectionClosed
+from logbroker.client._protocol import MAX_RESPONSE_SIZE, BrokerClient, StampedProducer
+from logbroker.client._retry import DEFAULT_PRODUCE_RETRY, ProduceRetry
 from logbroker.client._tls import secured
+from logbroker.records import Record
 
 log = Logger()
 
 
 class ReconnectingClient(ClientService):
-    """Start it (``startService``, or add it to a ``MultiService``), then ask for the current
-    connection with ``when_ready()``::
+    """Start it (``startService``, or add it to a ``MultiService``), then produce through it,
+    or ask for the current connection with ``when_ready()``::
 
-        service = ReconnectingClient(HostnameEndpoint(reactor, "localhost", 4040), "app", "app123")
+        service = ReconnectingClient(
+            HostnameEndpoint(reactor, "localhost", 4040), "app", "app123", clock=reactor
+        )
         service.startService()
+        await service.produce("orders", [Record(b"hello")])
         client = await service.when_ready()
-        await client.produce("orders", [Record(b"hello")])
+        batch = await client.fetch("orders")
 
     ``retry_policy`` maps the number of failed attempts in a row to the seconds to wait
-    (default ``backoffPolicy()``: 1 s growing by 1.5x to 60 s, plus up to 1 s of jitter).
-    With ``tls_hostname``, every connection is TLS to a broker whose certificate names that
-    host and is signed by a CA of ``cafile`` (PEM; default: the system's trusted CAs).
+    (default ``backoffPolicy()``: 1 s growing by 1.5x to 60 s, plus up to 1 s of jitter), on
+    ``clock``. ``produce_retry`` says how produces are retried (None: never), through this
+    service's ``produce`` and the clients it hands out alike. With ``tls_hostname``, every
+    connection is TLS to a broker whose certificate names that host and is signed by a CA of
+    ``cafile`` (PEM; default: the system's trusted CAs).
     """
 
     def __init__(
@@ -51,8 +62,9 @@ class ReconnectingClient(ClientService):
         user: str,
         password: str,
         *,
-        clock: IReactorTime | None = None,
+        clock: IReactorTime,
         retry_policy: Callable[[int], float] | None = None,
+        produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY,
         on_ready: Callable[[BrokerClient], object] | None = None,
         max_frame_size: int = MAX_RESPONSE_SIZE,
         tls_hostname: str | None = None,
@@ -62,6 +74,9 @@ class ReconnectingClient(ClientService):
         self._max_frame_size = max_frame_size
         self._on_ready = on_ready
         self._policy = retry_policy or backoffPolicy()
+        self._clock = clock
+        self._produce_retry = produce_retry
+        self._producer = StampedProducer(clock, produce_retry)
         #: Connections in a row that closed, or were refused, before their login succeeded.
         self.failed_logins = 0
         super().__init__(
@@ -78,6 +93,34 @@ class ReconnectingClient(ClientService):
         ``CancelledError`` when the service stops."""
         connected = self.whenConnected(failAfterFailures=fail_after_failures)
         return connected.addCallback(lambda client: cast(BrokerClient, client).ready())
+
+    @property
+    def producer_id(self) -> int:
+        """The service's producer id (random), which stamps the produces of ``produce``."""
+        return self._producer.producer_id
+
+    def produce(
+        self, topic: str, records: Iterable[Record], *, give_up_after: float | None = None
+    ) -> Deferred[int]:
+        """Produce through the current connection, or the next one; fires with the count
+        appended once every record is durable. As ``BrokerClient.produce``, and a produce whose
+        connection was lost before its answer is retried too, through the next connection,
+        with the same stamp (so never stored twice); no try starts, nor waits for a
+        connection, later than ``give_up_after`` seconds (default: ``produce_retry``'s) after
+        the first."""
+        return self._producer.produce(
+            topic,
+            tuple(records),
+            self.when_ready,
+            reconnects=True,
+            give_up_after=give_up_after,
+        )
+
+    def stopService(self) -> Deferred[None]:
+        """Stop reconnecting, close the connection; produces waiting to be retried fail."""
+        self._producer.interrupt(ConnectionClosed("the reconnecting client was stopped"))
+        stopped: Deferred[None] = super().stopService()
+        return stopped
 
     def _connected(self, client: BrokerClient) -> None:
         client.ready().addCallbacks(self._logged_in, self._login_failed)
@@ -104,6 +147,11 @@ class _ClientFactory(Factory):
 
     def buildProtocol(self, addr: IAddress | None) -> BrokerClient:
         service = self._service
-        client = BrokerClient(service._credentials, service._max_frame_size)
+        client = BrokerClient(
+            service._credentials,
+            service._max_frame_size,
+            clock=service._clock,
+            produce_retry=service._produce_retry,
+        )
         service._connected(client)
         return client

@@ -13,7 +13,10 @@ One request at a time over one socket (TLS with ``tls=True``)::
             print(record.key, record.value)
         client.commit("orders", "billing", batch.next_cursor)
 
-Every error frame raises ``BrokerRefused`` carrying the server's reason.
+Every error frame raises ``BrokerRefused`` carrying the server's reason. ``produce`` goes as
+``produce_idempotent`` stamped with the client's producer id and the produce's own sequence, and
+one refused ``not_primary``, ``unreachable`` or ``no_quorum`` is sent again with the same stamp
+after a back-off (``produce_retry``), so it is never stored twice.
 """
 
 from __future__ import annotations
@@ -21,22 +24,43 @@ from __future__ import annotations
 import itertools
 import socket
 import ssl
+import time
 from collections.abc import Iterable, Sequence
 from types import TracebackType
 
 from logbroker import wire
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
-from logbroker.records import Record
+from logbroker.client._retry import (
+    DEFAULT_PRODUCE_RETRY,
+    RETRIED_REASONS,
+    ProduceRetry,
+    Retries,
+    new_producer_id,
+)
+from logbroker.errors import Reason
+from logbroker.records import ProducerStamp, Record
 
-__all__ = ["BlockingClient", "BrokerRefused", "ConnectionClosed"]
+__all__ = ["BlockingClient", "BrokerRefused", "ConnectionClosed", "ProduceRetry"]
 
 
 class BlockingClient:
-    def __init__(self, sock: socket.socket) -> None:
+    """A client over ``sock`` (``connect`` makes one); ``produce_retry`` says how its produces
+    are retried (None: never)."""
+
+    def __init__(
+        self, sock: socket.socket, produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY
+    ) -> None:
         self._socket = sock
         self._decoder = wire.FrameDecoder(2**31)
         self._frames: list[bytes] = []
         self._ids = itertools.count(1)
+        self._produce_retry = produce_retry
+        #: This client's producer id (random), which stamps its produces.
+        self.producer_id = new_producer_id()
+        self._sequences = itertools.count()
+        #: Set once the broker answered ``produce_idempotent`` ``unknown_api_key``: produces go
+        #: as plain ``produce`` from then on, and are not retried.
+        self.sends_plain_produce = False
 
     @classmethod
     def connect(
@@ -49,11 +73,13 @@ class BlockingClient:
         *,
         tls: bool = False,
         cafile: str | None = None,
+        produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY,
     ) -> BlockingClient:
         """Connect and authenticate (raises ``BrokerRefused`` on bad credentials). With
         ``tls``, over TLS 1.2 or later to a broker whose certificate names ``host`` and is
         signed by a CA of ``cafile`` (PEM; default: the system's trusted CAs); a failed
-        handshake raises ``ssl.SSLError``."""
+        handshake raises ``ssl.SSLError``. ``produce_retry`` says how produces are retried
+        (None: never)."""
         if cafile is not None and not tls:
             # Silently plaintext would be the worst reading of a CA file given without TLS.
             raise ValueError("cafile is only used with tls=True")
@@ -68,7 +94,7 @@ class BlockingClient:
             except BaseException:
                 sock.close()
                 raise
-        client = cls(sock)
+        client = cls(sock, produce_retry)
         try:
             client.auth(user, password)
         except BaseException:
@@ -145,8 +171,35 @@ class BlockingClient:
         only)."""
         return wire.decode_cluster(self.call(wire.DescribeCluster()))
 
-    def produce(self, topic: str, records: Iterable[Record]) -> int:
-        return wire.decode_count(self.call(wire.Produce(topic, tuple(records))))
+    def produce(
+        self, topic: str, records: Iterable[Record], *, give_up_after: float | None = None
+    ) -> int:
+        """Append ``records``; return their count once every one is durable.
+
+        Sent as ``produce_idempotent`` with this client's next sequence; refused
+        ``not_primary``, ``unreachable`` or ``no_quorum``, it is sent again with the same stamp
+        after a back-off, until ``give_up_after`` seconds (default: ``produce_retry``'s) after
+        the first try, then raises the last refusal. A broker without ``produce_idempotent``
+        gets a plain ``produce``, not retried."""
+        batch = tuple(records)
+        if self.sends_plain_produce:
+            return wire.decode_count(self.call(wire.Produce(topic, batch)))
+        stamp = ProducerStamp(self.producer_id, next(self._sequences))
+        policy = self._produce_retry
+        retries = None if policy is None else Retries(policy, time.monotonic(), give_up_after)
+        while True:
+            try:
+                return wire.decode_count(self.call(wire.ProduceIdempotent(topic, stamp, batch)))
+            except BrokerRefused as refused:
+                if refused.reason == Reason.UNKNOWN_API_KEY and refused.correlation_id:
+                    self.sends_plain_produce = True
+                    return wire.decode_count(self.call(wire.Produce(topic, batch)))
+                if retries is None or refused.reason not in RETRIED_REASONS:
+                    raise
+                delay = retries.next_delay(time.monotonic())
+                if delay is None:
+                    raise
+            time.sleep(delay)
 
     def fetch(
         self,

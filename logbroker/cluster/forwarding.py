@@ -3,8 +3,11 @@
 With replication factor 1 each range's active segment lives on one node, its primary; any other
 node serves clients by forwarding. ``ForwardedRange`` is the ``RangeHandle`` of such a range on a
 node that is not its primary: every call becomes one peer request (``PeerOp.APPEND``, ``READ``,
-``BOUNDS``) to the primary. ``RangeServer`` is the primary's side, the ``RequestHandler`` of its
-peer listener: it decodes the request, calls its own handle of the range and encodes the answer.
+``BOUNDS``) to the primary; a share of a ``produce_idempotent`` goes as ``STAMPED_APPEND``, so
+that the primary's handle, which knows what the range stored, keeps a retry from being stored
+twice whichever node it came through. ``RangeServer`` is the primary's side, the
+``RequestHandler`` of its peer listener: it decodes the request, calls its own handle of the
+range and encodes the answer.
 
 A forwarded append fires once the primary has answered, and the primary answers once the records
 are durable by its own handle's rule, so a forwarded produce is as durable as a local one. A
@@ -13,7 +16,9 @@ handle read them, within the same record limit and byte budget, with the same ``
 
 Failures reach the broker core as ``BrokerError`` with the reason the client is told
 (``FORWARDED_REASONS``); every other reason (a bug, a peer of another version, an internal error)
-becomes ``unreachable`` and is logged. With no established link to the primary a request fails
+becomes ``unreachable`` and is logged. A primary of a version without ``STAMPED_APPEND`` answers
+it ``unknown_op``: the share is sent again as a plain ``APPEND``, stored as that node stores any
+produce (at-least-once). With no established link to the primary a request fails
 at once (``PeerConnections.request``); a link that drops fails the requests waiting on it at
 once; a silent peer is dropped after the peer settings' ``dead_after_s``.
 """
@@ -23,6 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
+import attrs
 from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -31,8 +37,8 @@ from twisted.python.failure import Failure
 from logbroker._deferreds import detached
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
-from logbroker.errors import Reason
-from logbroker.records import Record
+from logbroker.errors import CLIENT_REASON, Reason
+from logbroker.records import ProducerStamp, Record
 from logbroker.replication.codec import (
     AppendRequest,
     AppendResult,
@@ -50,6 +56,7 @@ from logbroker.replication.codec import (
     decode_bounds_result,
     decode_read_request,
     decode_read_result,
+    decode_stamped_append_request,
     encode_append_request,
     encode_append_result,
     encode_bounds_request,
@@ -71,9 +78,17 @@ _MAX_U32 = 0xFFFFFFFF
 _MAX_U64 = 0xFFFFFFFFFFFFFFFF
 
 #: The reasons a peer's failure keeps on its way to the client: each tells the client to retry
-#: (later, or elsewhere). Any other reason is this cluster's own trouble: ``unreachable``, logged.
+#: (later, or elsewhere), or (``sequence_too_old``) that a retry came too late to be told apart
+#: from its first try. Any other reason is this cluster's own trouble: ``unreachable``, logged.
 FORWARDED_REASONS: frozenset[Reason] = frozenset(
-    {Reason.OVERLOADED, Reason.UNREACHABLE, Reason.NO_QUORUM, Reason.NOT_PRIMARY, Reason.TIMEOUT}
+    {
+        Reason.OVERLOADED,
+        Reason.UNREACHABLE,
+        Reason.NO_QUORUM,
+        Reason.NOT_PRIMARY,
+        Reason.TIMEOUT,
+        Reason.SEQUENCE_TOO_OLD,
+    }
 )
 
 
@@ -118,16 +133,29 @@ class ForwardedRange:
         before it appends, and its refusal comes back as the append's failure (nothing stored)."""
         return None
 
-    def append(self, records: Sequence[Record]) -> Deferred[None]:
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
         count, data = pack_records(records)
-        payload = encode_append_request(AppendRequest(self._range_id, count, data))
+        request = AppendRequest(self._range_id, count, data, stamp)
 
         def appended(answer: bytes) -> None:
             result = decode_append_result(answer)
             if result.count != count:
                 raise MalformedPeerMessage(f"{result.count} records appended of {count} sent")
 
-        return self._request(PeerOp.APPEND, payload, appended)
+        sent = self._requester.request(self._primary, request.op, encode_append_request(request))
+        if stamp is not None:
+            sent.addErrback(self._unstamped, request)
+        return sent.addCallback(appended).addErrback(self._failed, request.op)
+
+    def _unstamped(self, failure: Failure, request: AppendRequest) -> Failure | Deferred[bytes]:
+        """A primary of a version without stamped appends: send it the share as a plain one."""
+        error = failure.value
+        if not (isinstance(error, PeerError) and error.reason == PeerReason.UNKNOWN_OP):
+            return failure
+        plain = attrs.evolve(request, stamp=None)
+        return self._requester.request(self._primary, plain.op, encode_append_request(plain))
 
     def bounds(self) -> Deferred[Bounds]:
         payload = encode_bounds_request(BoundsRequest(self._range_id))
@@ -173,9 +201,10 @@ class ForwardedRange:
         error = failure.value
         if isinstance(error, CancelledError):
             return failure  # the caller cancelled its own request
-        if isinstance(error, PeerError) and error.reason in FORWARDED_REASONS:
+        passed_on = _passed_on(error) if isinstance(error, PeerError) else None
+        if passed_on is not None:
             raise BrokerError(
-                Reason(error.reason),
+                passed_on,
                 f"{op.name.lower()} of range {self._range_id} on node {self._primary}: {error}",
             )
         name = op.name.lower()
@@ -202,6 +231,21 @@ class ForwardedRange:
             Reason.UNREACHABLE,
             f"{op.name.lower()} of range {self._range_id} on node {self._primary} failed",
         )
+
+
+def _passed_on(error: PeerError) -> Reason | None:
+    """The reason to tell the client for what the primary answered, if it is one a client can
+    act on: the forwarded reasons as they are, and the primary's passing conditions (its
+    control plane not loaded yet, etcd contended) as the client port folds them, into
+    ``unreachable``. An internal error is a bug, never passed on quietly."""
+    try:
+        reason = Reason(error.reason)
+    except ValueError:
+        return None
+    if reason is Reason.INTERNAL_ERROR:
+        return None
+    folded = CLIENT_REASON[reason]
+    return folded if folded in FORWARDED_REASONS else None
 
 
 #: The longest a long poll waits on a primary in one request. A waiting fetch asks again when it
@@ -288,6 +332,9 @@ class RangeServer:
         self._opening: dict[str, list[Deferred[RangeHandle]]] = {}
         self._ops: dict[PeerOp, Callable[[bytes], Deferred[bytes]]] = {
             PeerOp.APPEND: lambda payload: self._append(decode_append_request(payload)),
+            PeerOp.STAMPED_APPEND: lambda payload: self._append(
+                decode_stamped_append_request(payload)
+            ),
             PeerOp.READ: lambda payload: self._read(decode_read_request(payload)),
             PeerOp.BOUNDS: lambda payload: self._bounds(decode_bounds_request(payload)),
         }
@@ -316,7 +363,7 @@ class RangeServer:
                 raise refusal
             # Once asked, the append finishes even if the peer's connection goes (a stop, a
             # drop): it is stored, and the long polls waiting on the range are woken.
-            appended = detached(handle.append(records))
+            appended = detached(handle.append(records, request.stamp))
             return appended.addCallback(lambda _: encode_append_result(AppendResult(len(records))))
 
         return self._handle(request.range_id).addCallback(append)

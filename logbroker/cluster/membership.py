@@ -163,6 +163,11 @@ class Membership(MultiService):
     def live_nodes(self) -> list[NodeRecord]:
         return [view.record for view in self.nodes() if view.alive]
 
+    def is_alive(self, node_id: str) -> bool:
+        """Whether ``node_id`` holds its membership lease, as this node last heard (asked for
+        every replica of every produce: a set lookup)."""
+        return node_id in self._alive and node_id in self._members
+
     # -- lifecycle -------------------------------------------------------------------------
 
     def startService(self) -> None:

@@ -21,8 +21,7 @@ from twisted.logger import Logger
 
 from logbroker import __version__
 from logbroker.broker.groups import LocalGroups
-from logbroker.broker.ranges import LocalRanges, RangeHandle
-from logbroker.cluster.forwarding import ForwardedRange, RangeServer, RemoteWaits
+from logbroker.cluster.assembly import assemble_ranges
 from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.cluster.membership import Membership, NodeRecord
 from logbroker.cluster.placement import PlacementNode, PlacementRule
@@ -30,9 +29,11 @@ from logbroker.cluster.ranges import ClusterRanges
 from logbroker.cluster.view import MembershipView
 from logbroker.config import BrokerConfig, EnvMode
 from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore
+from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics
 from logbroker.replication.codec import PeerOp
 from logbroker.replication.handshake import PeerIdentity
+from logbroker.replication.primary import ReplicationSettings
 from logbroker.replication.protocol import PeerConnections, PeerServerFactory
 from logbroker.storage import OpenLogs
 
@@ -41,6 +42,10 @@ log = Logger()
 #: Peers of a development or test cluster without ``SVC_CLUSTER_SECRET`` prove they know this.
 #: It keeps apart clusters that happen to share a network, nothing more: prod refuses it.
 DEVELOPMENT_CLUSTER_SECRET = b"logbroker development cluster secret, never for production"
+#: How often a node looks for ranges whose primary died and that it should take over.
+TAKEOVER_SWEEP_SECONDS = 0.5
+#: How often a node heals one copy it lacks and one weak replica set.
+HEALING_SECONDS = 1.0
 
 
 @attrs.define
@@ -48,6 +53,9 @@ class ClusterParts:
     control: EtcdControlPlane
     membership: Membership
     ranges: ClusterRanges
+    #: Takes over the ranges whose primary died, and heals copies and replica sets
+    #: (replication factor above 1 only).
+    chores: list[PeriodicTask]
     view: MembershipView
     peers: PeerConnections
     groups: ClusterGroups
@@ -139,40 +147,68 @@ def build_cluster(
             peers.add_peer(new)
 
     membership.on_change.append(keep_links)
-    local = LocalRanges(storage)
     rule = PlacementRule.from_settings(cluster)
-
-    waits = RemoteWaits(peers)
-
-    def forward(primary: str, range_id: str) -> RangeHandle:
-        return ForwardedRange(range_id, primary, peers, waits)
 
     def live_nodes() -> list[PlacementNode]:
         return [PlacementNode(r.node_id, r.attributes, True) for r in membership.live_nodes()]
 
-    ranges = ClusterRanges(
-        node_id,
-        control,
-        local,
-        forward,
-        live_nodes,
-        rule,
+    parts = assemble_ranges(
+        node_id=node_id,
+        control=control,
+        storage=storage,
+        peers=peers,
+        clock=reactor,
+        rule=rule,
+        live_nodes=live_nodes,
         holds_lease=lambda: membership.holds_lease,
+        replication=ReplicationSettings(
+            replication_factor=cluster.replication_factor,
+            ack_timeout_seconds=cluster.node_lease_ms / 1000,
+        ),
+        roll_bytes=config.storage.log.roll_bytes,
+        is_live=membership.is_alive,
+        holds_chores=lambda: membership.holds_chores,
+        replace_after_seconds=cluster.replica_replace_after_ms / 1000,
     )
+    chores: list[PeriodicTask] = []
+    lead, healer = parts.lead, parts.healer
+    if lead is not None and healer is not None:
+
+        def range_ids() -> list[str]:
+            return [r for topic in control.topics() for r in topic.range_ids]
+
+        chores = [
+            PeriodicTask(
+                "takeover_sweep",
+                TAKEOVER_SWEEP_SECONDS,
+                lambda: lead.sweep(range_ids()),
+                reactor,
+                metrics=metrics,
+                now=False,
+            ),
+            PeriodicTask(
+                "healing",
+                HEALING_SECONDS,
+                lambda: healer.tick(range_ids()),
+                reactor,
+                metrics=metrics,
+                now=False,
+            ),
+        ]
     local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
-    range_server = RangeServer(ranges.led_here(), reactor)
     serve_group = group_handler(local_groups)
 
     def serve(peer: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         if op is PeerOp.GROUP:
             return serve_group(payload)
-        return range_server(peer, op, payload)
+        return parts.serve(peer, op, payload)
 
     return ClusterParts(
         control=control,
         membership=membership,
-        ranges=ranges,
+        ranges=parts.ranges,
+        chores=chores,
         view=MembershipView(cluster.cluster_id, membership, control, rule),
         peers=peers,
         groups=groups,

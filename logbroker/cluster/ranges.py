@@ -1,15 +1,17 @@
 """The ``RangeDirectory`` of a cluster node: each range is served where its active segment lives.
 
 The control plane records every segment's replica set; the first member is the primary. This
-node serves the ranges whose active segment it leads from its own logs (``LocalRanges``) and
-reaches every other range through a forwarder to its primary (``forward``). A new range's first
+node serves the ranges whose active segment it leads (``local``: ``LocalRanges`` at replication
+factor 1, ``LeadRanges`` above it, see ``logbroker.cluster.assembly``) and reaches every other
+range through a forwarder to its primary (``forward``). A new range's first
 segment is placed by the placement planner over the live nodes when the range is opened, and
 recorded in the control plane; the node whose turn it is to create it and the nodes racing it
 agree, since placement is a pure function of the membership every node sees, and the control
 plane takes only one record of a segment.
 
-With replication factor 1 (the only one built so far) a range's active segment stays on its
-primary for good: a dead primary's ranges answer ``unreachable`` until it returns. A node that
+With replication factor 1 a range's active segment stays on its primary for good: a dead
+primary's ranges answer ``unreachable`` until it returns. Above it, the first live replica takes
+a dead primary's segments over (``logbroker.replication.takeover``). A node that
 holds no membership lease (etcd has not answered it for a lease TTL) acts as no range's primary
 (``unreachable``: retry later) until it registers again: it cannot know whether another node
 took over.
@@ -24,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError
-from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle, RangeRead
+from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
 from logbroker.cluster.placement import PlacementNode, PlacementRule, place, segment_key
 from logbroker.controlplane import (
     ControlPlane,
@@ -33,7 +35,7 @@ from logbroker.controlplane import (
     SegmentState,
 )
 from logbroker.errors import Reason
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 
 log = Logger()
 
@@ -46,7 +48,7 @@ class ClusterRanges:
         self,
         node_id: str,
         control: ControlPlane,
-        local: LocalRanges,
+        local: RangeDirectory,
         forward: Forwarder,
         live_nodes: Callable[[], Iterable[PlacementNode]],
         rule: PlacementRule,
@@ -178,8 +180,10 @@ class _Later:
     def refusal(self, count: int) -> BrokerError | None:
         return None
 
-    def append(self, records: Sequence[Record]) -> Deferred[None]:
-        return self.ready().addCallback(lambda handle: handle.append(records))
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
+        return self.ready().addCallback(lambda handle: handle.append(records, stamp))
 
     def bounds(self) -> Deferred[Bounds]:
         return self.ready().addCallback(lambda handle: handle.bounds())

@@ -221,6 +221,8 @@ class ClusterSettings:
     advertise_host: str | None = None
     #: The TTL of the node's membership lease: this long without a keepalive, it is dead.
     node_lease_ms: int = 5000
+    #: A replica dead this long is replaced in the replica sets that name it (and backfilled).
+    replica_replace_after_ms: int = 300_000
     #: Peers prove they know it (HMAC) at the peer handshake, unless mutual TLS is on.
     cluster_secret: str | None = attrs.field(default=None, repr=False)
 
@@ -583,6 +585,9 @@ def _cluster(env: Mapping[str, str], warnings: list[str]) -> ClusterSettings:
         cluster_id=_identifier(env, "SVC_CLUSTER_ID") or "logbroker",
         advertise_host=parse_text(env, "SVC_ADVERTISE_HOST"),
         node_lease_ms=parse_int(env, "SVC_NODE_LEASE_MS", 5000, 2000, 600_000),
+        replica_replace_after_ms=parse_int(
+            env, "SVC_REPLICA_REPLACE_AFTER_MS", 300_000, 1000, 7 * 24 * 3600 * 1000
+        ),
         cluster_secret=_cluster_secret(env),
     )
 

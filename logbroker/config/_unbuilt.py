@@ -14,13 +14,6 @@ def check_built(config: BrokerConfig) -> list[str]:
     """Raise ``ConfigError`` for a setting that needs a feature not built yet; return a warning
     for each setting that is accepted but not yet in effect."""
     cluster = config.cluster
-    if cluster.replication_factor > 1:
-        raise ConfigError(
-            "SVC_LOG_REPLICATION_FACTOR",
-            str(cluster.replication_factor),
-            "1: quorum replication is not built in this version, so a higher factor would"
-            " acknowledge after one local fsync",
-        )
     warnings = []
     if cluster.control_plane is ControlPlane.ETCD:
         if cluster.cluster_secret is None and config.mode is EnvMode.PROD:
@@ -30,10 +23,11 @@ def check_built(config: BrokerConfig) -> list[str]:
                 "a long random secret shared by the cluster's nodes, which prod requires to"
                 " authenticate peers (mutual TLS between peers is not built yet)",
             )
-        warnings.append(
-            "cluster mode is partly built: replication factor 1 only, without failover (a node"
-            " that is down takes its ranges with it until it returns)"
-        )
+        if cluster.replication_factor == 1:
+            warnings.append(
+                "SVC_LOG_REPLICATION_FACTOR=1: each range has one copy, so a node that is down"
+                " takes its ranges with it until it returns; set 3 to survive the loss of a node"
+            )
     if config.scrub.enabled:
         warnings.append(
             "SVC_SCRUB_ENABLED is true, but the integrity scrub is not built in this version:"

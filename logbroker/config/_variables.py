@@ -252,6 +252,11 @@ VARIABLES: tuple[Variable, ...] = (
             "membership lease TTL: a node silent this long is dead to the cluster",
         ),
         (
+            "SVC_REPLICA_REPLACE_AFTER_MS",
+            "300000",
+            "a replica dead this long is replaced in its replica sets and the new one backfilled",
+        ),
+        (
             "SVC_CLUSTER_SECRET",
             "unset",
             "shared secret peers prove they know at the handshake (secret; 16+ characters)",

@@ -71,7 +71,7 @@ class _Watch:
 
     def cancel(self) -> None:
         self.active = False
-        self.store._watches.discard(self)
+        self.store._watches.pop(self, None)
 
     def covers(self, key: bytes) -> bool:
         return self.start <= key < self.end
@@ -89,7 +89,9 @@ class MemoryKeyValueStore:
         self.compact_revision = 0
         #: Every retained revision's events, in revision order.
         self._history: list[tuple[int, tuple[WatchEvent, ...]]] = []
-        self._watches: set[_Watch] = set()
+        #: In the order they were made (a dict), so that events reach them in a repeatable
+        #: order: the simulation replays a seed exactly.
+        self._watches: dict[_Watch, None] = {}
         self._leases: dict[int, _Lease] = {}
         self._next_lease = _FIRST_LEASE
         #: While true, every request fails as if no member answered.
@@ -106,7 +108,7 @@ class MemoryKeyValueStore:
 
     def drop_watches(self) -> None:
         """End every watch as if its member went away."""
-        dropped, self._watches = self._watches, set()
+        dropped, self._watches = list(self._watches), {}
         for watch in dropped:
             watch.active = False
             watch.on_lost(ControlPlaneUnavailableError("the watch's etcd member went away"))
@@ -245,7 +247,7 @@ class MemoryKeyValueStore:
         return deleted
 
     def _notify(self, events: Sequence[WatchEvent]) -> None:
-        for watch in sorted(self._watches, key=id):
+        for watch in list(self._watches):
             if not watch.active:
                 continue
             mine = [event for event in events if watch.covers(event.kv.key)]
@@ -280,7 +282,7 @@ class MemoryKeyValueStore:
                 )
             )
             return watch
-        self._watches.add(watch)
+        self._watches[watch] = None
         first = bisect.bisect_left(self._history, start_revision, key=lambda entry: entry[0])
         past = [
             event

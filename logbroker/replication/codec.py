@@ -41,6 +41,20 @@ Request payloads and their ok payloads, by op (an error response carries only a 
                  ok      = count:u16 text(range_id)*          the member's share (share only)
                  verb: 1 share (the member is active; which ranges does it read), 2 touch (it
                  is active), 3 leave; touch and leave carry no ranges and answer none
+    op 9 stamped append
+                 request = text(range_id) producer_id:u64 sequence:u64 record_count:u32
+                           records[rest]
+                 ok      = count:u32                      records acknowledged
+                 an append of a range's share of a ``produce_idempotent``, with its stamp: the
+                 primary does not store a stamp it has stored already (it answers the count)
+
+The stamped append is an op of its own, not a field added to op 1, so that op 1 keeps its layout
+and no version changes: a node that does not know op 9 answers ``unknown_op``, and the node
+forwarding to it sends the share as op 1 instead (stored without the dedupe, as that node would
+store any produce).
+
+Ops 5-8 (replicate, fence, seal, fetch: what a segment's primary tells its replicas) are laid
+out in ``logbroker.replication.replica_codec``.
 
 ``records`` is ``record_count`` records in the client protocol's record encoding
 (``record = str(key) value_len:u32 value timestamp_ms:u64 header_count:u32 (str(k) str(v))*``,
@@ -60,7 +74,7 @@ from typing import TypeVar
 import attrs
 
 from logbroker import wire
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 from logbroker.wire import primitives as p
 from logbroker.wire.primitives import Reader, Truncated
 
@@ -106,6 +120,13 @@ class PeerOp(IntEnum):
     READ = 2
     BOUNDS = 3
     GROUP = 4
+    # Replication (``logbroker.replication.replica_codec``).
+    REPLICATE = 5
+    FENCE = 6
+    SEAL = 7
+    FETCH = 8
+    # ``append`` with the producer's stamp of a ``produce_idempotent``.
+    STAMPED_APPEND = 9
 
 
 class GroupVerb(IntEnum):
@@ -392,11 +413,21 @@ class PeerFrameDecoder:
 
 @attrs.frozen
 class AppendRequest:
-    """Append ``record_count`` records (``records``, in the record encoding) to a range."""
+    """Append ``record_count`` records (``records``, in the record encoding) to a range; with
+    ``stamp``, only if the range has not stored that stamp yet (op ``stamped_append``)."""
 
     range_id: str = attrs.field(validator=_text)
     record_count: int = attrs.field(validator=_u32)
     records: bytes = attrs.field(validator=_bytes)
+    stamp: ProducerStamp | None = attrs.field(
+        default=None,
+        validator=attrs.validators.optional(attrs.validators.instance_of(ProducerStamp)),
+    )
+
+    @property
+    def op(self) -> PeerOp:
+        """The op that carries it."""
+        return PeerOp.APPEND if self.stamp is None else PeerOp.STAMPED_APPEND
 
 
 @attrs.frozen
@@ -458,22 +489,38 @@ class GroupRequest:
 
 
 _APPEND_HEAD = struct.Struct(">I")
+_STAMP = struct.Struct(">QQ")
 _READ_TAIL = struct.Struct(">QIII")
 _READ_RESULT_HEAD = struct.Struct(">IQQ")
 _BOUNDS_RESULT = struct.Struct(">QQ")
 
 
 def encode_append_request(request: AppendRequest) -> bytes:
-    head = encode_text(request.range_id) + _APPEND_HEAD.pack(request.record_count)
-    return head + request.records
+    """The payload of ``request.op``: an ``append``, or a ``stamped_append`` with a stamp."""
+    head = encode_text(request.range_id)
+    if request.stamp is not None:
+        head += _STAMP.pack(request.stamp.producer_id, request.stamp.sequence)
+    return head + _APPEND_HEAD.pack(request.record_count) + request.records
 
 
 def decode_append_request(payload: bytes) -> AppendRequest:
+    """An ``append`` payload (op 1)."""
     return _read_exactly(
         payload,
         lambda r: AppendRequest(_read_text(r), r.u32(), r.raw(r.remaining)),
         "append request",
     )
+
+
+def decode_stamped_append_request(payload: bytes) -> AppendRequest:
+    """A ``stamped_append`` payload (op 9)."""
+
+    def read(r: Reader) -> AppendRequest:
+        range_id = _read_text(r)
+        stamp = ProducerStamp(r.u64(), r.u64())
+        return AppendRequest(range_id, r.u32(), r.raw(r.remaining), stamp)
+
+    return _read_exactly(payload, read, "stamped append request")
 
 
 def encode_append_result(result: AppendResult) -> bytes:

@@ -89,6 +89,7 @@ class _State(Enum):
 _TOPIC_OPERATIONS: dict[type[wire.Request], Operation] = {
     wire.CreateTopic: Operation.CREATE_TOPIC,
     wire.Produce: Operation.PRODUCE,
+    wire.ProduceIdempotent: Operation.PRODUCE,
     wire.Fetch: Operation.CONSUME,
     wire.Commit: Operation.CONSUME,
     wire.Subscribe: Operation.CONSUME,
@@ -399,6 +400,9 @@ class ClientProtocol(Protocol):
                 self._track(correlation_id, broker.create_topic(topic, bits), _empty)
             case wire.Produce(topic, records):
                 self._track(correlation_id, broker.produce(topic, records), wire.encode_count)
+            case wire.ProduceIdempotent(topic, stamp, records):
+                produced = broker.produce(topic, records, stamp)
+                self._track(correlation_id, produced, wire.encode_count)
             case wire.Fetch(topic, cursor, group, member, max_records, wait_ms):
                 fetched = broker.fetch(topic, cursor, group, member, max_records, wait_ms)
                 self._track(correlation_id, fetched, _records_payload)

@@ -10,12 +10,14 @@ from logbroker.storage._format import (
     FORMAT_VERSION,
     Damage,
     DamageReason,
+    EpochMarker,
     Seal,
     iter_record_frames,
 )
 from logbroker.storage._fs import FileSystem, OsFileSystem
 from logbroker.storage._segment import CopyState, IntegrityEvent, SegmentInfo, Verification
 from logbroker.storage.errors import (
+    FencedError,
     FormatTooNewError,
     InvalidBatchError,
     LogClosedError,
@@ -28,7 +30,15 @@ from logbroker.storage.errors import (
     SegmentStateError,
     StorageError,
 )
-from logbroker.storage.log import Appended, BatchSlice, Flush, LogConfig, RangeLog
+from logbroker.storage.log import (
+    Appended,
+    BatchSlice,
+    Fenced,
+    Flush,
+    LogConfig,
+    RangeLog,
+    Written,
+)
 from logbroker.storage.store import DataDirectory, OpenLogs
 
 __all__ = [
@@ -40,7 +50,10 @@ __all__ = [
     "Damage",
     "DamageReason",
     "DataDirectory",
+    "EpochMarker",
     "Executor",
+    "Fenced",
+    "FencedError",
     "FileSystem",
     "Flush",
     "FormatTooNewError",
@@ -65,5 +78,6 @@ __all__ = [
     "StoredRecord",
     "ThreadPoolExecutor",
     "Verification",
+    "Written",
     "iter_record_frames",
 ]

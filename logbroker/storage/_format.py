@@ -1,4 +1,5 @@
-"""The bytes logbroker stores: record and batch frames, the sparse index and the seal marker.
+"""The bytes logbroker stores: record and batch frames, the sparse index, the seal marker and the
+epoch marker.
 
 CHANGING ANYTHING IN THIS MODULE BREAKS STORED DATA. Every layout here is pinned by golden-file
 tests (``tests/unit/storage/test_format_golden.py``) and described in ``docs/storage-format.md``.
@@ -13,12 +14,20 @@ Batch frame (records appended together)::
 
     0   4  CRC32C of bytes [4, length)
     4   2  magic b"LB"
-    6   1  version (1)
+    6   1  version (1: unstamped; 2: stamped)
     7   1  flags (0; reserved)
     8   4  length of the whole batch frame, header included
     12  8  base offset (offset of the first record)
     20  4  record count (at least 1)
     24  .  record frames, exactly ``record count`` of them, filling the batch to ``length``
+
+A stamped batch (version 2) holds the records of one ``produce_idempotent`` share and carries
+its producer stamp between the header and the records, so that the dedupe table can be rebuilt
+from the log; everything else is as in version 1::
+
+    24  8  producer id
+    32  8  sequence
+    40  .  record frames
 
 Record frame::
 
@@ -54,9 +63,11 @@ from enum import StrEnum
 import attrs
 from crc32c import crc32c
 
-from logbroker.records import Record, StoredRecord
+from logbroker.records import ProducerStamp, Record, StoredRecord
 
 FORMAT_VERSION = 1
+#: The version byte of a batch that carries a producer stamp.
+STAMPED_BATCH_VERSION = 2
 
 BATCH_MAGIC = b"LB"
 RECORD_MAGIC = b"LR"
@@ -68,11 +79,13 @@ _RECORD_REST_HEAD = struct.Struct(">2sBBIQQII")
 _LENGTHS = struct.Struct(">II")
 _BATCH_REST_HEAD = struct.Struct(">2sBBIQI")
 _U32 = struct.Struct(">I")
+_STAMP = struct.Struct(">QQ")
 _NULL_LENGTH = 0xFFFFFFFF
 _NULL_NBYTES = _U32.pack(_NULL_LENGTH)
 _ZERO_HEADERS = _U32.pack(0)
 
 BATCH_HEADER_SIZE = _BATCH_HEADER.size
+STAMPED_BATCH_HEADER_SIZE = BATCH_HEADER_SIZE + _STAMP.size
 RECORD_HEADER_SIZE = _RECORD_HEADER.size
 # key (null) + value (empty) + header count
 MIN_RECORD_SIZE = RECORD_HEADER_SIZE + 4 + 4 + 4
@@ -159,6 +172,22 @@ else:
     BATCH_ENCODER = "native"
 
 
+def stamp_batch(batch: bytes, stamp: ProducerStamp) -> bytes:
+    """The stamped (version 2) batch of the records of ``batch``, an unstamped batch as
+    ``encode_batch`` returns it: its header with the new version and length, the stamp, then
+    its record frames unchanged. One CRC32C call over the batch, as the record frames and
+    their checksums stay as they are."""
+    length = len(batch) + _STAMP.size
+    if length > MAX_FRAME_SIZE:
+        raise ValueError(f"batch of {length} bytes is too large to store")
+    _, _, _, _, _, base_offset, count = _BATCH_HEADER.unpack_from(batch, 0)
+    head = _BATCH_REST_HEAD.pack(BATCH_MAGIC, STAMPED_BATCH_VERSION, 0, length, base_offset, count)
+    stamp_bytes = _STAMP.pack(stamp.producer_id, stamp.sequence)
+    records = memoryview(batch)[BATCH_HEADER_SIZE:]
+    crc = crc32c(records, crc32c(stamp_bytes, crc32c(head)))
+    return b"".join((_U32.pack(crc), head, stamp_bytes, records))
+
+
 class DamageReason(StrEnum):
     """Why stored bytes failed verification; the ``reason`` label of the integrity counter."""
 
@@ -198,10 +227,18 @@ class BatchInfo:
     length: int
     base_offset: int
     record_count: int
+    #: The stamp of the produce that wrote it: set for a stamped (version 2) batch.
+    stamp: ProducerStamp | None = None
 
     @property
     def end(self) -> int:
         return self.position + self.length
+
+    @property
+    def records_start(self) -> int:
+        """Where its first record frame starts."""
+        header = BATCH_HEADER_SIZE if self.stamp is None else STAMPED_BATCH_HEADER_SIZE
+        return self.position + header
 
     @property
     def next_offset(self) -> int:
@@ -217,14 +254,34 @@ class Scan:
     damage: Damage | None
 
 
-def _header_is_sane(
-    magic: bytes, version: int, flags: int, length: int, count: int, expected: bytes
-) -> bool:
-    if magic != expected or version != FORMAT_VERSION or flags != 0:
-        return False
-    if expected == BATCH_MAGIC:
-        return count >= 1 and length >= BATCH_HEADER_SIZE + count * MIN_RECORD_SIZE
-    return length >= MIN_RECORD_SIZE
+def _batch_header_size(magic: bytes, version: int, flags: int, length: int, count: int) -> int:
+    """The size of a sane batch header with these fields (the stamp included), or 0 when they
+    are not sane."""
+    if magic != BATCH_MAGIC or flags != 0 or count < 1:
+        return 0
+    if version == FORMAT_VERSION:
+        header = BATCH_HEADER_SIZE
+    elif version == STAMPED_BATCH_VERSION:
+        header = STAMPED_BATCH_HEADER_SIZE
+    else:
+        return 0
+    return header if length >= header + count * MIN_RECORD_SIZE else 0
+
+
+def _record_header_is_sane(magic: bytes, version: int, flags: int, length: int) -> bool:
+    return (
+        magic == RECORD_MAGIC
+        and version == FORMAT_VERSION
+        and flags == 0
+        and length >= MIN_RECORD_SIZE
+    )
+
+
+def _claimed_records_start(view: memoryview, position: int) -> int:
+    """Where the records of a damaged batch at ``position`` start, as its version byte says:
+    its checksum cannot vouch for the byte, and a wrong one makes its first record fail."""
+    stamped = len(view) > position + 6 and view[position + 6] == STAMPED_BATCH_VERSION
+    return position + (STAMPED_BATCH_HEADER_SIZE if stamped else BATCH_HEADER_SIZE)
 
 
 def _all_zero(view: memoryview) -> bool:
@@ -239,7 +296,7 @@ def _walk_records(
         if end - position < RECORD_HEADER_SIZE:
             return position, Damage(position, DamageReason.HEADER)
         crc, magic, version, flags, length, offset, _ = _RECORD_HEADER.unpack_from(view, position)
-        if not _header_is_sane(magic, version, flags, length, 0, RECORD_MAGIC):
+        if not _record_header_is_sane(magic, version, flags, length):
             return position, Damage(position, DamageReason.HEADER)
         if position + length > end:
             return position, Damage(position, DamageReason.HEADER)
@@ -254,7 +311,7 @@ def _walk_records(
 def _locate_damage(view: memoryview, batch: BatchInfo) -> Damage:
     """A batch failed its checksum: find the first record that is wrong, or blame its header."""
     stopped, damage = _walk_records(
-        view, batch.position + BATCH_HEADER_SIZE, batch.end, batch.base_offset, batch.record_count
+        view, batch.records_start, batch.end, batch.base_offset, batch.record_count
     )
     if damage is not None:
         return damage
@@ -274,16 +331,16 @@ def _overlong_batch_damage(view: memoryview, position: int) -> Damage:
     (every record whole and valid) a rotted batch length. Only rot in the batch's length and
     also in its very last record can pass for a torn write.
     """
-    _, _, _, _, _, base_offset, count = _BATCH_HEADER.unpack_from(view, position)
+    _, magic, version, flags, length, base_offset, count = _BATCH_HEADER.unpack_from(view, position)
     size = len(view)
     zeros_from = position + len(bytes(view[position:]).rstrip(b"\0"))
     torn = Damage(position, DamageReason.INCOMPLETE)
-    record = position + BATCH_HEADER_SIZE
+    record = position + _batch_header_size(magic, version, flags, length, count)
     for index in range(count):
         if size - record < RECORD_HEADER_SIZE or record >= zeros_from:
             return torn
         crc, magic, version, flags, length, offset, _ = _RECORD_HEADER.unpack_from(view, record)
-        if not _header_is_sane(magic, version, flags, length, 0, RECORD_MAGIC):
+        if not _record_header_is_sane(magic, version, flags, length):
             return (
                 torn
                 if record + RECORD_HEADER_SIZE > zeros_from
@@ -321,12 +378,16 @@ def scan_batches(
         crc, magic, version, flags, length, base_offset, count = _BATCH_HEADER.unpack_from(
             view, position
         )
-        if not _header_is_sane(magic, version, flags, length, count, BATCH_MAGIC):
+        header_size = _batch_header_size(magic, version, flags, length, count)
+        if not header_size:
             reason = DamageReason.INCOMPLETE if _all_zero(remaining) else DamageReason.HEADER
             return Scan(batches, position, Damage(position, reason))
         if position + length > size:
             return Scan(batches, position, _overlong_batch_damage(view, position))
-        batch = BatchInfo(position, length, base_offset, count)
+        stamp = None
+        if header_size != BATCH_HEADER_SIZE:
+            stamp = ProducerStamp(*_STAMP.unpack_from(view, position + BATCH_HEADER_SIZE))
+        batch = BatchInfo(position, length, base_offset, count, stamp)
         if _frame_crc(view[position : position + length]) != crc:
             return Scan(batches, position, _locate_damage(view, batch))
         if expected_offset is not None and base_offset != expected_offset:
@@ -347,12 +408,13 @@ def verify_records_only(data: bytes | memoryview, position: int = 0) -> Damage |
         _, magic, version, flags, length, base_offset, count = _BATCH_HEADER.unpack_from(
             view, position
         )
-        if not _header_is_sane(magic, version, flags, length, count, BATCH_MAGIC):
+        header_size = _batch_header_size(magic, version, flags, length, count)
+        if not header_size:
             return Damage(position, DamageReason.HEADER)
         if position + length > size:
             return Damage(position, DamageReason.INCOMPLETE)
         stopped, damage = _walk_records(
-            view, position + BATCH_HEADER_SIZE, position + length, base_offset, count
+            view, position + header_size, position + length, base_offset, count
         )
         if damage is not None:
             return damage
@@ -367,7 +429,7 @@ def valid_record_offset(data: bytes, position: int) -> int | None:
     if position < 0 or len(data) - position < RECORD_HEADER_SIZE:
         return None
     crc, magic, version, flags, length, offset, _ = _RECORD_HEADER.unpack_from(data, position)
-    if not _header_is_sane(magic, version, flags, length, 0, RECORD_MAGIC):
+    if not _record_header_is_sane(magic, version, flags, length):
         return None
     if position + length > len(data):
         return None
@@ -386,7 +448,7 @@ def batch_claim(data: bytes, position: int, expected_offset: int) -> int | None:
     if len(data) - position < BATCH_HEADER_SIZE:
         return None
     _, magic, version, flags, length, base_offset, count = _BATCH_HEADER.unpack_from(data, position)
-    if not _header_is_sane(magic, version, flags, length, count, BATCH_MAGIC):
+    if not _batch_header_size(magic, version, flags, length, count):
         return None
     if base_offset != expected_offset:
         return None
@@ -408,7 +470,7 @@ def check_batch_records(data: bytes, batch: BatchInfo) -> Damage | None:
     the batch checksum but is not what its place in the log says.
     """
     view = memoryview(data)
-    start = batch.position + BATCH_HEADER_SIZE
+    start = batch.records_start
     stopped, damage = _walk_records(view, start, batch.end, batch.base_offset, batch.record_count)
     if damage is not None:
         return damage
@@ -465,8 +527,7 @@ def decode_record(frame: memoryview) -> StoredRecord:
 
 def iter_batch_records(view: memoryview, batch: BatchInfo) -> Iterator[StoredRecord]:
     """Yield the records of a batch that passed its checksum in ``scan_batches``."""
-    start = batch.position + BATCH_HEADER_SIZE
-    return iter_record_frames(view, start, batch.end)
+    return iter_record_frames(view, batch.records_start, batch.end)
 
 
 def iter_record_frames(view: memoryview, start: int, end: int) -> Iterator[StoredRecord]:
@@ -487,7 +548,7 @@ def iter_valid_records(
     each record must carry the next offset from there and pass its own checksum, and the first
     one that does not ends the walk.
     """
-    record_position = position + BATCH_HEADER_SIZE
+    record_position = _claimed_records_start(view, position)
     index = 0
     while record_position < end:
         stopped, damage = _walk_records(view, record_position, end, base_offset + index, 1)
@@ -616,3 +677,48 @@ def decode_seal(data: bytes) -> Seal:
     if _frame_crc(memoryview(data)) != crc:
         raise ValueError("seal marker checksum does not match")
     return Seal(base, count, size, sealed_at)
+
+
+# -- epoch marker ------------------------------------------------------------------------------
+#
+#   0  4  CRC32C of bytes [4, 32)
+#   4  2  magic b"LE"
+#   6  1  version (1)
+#   7  1  flags (0)
+#   8  4  reserved (0)
+#   12 8  base offset
+#   20 8  epoch
+#   28 4  reserved (0)
+
+EPOCH_MAGIC = b"LE"
+_EPOCH = struct.Struct(">I2sBBIQQI")
+
+
+@attrs.frozen
+class EpochMarker:
+    """The replication epoch a segment copy was last fenced or started at."""
+
+    base_offset: int
+    epoch: int
+
+
+def encode_epoch(marker: EpochMarker) -> bytes:
+    buf = bytearray(_EPOCH.size)
+    _EPOCH.pack_into(
+        buf, 0, 0, EPOCH_MAGIC, FORMAT_VERSION, 0, 0, marker.base_offset, marker.epoch, 0
+    )
+    with memoryview(buf) as view:
+        _U32.pack_into(buf, 0, _frame_crc(view))
+    return bytes(buf)
+
+
+def decode_epoch(data: bytes) -> EpochMarker:
+    """Decode an epoch marker; raise ``ValueError`` if it is damaged."""
+    if len(data) != _EPOCH.size:
+        raise ValueError(f"epoch marker is {len(data)} bytes, not {_EPOCH.size}")
+    crc, magic, version, flags, reserved, base, epoch, tail = _EPOCH.unpack(data)
+    if magic != EPOCH_MAGIC or version != FORMAT_VERSION or flags != 0 or reserved or tail:
+        raise ValueError("epoch marker header is not an epoch header of this format")
+    if _frame_crc(memoryview(data)) != crc:
+        raise ValueError("epoch marker checksum does not match")
+    return EpochMarker(base, epoch)

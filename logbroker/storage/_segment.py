@@ -12,6 +12,10 @@ Recovery follows the spec's integrity rules 7 and 8:
   truncated. The frames after it stay on disk for salvage, the copy is marked damaged and closed
   to appends, and new writes go to a new segment;
 * a file with its own seal marker is never truncated, whatever is wrong with it.
+
+A segment's epoch marker (``.epoch``) records the replication epoch it was last fenced or started
+at; a missing one means epoch 0, and an unreadable one is reported like an unreadable seal marker
+and leaves the epoch unknown (the range log then refuses appends to it until it is fenced again).
 """
 
 from __future__ import annotations
@@ -31,6 +35,8 @@ from logbroker.storage._format import (
     IndexEntry,
     Seal,
     batch_claim,
+    check_batch_records,
+    decode_epoch,
     decode_index,
     decode_seal,
     encode_index,
@@ -38,12 +44,14 @@ from logbroker.storage._format import (
     valid_record_offset,
 )
 from logbroker.storage._fs import AppendFile, FileSystem, ReadFile
+from logbroker.storage.errors import InvalidBatchError
 
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 SEAL_SUFFIX = ".sealed"
+EPOCH_SUFFIX = ".epoch"
 _MAGIC_AT = 4
-_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|sealed)$")
+_SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|sealed|epoch)$")
 
 
 def is_segment_file(name: str) -> bool:
@@ -124,6 +132,23 @@ def verify_segment_bytes(data: bytes, base_offset: int, seal: Seal | None) -> Ve
     return Verification(base_offset, damage, count, scan.end)
 
 
+def verify_peer_batches(data: bytes, base_offset: int) -> list[BatchInfo]:
+    """The batches of bytes a peer sent, starting at ``base_offset``; ``InvalidBatchError``
+    unless they are whole batches that all verify.
+
+    Bytes from a peer are not trusted on the batch checksum alone: every record must pass its
+    own, carry its offset and decode exactly.
+    """
+    scan = scan_batches(data, 0, base_offset)
+    damage = scan.damage
+    if damage is None:
+        damage = next(filter(None, (check_batch_records(data, b) for b in scan.batches)), None)
+    if damage is not None or not scan.batches:
+        where = damage.position if damage is not None else 0
+        raise InvalidBatchError(f"replicated bytes fail verification at byte {where}")
+    return scan.batches
+
+
 def salvage_end_offset(data: bytes, batch_start: int, next_offset: int) -> int:
     """After rot in the batch at ``batch_start``, the offset past every record it may hold.
 
@@ -188,6 +213,9 @@ class Segment:
     has_marker: bool = False
     writer: AppendFile | None = None
     reader: ReadFile | None = None
+    #: Counts the times bytes this copy already verified were cut (trimmed, or sealed shorter):
+    #: a read that started before a cut must not report what it read as damage.
+    generation: int = 0
 
     @property
     def stem(self) -> str:
@@ -222,6 +250,9 @@ class RecoveredLog:
     truncated: list[tuple[str, int, int]]
     #: Things recovery worked around that an operator should hear about.
     notes: list[str]
+    #: The epoch of each segment with an epoch marker (``None``: the marker is unreadable);
+    #: a segment without one is at epoch 0.
+    epochs: dict[int, int | None]
 
 
 def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[str]], list[str]]:
@@ -333,6 +364,7 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
     events: list[IntegrityEvent] = []
     truncated = []
     notes: list[str] = []
+    epochs: dict[int, int | None] = {}
     for base in sorted(groups):
         kinds = groups[base]
         stem_path = f"{directory}/{segment_stem(base)}"
@@ -361,6 +393,13 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
                 truncated.append(cut)
         events.extend(found)
         segments.append(segment)
+        if "epoch" in kinds:
+            epochs[base] = _recover_epoch(fs, stem_path + EPOCH_SUFFIX, base)
+            if epochs[base] is None:
+                event = IntegrityEvent(
+                    DamageReason.METADATA, stem_path + EPOCH_SUFFIX, base, 0, segment.has_marker
+                )
+                events.append(event)
     if removed:
         fs.sync_dir(directory)
     # Only the last segment may take appends; an earlier unsealed one is a closed copy.
@@ -375,4 +414,13 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
         # marker) still gives up one offset.
         last = segments[-1]
         last.end_offset = max(last.end_offset, last.base_offset + 1)
-    return RecoveredLog(segments, events, removed, truncated, notes)
+    return RecoveredLog(segments, events, removed, truncated, notes, epochs)
+
+
+def _recover_epoch(fs: FileSystem, path: str, base: int) -> int | None:
+    """The epoch an epoch marker records, or ``None`` when it is unreadable."""
+    try:
+        marker = decode_epoch(fs.read_file(path))
+    except ValueError:
+        return None
+    return marker.epoch if marker.base_offset == base else None

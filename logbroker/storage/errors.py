@@ -59,6 +59,11 @@ class SegmentStateError(StorageError):
     """The operation does not apply to the segment in its current state."""
 
 
+class FencedError(StorageError):
+    """A writer's replication epoch is older than the one the segment copy was fenced at (or the
+    copy's epoch is unknown until it is fenced again): a newer primary owns the segment."""
+
+
 class FormatTooNewError(StorageError):
     """The data directory was written by a newer storage format than this build reads."""
 

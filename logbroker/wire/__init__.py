@@ -9,6 +9,7 @@ from logbroker.wire.errors import FrameTooLargeError, WireError
 from logbroker.wire.frames import DEFAULT_MAX_FRAME_SIZE, FrameDecoder, encode_frame
 from logbroker.wire.messages import (
     CLUSTER_PAYLOAD_VERSION,
+    PRODUCER_WINDOW,
     REQUEST_TYPES,
     ApiKey,
     Auth,
@@ -27,6 +28,7 @@ from logbroker.wire.messages import (
     ListTopics,
     ListUsers,
     Produce,
+    ProduceIdempotent,
     ProtocolViolation,
     ReceivedRequest,
     RecordsPayload,
@@ -65,6 +67,7 @@ from logbroker.wire.primitives import record as encode_record
 __all__ = [
     "CLUSTER_PAYLOAD_VERSION",
     "DEFAULT_MAX_FRAME_SIZE",
+    "PRODUCER_WINDOW",
     "REQUEST_TYPES",
     "ApiKey",
     "Auth",
@@ -85,6 +88,7 @@ __all__ = [
     "ListTopics",
     "ListUsers",
     "Produce",
+    "ProduceIdempotent",
     "ProtocolViolation",
     "Reason",
     "ReceivedRequest",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Self, TypeVar
 import attrs
 
 from logbroker.errors import Reason
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 from logbroker.wire import primitives as p
 from logbroker.wire.errors import WireError
 from logbroker.wire.frames import encode_frame
@@ -29,6 +29,10 @@ _REQUEST_HEAD = struct.Struct(">HI")
 _RESPONSE_HEAD = struct.Struct(">IH")
 ERROR_CODE_OK = 0
 ERROR_CODE_ERROR = 1
+#: How many of a producer's latest sequences each range remembers (``produce_idempotent``), and
+#: so how far a producer may run ahead of its oldest unfinished produce: it sends sequence ``s``
+#: only once every produce up to ``s - PRODUCER_WINDOW`` has finished (docs/protocol.md).
+PRODUCER_WINDOW = 32
 
 
 class ApiKey(IntEnum):
@@ -50,6 +54,7 @@ class ApiKey(IntEnum):
     # Extensions (docs/protocol.md, "Extensions"): keys from 64 up, never renumbered.
     LIST_TOPICS = 64
     DESCRIBE_CLUSTER = 66
+    PRODUCE_IDEMPOTENT = 67
 
 
 @attrs.frozen
@@ -68,6 +73,10 @@ TEXT = FieldKind(p.text, Reader.text)
 U8 = FieldKind(p.u8, Reader.u8)
 U32 = FieldKind(p.u32, Reader.u32)
 RECORDS = FieldKind(_encode_records, lambda reader: _records(reader))
+STAMP = FieldKind(
+    lambda stamp: p.u64(stamp.producer_id) + p.u64(stamp.sequence),
+    lambda reader: ProducerStamp(reader.u64(), reader.u64()),
+)
 PERMISSIONS = FieldKind(lambda names: _encode_permissions(names), lambda r: _permissions(r))
 
 
@@ -227,6 +236,18 @@ class DescribeCluster(Request):
     API_KEY = ApiKey.DESCRIBE_CLUSTER
 
 
+@attrs.frozen
+class ProduceIdempotent(Request):
+    """Extension: ``produce`` with the producer's stamp, so that a retry with the same stamp
+    is not stored again. Answered as ``produce`` (``encode_count``)."""
+
+    API_KEY = ApiKey.PRODUCE_IDEMPOTENT
+    WIRE = (TEXT, STAMP, RECORDS)
+    topic: str | None
+    stamp: ProducerStamp
+    records: tuple[Record, ...]
+
+
 REQUEST_TYPES: dict[int, type[Request]] = {
     kind.API_KEY: kind
     for kind in (
@@ -247,6 +268,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         ListAcls,
         ListTopics,
         DescribeCluster,
+        ProduceIdempotent,
     )
 }
 
@@ -341,7 +363,7 @@ def encode_token(token: str) -> bytes:
 
 
 def encode_count(count: int) -> bytes:
-    """The ok payload of ``produce``."""
+    """The ok payload of ``produce`` and ``produce_idempotent``."""
     return p.u32(count)
 
 

@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from logbroker import wire
 from logbroker.client.blocking import BlockingClient, BrokerRefused
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 from tests.cluster import BrokerCluster, Node, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
 from tests.integration.twistd import broker_env
@@ -336,3 +337,24 @@ def test_the_cli_works_through_any_node_and_sees_three_live_nodes(
     assert status["node_id"] == "n2"
     assert status["control_plane"] == "etcd"
     assert consumed.split() == ["one", "two", "three"]
+
+
+def test_one_stamp_produced_through_two_nodes_is_stored_once(cluster: BrokerCluster) -> None:
+    n1, n2, n3 = cluster.nodes
+    with connect(n1) as client:
+        client.create_topic("stamped-twice")
+    known_everywhere(cluster, "stamped-twice")
+    sent = tuple(Record(b"%02d" % i, key=b"k%d" % i if i % 3 else None) for i in range(24))
+    stamp = ProducerStamp(0xC1A5_7E55_0000_0001, 0)
+    # The ranges are led by all three nodes: each node forwards the shares of the ranges led
+    # by the others, and each range's primary knows the stamp again whichever node sent it.
+    produce = wire.ProduceIdempotent("stamped-twice", stamp, sent)
+
+    answers = []
+    for node in (n1, n2):
+        with connect(node) as client:
+            answers.append(wire.decode_count(client.call(produce)))
+
+    assert answers == [24, 24]
+    with connect(n3) as client:
+        assert sorted(drain(client, "stamped-twice"), key=repr) == sorted(sent, key=repr)

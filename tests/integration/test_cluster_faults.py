@@ -37,7 +37,8 @@ def cluster(tmp_path: Path, etcd_cluster: EtcdCluster) -> Iterator[BrokerCluster
 
 
 def connect(node: Node) -> BlockingClient:
-    return BlockingClient.connect("127.0.0.1", node.port, "app", "app123")
+    # Produces not retried: the tests watch what the nodes answer, which retries would hide.
+    return BlockingClient.connect("127.0.0.1", node.port, "app", "app123", produce_retry=None)
 
 
 def spread_topic(cluster: BrokerCluster) -> str:

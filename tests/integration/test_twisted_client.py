@@ -1,5 +1,6 @@
 """The Twisted client on the real reactor (pytest-twisted) against the real ``twistd
-logbroker``: produce, fetch, subscribe with automatic acks, and a reconnect across a restart."""
+logbroker``: produce, fetch, subscribe with automatic acks, a reconnect across a restart, and a
+produce retried across one."""
 
 from __future__ import annotations
 
@@ -81,6 +82,7 @@ async def test_the_reconnecting_client_comes_back_after_a_restart(tmp_path: Path
         HostnameEndpoint(reactor, "127.0.0.1", port),
         "app",
         "app123",
+        clock=reactor,
         retry_policy=lambda attempt: 0.1,
         on_ready=readied.append,
     )
@@ -102,5 +104,39 @@ async def test_the_reconnecting_client_comes_back_after_a_restart(tmp_path: Path
             fetched = await second.fetch("kept")
             assert [r.value for r in fetched.records] == [b"before the restart"]
             assert readied == [first, second]
+    finally:
+        await service.stopService()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_produce_made_while_the_broker_restarts_is_stored_once_it_is_back(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    settings = {"SVC_TCP_PORT": str(port), "SVC_BIND_HOST": "127.0.0.1"}
+    service = ReconnectingClient(
+        HostnameEndpoint(reactor, "127.0.0.1", port),
+        "app",
+        "app123",
+        clock=reactor,
+        retry_policy=lambda attempt: 0.1,
+    )
+    try:
+        with running_broker(tmp_path, settings=settings) as broker:
+            service.startService()
+            first = await service.when_ready().addTimeout(TIMEOUT, reactor)
+            await first.create_topic("retried")
+            await service.produce("retried", [Record(b"first")], give_up_after=TIMEOUT)
+            broker.stop()
+        # Made while the broker is down: its connection is gone, then none comes for a while.
+        producing = service.produce("retried", [Record(b"second")], give_up_after=TIMEOUT)
+        await deferLater(reactor, 0.5)
+        assert not producing.called
+        with running_broker(tmp_path, settings=settings):
+            assert await producing == 1
+            client = await service.when_ready()
+            fetched = await client.fetch("retried")
+            # Once each (keyless records of two produces, in whichever ranges their stamps say).
+            assert sorted(r.value for r in fetched.records) == [b"first", b"second"]
     finally:
         await service.stopService()

@@ -670,13 +670,11 @@ def test_a_cluster_setting_that_cannot_be_served_is_an_error(
     assert f"{variable}={env[variable]!r} is invalid: expected {expected}" in str(raised.value)
 
 
-def test_a_replication_factor_above_1_stops_the_boot_until_replication_is_built() -> None:
+def test_a_replicated_cluster_boots_without_a_warning_of_its_own() -> None:
     config = parse({"SVC_CONTROL_PLANE": "etcd://e:2379", "SVC_LOG_REPLICATION_FACTOR": "3"})
 
-    with pytest.raises(ConfigError) as raised:
-        check_built(config)
-    assert raised.value.variable == "SVC_LOG_REPLICATION_FACTOR"
-    assert "quorum replication is not built" in str(raised.value)
+    [scrub] = check_built(config)
+    assert scrub.startswith("SVC_SCRUB_ENABLED")
 
 
 def test_a_prod_cluster_node_needs_a_cluster_secret() -> None:
@@ -700,7 +698,7 @@ def test_a_cluster_node_warns_what_of_the_cluster_is_not_built_yet() -> None:
     [cluster, scrub] = check_built(parse({"SVC_CONTROL_PLANE": "etcd://e1:2379"}))
 
     assert scrub.startswith("SVC_SCRUB_ENABLED")
-    assert cluster.startswith("cluster mode is partly built: replication factor 1 only")
+    assert cluster.startswith("SVC_LOG_REPLICATION_FACTOR=1: each range has one copy")
 
 
 def test_the_scrub_warns_that_it_is_not_built_unless_turned_off() -> None:

@@ -28,6 +28,7 @@ from logbroker.service import (
     ClientPortService,
     build_service,
     listen_tcp,
+    log_config_for,
 )
 from logbroker.storage import DataDirectory, OsFileSystem, RangeLog
 from logbroker.testing import ImmediateExecutor
@@ -233,3 +234,32 @@ def test_the_dashboard_starts_before_the_client_port_and_so_stops_after_it(
         (4041, "::"),
         (4040, "::"),
     ]
+
+
+def test_with_replication_the_logs_are_replicas_and_take_the_replication_group_commit() -> None:
+    replicated = log_config_for(
+        BrokerConfig.from_env(
+            {
+                "SVC_CONTROL_PLANE": "etcd://e1:2379",
+                "SVC_LOG_REPLICATION_FACTOR": "3",
+                "SVC_GROUP_COMMIT": "false",
+                "SVC_REPLICATION_GROUP_COMMIT": "true",
+                "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS": "7",
+                "SVC_SEGMENT_MAX_BYTES": "1048576",
+            }
+        )[0]
+    )
+    assert replicated.replicated
+    assert not replicated.auto_roll, "the primary rolls its segments through the control plane"
+    assert replicated.group_commit
+    assert replicated.group_commit_interval_ms == 7
+    assert replicated.roll_bytes == 1048576
+
+    single = log_config_for(
+        BrokerConfig.from_env(
+            {"SVC_GROUP_COMMIT": "true", "SVC_REPLICATION_GROUP_COMMIT": "false"}
+        )[0]
+    )
+    assert not single.replicated
+    assert single.auto_roll
+    assert single.group_commit, "replication factor 1 keeps SVC_GROUP_COMMIT"

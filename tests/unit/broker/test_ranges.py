@@ -2,12 +2,15 @@
 
 Each case builds a world that hands out the handle of range ``r.0`` and says how to settle what
 is in flight (run held storage jobs, deliver peer messages...); the assertions are the same for
-every handle. The replicated handle joins the parameter list as it lands.
+every handle.
 
 * ``local``: a ``LocalRange`` over a range log on a ``MemoryFileSystem``.
 * ``forwarded``: a ``ForwardedRange`` on node ``a`` whose requests cross a real peer link
   (``PeerConnections`` to a ``PeerServerFactory``, handshake included, over ``iosim``) to node
   ``b``'s ``RangeServer`` over the same kind of local range, opened by the first request.
+* ``replicated``: the ``ReplicatedRange`` node ``a`` leads after claiming the range, whose
+  replicas ``b`` and ``c`` (each with its own log and ``ReplicaServer``) are reached directly;
+  an append is acknowledged once a quorum of the three copies holds it.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 import attrs
 import pytest
-from twisted.internet.defer import CancelledError, Deferred, succeed
+from twisted.internet.defer import CancelledError, Deferred, maybeDeferred, succeed
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
@@ -26,20 +29,37 @@ from zope.interface import implementer
 
 from logbroker import wire
 from logbroker.broker.errors import BrokerError
-from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle
+from logbroker.broker.producers import Admission, ProducerTable
+from logbroker.broker.ranges import Bounds, LocalRange, LocalRanges, RangeHandle
 from logbroker.cluster.forwarding import ForwardedRange, RangeServer
+from logbroker.cluster.placement import PlacementNode, PlacementRule
+from logbroker.config import SpreadPolicy
+from logbroker.controlplane import (
+    EtcdControlPlane,
+    Range,
+    RangeState,
+    SegmentMeta,
+    SegmentState,
+    Topic,
+)
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
+from logbroker.replication.codec import PeerOp
 from logbroker.replication.handshake import PeerIdentity
+from logbroker.replication.leading import LeadRanges
+from logbroker.replication.primary import ReplicationSettings
 from logbroker.replication.protocol import (
     PeerConnections,
     PeerServerFactory,
     PeerSettings,
     RequestHandler,
 )
+from logbroker.replication.replica import ReplicaServer
+from logbroker.replication.requester import LocalOps, Loopback
+from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig, RangeLog
-from logbroker.testing import ManualExecutor, MemoryFileSystem
+from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore
 from tests.unit.storage.helpers import failure_of, result_of
 
 RANGE = "r.0"
@@ -185,7 +205,61 @@ def forwarded_world(config: LogConfig) -> World:
     return World(handle, settle, refuses_up_front=False, close=link.close)
 
 
-WORLDS = {"local": local_world, "forwarded": forwarded_world}
+class _Replicas:
+    """Replication requests between in-process nodes, answered as they are asked."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, LocalOps] = {}
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        return maybeDeferred(self.ops[node_id][op], payload)
+
+
+def replicated_world(config: LogConfig) -> World:
+    clock = Clock()
+    control = EtcdControlPlane(MemoryKeyValueStore(clock), prefix="/c/", clock=clock)
+    result_of(control.start())
+    result_of(
+        control.create_topic(
+            Topic("r", 8, 0, (RANGE,)), [Range(RANGE, "r", 0, 256, RangeState.ACTIVE)]
+        )
+    )
+    meta = SegmentMeta(RANGE, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+    result_of(control.put_segment(meta))
+    replicated = attrs.evolve(config, replicated=True, auto_roll=False)
+    executors = {node: ManualExecutor() for node in "abc"}
+    storages = {
+        node: _Logs(MemoryFileSystem(), executor, replicated)
+        for node, executor in executors.items()
+    }
+    peers = _Replicas()
+    for node, storage in storages.items():
+        peers.ops[node] = ReplicaServer(storage, control).ops
+    context = ClaimContext(
+        node_id="a",
+        control=control,
+        storage=storages["a"],
+        requester=Loopback("a", peers, peers.ops["a"]),
+        clock=clock,
+        settings=ReplicationSettings(replication_factor=3),
+        rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
+        live_nodes=lambda: [PlacementNode(node, {}, True) for node in "abc"],
+        is_live=lambda node: True,
+    )
+    lead = LeadRanges(context.storage, SegmentClaims(context), replicated.roll_bytes)
+
+    def settle() -> None:
+        while any(executor.pending for executor in executors.values()):
+            for executor in executors.values():
+                executor.run_all()
+
+    claiming = lead.open([RANGE])
+    settle()
+    result_of(claiming)
+    return World(lead.handle(RANGE), settle)
+
+
+WORLDS = {"local": local_world, "forwarded": forwarded_world, "replicated": replicated_world}
 
 
 @pytest.fixture(params=sorted(WORLDS))
@@ -312,3 +386,115 @@ def test_a_cancelled_wait_is_not_woken(make_world: Callable[..., World]) -> None
     assert len(outcome) == 1
     assert isinstance(outcome[0], Failure)
     assert outcome[0].check(CancelledError)
+
+
+# -- stamped appends (produce_idempotent) ------------------------------------------------------
+
+
+def stored_values(world: World) -> list[bytes]:
+    read = world.done(world.handle.read(0, 1000, 1 << 20))
+    return decoded(read.data, read.count)
+
+
+def test_a_stamped_append_sent_again_is_acknowledged_and_not_stored_again(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    stamp = ProducerStamp(7, 0)
+
+    world.done(world.handle.append(records(b"a", b"b"), stamp))
+    world.done(world.handle.append(records(b"a", b"b"), stamp))
+    world.done(world.handle.append(records(b"c"), ProducerStamp(7, 1)))
+    world.done(world.handle.append(records(b"c"), ProducerStamp(8, 1)))
+    world.done(world.handle.append(records(b"d")))
+
+    assert stored_values(world) == [b"a", b"b", b"c", b"c", b"d"]
+
+
+def test_a_retry_while_its_first_try_is_in_flight_waits_for_it_and_is_not_stored(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    stamp = ProducerStamp(7, 0)
+    first = world.handle.append(records(b"a"), stamp)
+    retry = world.handle.append(records(b"a"), stamp)
+
+    world.settle()
+
+    assert (world.done(first), world.done(retry)) == (None, None)
+    assert stored_values(world) == [b"a"]
+
+
+def test_a_retry_after_its_first_try_was_refused_is_stored(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world(LogConfig(max_inflight_records=2))
+    # The range's first stamped append waits for its table to be read back from the log: after
+    # this one, the next is taken (or refused) at once.
+    world.done(world.handle.append(records(b"w"), ProducerStamp(7, 0)))
+    stamp = ProducerStamp(7, 1)
+    held = world.handle.append(records(b"x"))  # its fsync is held: one record in flight
+
+    refused = world.handle.append(records(b"a", b"b"), stamp)
+
+    error = world.failed(refused)
+    assert isinstance(error, BrokerError)
+    assert error.reason is Reason.OVERLOADED
+    world.done(held)
+    world.done(world.handle.append(records(b"a", b"b"), stamp))
+    assert stored_values(world) == [b"w", b"x", b"a", b"b"]
+
+
+def test_a_sequence_older_than_the_window_is_refused_sequence_too_old(
+    make_world: Callable[..., World],
+) -> None:
+    world = make_world()
+    world.done(world.handle.append(records(b"a"), ProducerStamp(7, 0)))
+    world.done(world.handle.append(records(b"b"), ProducerStamp(7, wire.PRODUCER_WINDOW)))
+
+    error = world.failed(world.handle.append(records(b"a"), ProducerStamp(7, 0)))
+
+    assert isinstance(error, BrokerError)
+    assert error.reason is Reason.SEQUENCE_TOO_OLD
+    assert stored_values(world) == [b"a", b"b"]
+
+
+def open_local_range(
+    fs: MemoryFileSystem, executor: ManualExecutor, producers: ProducerTable | None = None
+) -> LocalRange:
+    logs = _Logs(fs, executor, LogConfig())
+    opening = logs.open_range(RANGE)
+    executor.run_all()
+    return LocalRange(RANGE, result_of(opening), producers)
+
+
+def test_a_retry_waiting_for_a_first_try_that_fails_fails_the_same_way(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs, executor, producers = MemoryFileSystem(), ManualExecutor(), ProducerTable()
+    local = open_local_range(fs, executor, producers)
+    stamp = ProducerStamp(7, 0)
+    fs.failing_syncs = 1
+    first = local.append(records(b"a"), stamp)
+    retry = local.append(records(b"a"), stamp)
+
+    executor.run_all()
+
+    errors = [failure_of(first).value, failure_of(retry).value]
+    assert all(isinstance(e, BrokerError) and e.reason is Reason.UNREACHABLE for e in errors)
+    assert errors[0] is errors[1]
+    # The log says its write failed, the range that a produce did: once, for the first try.
+    assert len(logged_errors) == 2
+    logged_errors.clear()
+    # Forgotten: the next retry is stored anew (this log is out of service, so it fails too).
+    assert producers.admit(stamp) is Admission.NEW
+
+
+def test_a_range_built_with_a_rebuilt_table_knows_what_its_log_holds() -> None:
+    stamp = ProducerStamp(7, 3)
+    producers = ProducerTable.rebuild([(stamp, 0, 1)])
+    local = open_local_range(MemoryFileSystem(), ManualExecutor(), producers)
+
+    assert result_of(local.append(records(b"a"), stamp)) is None
+
+    assert result_of(local.bounds()) == Bounds(0, 0)

@@ -9,7 +9,8 @@ from collections.abc import Iterator
 import pytest
 
 from logbroker import wire
-from logbroker.client.blocking import BlockingClient, BrokerRefused
+from logbroker.client.blocking import BlockingClient, BrokerRefused, ProduceRetry
+from logbroker.records import ProducerStamp, Record
 
 CLUSTER = wire.ClusterInfo(
     cluster_id="prod",
@@ -62,3 +63,81 @@ def test_describe_cluster_refused_raises_with_the_reason(
         client.describe_cluster()
 
     assert (refused.value.reason, refused.value.correlation_id) == ("permission_denied", 1)
+
+
+FAST = ProduceRetry(first_delay=0.001, max_delay=0.001, jitter=0)
+
+
+def test_each_produce_is_stamped_with_the_clients_producer_id_and_its_own_sequence(
+    pair: tuple[BlockingClient, socket.socket],
+) -> None:
+    client, far = pair
+    far.sendall(wire.encode_ok(1, wire.encode_count(1)) + wire.encode_ok(2, wire.encode_count(2)))
+
+    assert client.produce("t", [Record(b"a")]) == 1
+    assert client.produce("t", [Record(b"b"), Record(b"c")]) == 2
+
+    sent = [request.request for request in requests_read(far)]
+    assert sent == [
+        wire.ProduceIdempotent("t", ProducerStamp(client.producer_id, 0), (Record(b"a"),)),
+        wire.ProduceIdempotent(
+            "t", ProducerStamp(client.producer_id, 1), (Record(b"b"), Record(b"c"))
+        ),
+    ]
+
+
+def test_a_produce_refused_try_again_is_sent_again_with_the_same_stamp() -> None:
+    near, far = socket.socketpair()
+    with BlockingClient(near, FAST) as client, far:
+        far.sendall(
+            wire.encode_error(1, "unreachable")
+            + wire.encode_error(2, "no_quorum")
+            + wire.encode_ok(3, wire.encode_count(1))
+        )
+
+        assert client.produce("t", [Record(b"v")]) == 1
+
+        first, second, third = (request.request for request in requests_read(far))
+        assert first == second == third
+        assert isinstance(first, wire.ProduceIdempotent)
+
+
+@pytest.mark.parametrize(
+    ("reason", "produce_retry", "give_up_after"),
+    [
+        ("no_such_topic", FAST, None),
+        ("unreachable", None, None),
+        ("unreachable", ProduceRetry(first_delay=1.0, jitter=0), 0.5),
+    ],
+    ids=["not retried", "retries off", "no time left"],
+)
+def test_a_produce_that_is_not_retried_raises_its_refusal(
+    reason: str, produce_retry: ProduceRetry | None, give_up_after: float | None
+) -> None:
+    near, far = socket.socketpair()
+    with BlockingClient(near, produce_retry) as client, far:
+        far.sendall(wire.encode_error(1, reason))
+
+        with pytest.raises(BrokerRefused) as refused:
+            client.produce("t", [Record(b"v")], give_up_after=give_up_after)
+
+        assert refused.value.reason == reason
+        assert len(requests_read(far)) == 1
+
+
+def test_a_broker_without_produce_idempotent_is_sent_plain_produces(
+    pair: tuple[BlockingClient, socket.socket],
+) -> None:
+    client, far = pair
+    far.sendall(
+        wire.encode_error(1, "unknown_api_key")
+        + wire.encode_ok(2, wire.encode_count(1))
+        + wire.encode_ok(3, wire.encode_count(1))
+    )
+
+    assert client.produce("t", [Record(b"a")]) == 1
+    assert client.produce("t", [Record(b"b")]) == 1
+
+    sent = [request.request for request in requests_read(far)]
+    assert isinstance(sent[0], wire.ProduceIdempotent)
+    assert sent[1:] == [wire.Produce("t", (Record(b"a"),)), wire.Produce("t", (Record(b"b"),))]

@@ -3,9 +3,9 @@ protocol through ``iosim``, and its reconnecting service on a Clock."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from argon2 import PasswordHasher
@@ -21,22 +21,29 @@ from twisted.test import iosim
 from zope.interface import implementer
 
 from logbroker import wire
-from logbroker.broker.core import BrokerSettings
+from logbroker.broker.core import Broker, BrokerSettings
+from logbroker.broker.errors import BrokerError
+from logbroker.broker.ranges import LocalRanges, RangeHandle
 from logbroker.client import (
     BrokerClient,
     BrokerRefused,
     ConnectionClosed,
+    ProduceRetry,
     ReconnectingClient,
     Subscription,
     client_tls_options,
     connect_endpoint,
 )
-from logbroker.records import Record
+from logbroker.errors import Reason
+from logbroker.metrics import Metrics
+from logbroker.records import ProducerStamp, Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
-from logbroker.testing import ImmediateExecutor
+from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+from logbroker.wire import PRODUCER_WINDOW
 from tests.certificates import issue, make_ca, serving, write
-from tests.unit.broker.helpers import make_broker_and_control
+from tests.unit.broker.helpers import MemoryRangeLogs, make_broker_and_control
+from tests.unit.controlplane.helpers import started
 from tests.unit.server.helpers import make_guards
 from tests.unit.storage.helpers import failure_of, result_of
 
@@ -44,9 +51,13 @@ from tests.unit.storage.helpers import failure_of, result_of
 class FakeBroker:
     """The far end of one client's StringTransport: reads its requests, writes answers."""
 
-    def __init__(self, client: BrokerClient, transport: StringTransport) -> None:
+    def __init__(
+        self, client: BrokerClient, transport: StringTransport, clock: Clock | None = None
+    ) -> None:
         self.client = client
         self.transport = transport
+        #: The client's clock (its produces' back-offs).
+        self.clock = clock
         self._decoder = wire.FrameDecoder()
 
     def requests(self) -> list[wire.ReceivedRequest]:
@@ -79,11 +90,19 @@ CLUSTER = wire.ClusterInfo(
 )
 
 
-def connected(credentials: tuple[str, str] | None = None) -> FakeBroker:
-    client = BrokerClient(credentials)
+#: Produce retries at exactly the nominal delays: 50 ms, 100 ms, 200 ms...
+NO_JITTER = ProduceRetry(jitter=0)
+
+
+def connected(
+    credentials: tuple[str, str] | None = None,
+    produce_retry: ProduceRetry | None = NO_JITTER,
+) -> FakeBroker:
+    clock = Clock()
+    client = BrokerClient(credentials, clock=clock, produce_retry=produce_retry)
     transport = StringTransport()
     client.makeConnection(transport)
-    return FakeBroker(client, transport)
+    return FakeBroker(client, transport, clock)
 
 
 def has_result(deferred: Deferred[Any]) -> bool:
@@ -109,7 +128,11 @@ def test_requests_are_pipelined_and_answered_in_any_order() -> None:
     users = client.list_users()
     topics = client.list_topics()
     requests = broker.requests()
-    assert [type(r.request) for r in requests] == [wire.Produce, wire.ListUsers, wire.ListTopics]
+    assert [type(r.request) for r in requests] == [
+        wire.ProduceIdempotent,
+        wire.ListUsers,
+        wire.ListTopics,
+    ]
     assert len({r.correlation_id for r in requests}) == 3
     produce_id, users_id, topics_id = (r.correlation_id for r in requests)
 
@@ -241,7 +264,7 @@ def test_a_response_that_breaks_the_protocol_drops_the_connection() -> None:
 
 
 def test_a_response_over_the_maximum_frame_size_drops_the_connection() -> None:
-    client = BrokerClient(max_frame_size=100)
+    client = BrokerClient(max_frame_size=100, clock=Clock())
     transport = StringTransport()
     client.makeConnection(transport)
     pending = client.list_topics()
@@ -313,7 +336,7 @@ def test_requests_wait_for_the_login_to_succeed() -> None:
     broker.answer(login.correlation_id, wire.encode_token("token"))
 
     held = broker.requests()
-    assert [type(r.request) for r in held] == [wire.Produce, wire.Subscribe]
+    assert [type(r.request) for r in held] == [wire.ProduceIdempotent, wire.Subscribe]
     broker.answer(held[0].correlation_id, wire.encode_count(1))
     assert result_of(produced) == 1
     assert not subscription.done.called
@@ -469,7 +492,7 @@ def real_pair(credentials: tuple[str, str]) -> tuple[BrokerClient, iosim.IOPump]
     result_of(seed_accounts(users, "dev", {}))
     factory = ClientFactory(broker, users, clock, ProtocolSettings(), make_guards(clock))
     client, _, pump = iosim.connectedServerAndClient(
-        lambda: factory.buildProtocol(None), lambda: BrokerClient(credentials)
+        lambda: factory.buildProtocol(None), lambda: BrokerClient(credentials, clock=clock)
     )
     pump.flush()
     return client, pump
@@ -575,7 +598,7 @@ def test_a_tls_connection_the_server_closes_is_closed(tmp_path: Path) -> None:
     # The server protocol is its connection's producer for as long as it lives, which must not
     # keep the TLS layer from closing the connection.
     endpoint, ca_file, _ = tls_broker(tmp_path)
-    client = BrokerClient()
+    client = BrokerClient(clock=endpoint.clock)
     connecting = endpoint.connect(
         TLSMemoryBIOFactory(
             client_tls_options("localhost", ca_file), True, _Only(client), endpoint.clock
@@ -614,9 +637,9 @@ def test_a_ca_file_without_tls_is_refused_rather_than_ignored(tmp_path: Path) ->
     endpoint, ca_file, _ = tls_broker(tmp_path)
 
     with pytest.raises(ValueError, match="cafile is only used with TLS"):
-        connect_endpoint(endpoint, "app", "app123", cafile=ca_file)
+        connect_endpoint(endpoint, "app", "app123", clock=endpoint.clock, cafile=ca_file)
     with pytest.raises(ValueError, match="cafile is only used with TLS"):
-        ReconnectingClient(endpoint, "app", "app123", cafile=ca_file)
+        ReconnectingClient(endpoint, "app", "app123", clock=endpoint.clock, cafile=ca_file)
     assert endpoint.pumps == []
 
 
@@ -722,3 +745,261 @@ def test_refused_logins_back_off_further_each_time() -> None:
     log_in(endpoint.connections[3][1])
     assert service.failed_logins == 0
     endpoint.stop(service)
+
+
+# -- idempotent produce --------------------------------------------------------------------
+
+
+def stamped(request: wire.ReceivedRequest) -> wire.ProduceIdempotent:
+    assert isinstance(request.request, wire.ProduceIdempotent), request
+    return request.request
+
+
+def test_each_produce_is_stamped_with_the_clients_producer_id_and_a_sequence_of_its_own() -> None:
+    broker = connected()
+    client = broker.client
+
+    for value in (b"a", b"b", b"c"):
+        client.produce("t", [Record(value)])
+
+    sent = [stamped(request) for request in broker.requests()]
+    assert [request.stamp for request in sent] == [
+        ProducerStamp(client.producer_id, sequence) for sequence in range(3)
+    ]
+    assert [request.records for request in sent] == [(Record(v),) for v in (b"a", b"b", b"c")]
+    assert connected().client.producer_id != client.producer_id
+
+
+def test_a_produce_refused_try_again_is_sent_again_with_its_stamp_after_a_back_off() -> None:
+    broker = connected(produce_retry=NO_JITTER)
+    assert broker.clock is not None
+    produced = broker.client.produce("t", [Record(b"v", key=b"k")])
+    first = broker.one()
+
+    broker.refuse(first.correlation_id, "unreachable")
+    broker.clock.advance(0.049)
+    assert broker.requests() == []
+    broker.clock.advance(0.001)
+    second = broker.one()
+    broker.refuse(second.correlation_id, "not_primary")
+    broker.clock.advance(0.1)
+    third = broker.one()
+    broker.answer(third.correlation_id, wire.encode_count(1))
+
+    assert result_of(produced) == 1
+    assert stamped(first) == stamped(second) == stamped(third)
+    assert len({first.correlation_id, second.correlation_id, third.correlation_id}) == 3
+    assert broker.clock.getDelayedCalls() == []
+
+
+def test_a_produce_gives_up_with_the_last_refusal_once_a_retry_would_start_too_late() -> None:
+    broker = connected(produce_retry=NO_JITTER)
+    assert broker.clock is not None
+    produced = broker.client.produce("t", [Record(b"v")], give_up_after=0.2)
+
+    for reason, wait in (("unreachable", 0.05), ("no_quorum", 0.1)):
+        broker.refuse(broker.one().correlation_id, reason)
+        broker.clock.advance(wait)
+    broker.refuse(broker.one().correlation_id, "no_quorum")  # the next would start at 0.35
+
+    refused = failure_of(produced).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "no_quorum"
+    assert broker.clock.seconds() == pytest.approx(0.15)
+    assert broker.clock.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize(
+    ("reason", "produce_retry"),
+    [("overloaded", NO_JITTER), ("no_such_topic", NO_JITTER), ("unreachable", None)],
+)
+def test_other_refusals_and_a_client_told_not_to_retry_fail_at_once(
+    reason: str, produce_retry: ProduceRetry | None
+) -> None:
+    broker = connected(produce_retry=produce_retry)
+    produced = broker.client.produce("t", [Record(b"v")])
+
+    broker.refuse(broker.one().correlation_id, reason)
+
+    refused = failure_of(produced).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == reason
+    assert broker.clock is not None
+    assert broker.clock.getDelayedCalls() == []
+
+
+def test_a_producer_runs_at_most_a_window_ahead_of_its_oldest_unfinished_produce() -> None:
+    broker = connected()
+    produced = [broker.client.produce("t", [Record(b"%d" % i)]) for i in range(PRODUCER_WINDOW + 1)]
+    sent = broker.requests()
+    assert [stamped(request).stamp.sequence for request in sent] == list(range(PRODUCER_WINDOW))
+
+    for request in sent[1:]:
+        broker.answer(request.correlation_id, wire.encode_count(1))
+    assert broker.requests() == []  # sequence 0 is unfinished: 32 may not go out yet
+    broker.answer(sent[0].correlation_id, wire.encode_count(1))
+
+    [last] = broker.requests()
+    assert stamped(last).stamp.sequence == PRODUCER_WINDOW
+    assert stamped(last).records == (Record(b"%d" % PRODUCER_WINDOW),)
+    broker.answer(last.correlation_id, wire.encode_count(1))
+    assert [result_of(each) for each in produced] == [1] * (PRODUCER_WINDOW + 1)
+
+
+def test_a_broker_without_produce_idempotent_is_sent_plain_produces_not_retried() -> None:
+    broker = connected()
+    first = broker.client.produce("t", [Record(b"a")])
+    broker.refuse(broker.one().correlation_id, "unknown_api_key")
+
+    plain = broker.one()
+    assert plain.request == wire.Produce("t", (Record(b"a"),))
+    broker.answer(plain.correlation_id, wire.encode_count(1))
+    assert result_of(first) == 1
+    assert broker.client.sends_plain_produce
+
+    second = broker.client.produce("t", [Record(b"b")])
+    again = broker.one()
+    assert again.request == wire.Produce("t", (Record(b"b"),))
+    broker.refuse(again.correlation_id, "unreachable")
+    refused = failure_of(second).value
+    assert isinstance(refused, BrokerRefused)
+    assert refused.reason == "unreachable"
+
+
+def test_a_produce_waiting_to_be_retried_fails_at_once_when_the_connection_goes() -> None:
+    broker = connected()
+    produced = broker.client.produce("t", [Record(b"v")])
+    broker.refuse(broker.one().correlation_id, "unreachable")
+
+    broker.client.connectionLost(Failure(ConnectionLost("gone")))
+
+    assert failure_of(produced).check(ConnectionClosed)
+    assert broker.clock is not None
+    assert broker.clock.getDelayedCalls() == []
+
+
+class _AnswerLost:
+    """A range handle whose first append is stored, then answered ``unreachable``: the answer
+    to a produce that was stored is lost on its way back."""
+
+    def __init__(self, handle: RangeHandle) -> None:
+        self._handle = handle
+        self.lost = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
+        appended = self._handle.append(records, stamp)
+        if self.lost:
+            return appended
+
+        def lose(_: object) -> None:
+            self.lost += 1
+            raise BrokerError(Reason.UNREACHABLE, "the answer was lost")
+
+        return appended.addCallback(lose)
+
+
+class _LosingFirstAnswers:
+    def __init__(self, local: LocalRanges) -> None:
+        self._local = local
+        self.handles: dict[str, _AnswerLost] = {}
+
+    def handle(self, range_id: str) -> RangeHandle:
+        if range_id not in self.handles:
+            self.handles[range_id] = _AnswerLost(self._local.handle(range_id))
+        return cast(RangeHandle, self.handles[range_id])
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        return self._local.open(range_ids)
+
+
+def test_a_produce_whose_answer_was_lost_is_retried_and_stored_once() -> None:
+    clock = Clock()
+    metrics = Metrics(clock)
+    fs = MemoryFileSystem()
+    control = started(fs)
+    directory = _LosingFirstAnswers(LocalRanges(MemoryRangeLogs(fs, clock, metrics)))
+    broker = Broker(control, directory, clock, BrokerSettings(initial_ranges=2), metrics)
+    users = UserDirectory(control, ImmediateExecutor(), CHEAP)
+    result_of(seed_accounts(users, "dev", {}))
+    factory = ClientFactory(broker, users, clock, ProtocolSettings(), make_guards(clock))
+    client, _, pump = iosim.connectedServerAndClient(
+        lambda: factory.buildProtocol(None),
+        lambda: BrokerClient(("app", "app123"), clock=clock, produce_retry=NO_JITTER),
+    )
+    settled(pump, client.create_topic("t"))
+
+    produced = client.produce("t", [Record(b"once", key=b"k")])
+    pump.flush()
+    assert not has_result(produced)  # refused unreachable: waiting to be retried
+    clock.advance(0.05)
+    pump.flush()
+
+    assert result_of(produced) == 1
+    assert sum(handle.lost for handle in directory.handles.values()) == 1
+    assert settled(pump, client.fetch("t")).records == (Record(b"once", key=b"k"),)
+
+
+def test_the_reconnecting_client_sends_a_produce_again_through_its_next_connection() -> None:
+    endpoint, clock = FakeEndpoint(), Clock()
+    service = ReconnectingClient(
+        endpoint, "app", "app123", clock=clock, retry_policy=lambda n: 5, produce_retry=NO_JITTER
+    )
+    service.startService()
+    log_in(endpoint.connections[0][1])
+    produced = service.produce("t", [Record(b"v")])
+    first = endpoint.connections[0][1].one()
+
+    endpoint.drop(0)  # before the answer
+    clock.advance(0.05)  # the back-off, then a wait for the next connection
+    assert not has_result(produced)
+    clock.advance(5)
+    [_, (_, broker)] = endpoint.connections
+    log_in(broker)
+    second = broker.one()
+    broker.answer(second.correlation_id, wire.encode_count(1))
+
+    assert result_of(produced) == 1
+    assert stamped(first) == stamped(second)
+    assert stamped(first).stamp.producer_id == service.producer_id
+    endpoint.stop(service)
+    assert clock.getDelayedCalls() == []
+
+
+def test_the_reconnecting_client_gives_up_when_no_connection_comes_in_time() -> None:
+    endpoint, clock = FakeEndpoint(), Clock()
+    service = ReconnectingClient(
+        endpoint, "app", "app123", clock=clock, retry_policy=lambda n: 10, produce_retry=NO_JITTER
+    )
+    service.startService()
+    log_in(endpoint.connections[0][1])
+    produced = service.produce("t", [Record(b"v")], give_up_after=3)
+    endpoint.connections[0][1].one()
+
+    endpoint.drop(0)
+    clock.advance(3)
+
+    assert failure_of(produced).check(ConnectionClosed)
+    clock.advance(7)
+    log_in(endpoint.connections[1][1])
+    endpoint.stop(service)
+    assert clock.getDelayedCalls() == []
+
+
+def test_stopping_the_reconnecting_client_fails_a_produce_waiting_to_be_retried() -> None:
+    endpoint, clock = FakeEndpoint(), Clock()
+    service = ReconnectingClient(endpoint, "app", "app123", clock=clock)
+    service.startService()
+    log_in(endpoint.connections[0][1])
+    produced = service.produce("t", [Record(b"v")])
+    broker = endpoint.connections[0][1]
+    broker.refuse(broker.one().correlation_id, "not_primary")
+
+    endpoint.stop(service)
+
+    assert failure_of(produced).check(ConnectionClosed)
+    assert clock.getDelayedCalls() == []

@@ -27,17 +27,20 @@ from logbroker.cluster.forwarding import (
 )
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 from logbroker.replication.codec import (
     AppendRequest,
+    AppendResult,
     BoundsRequest,
     BoundsResult,
     PeerOp,
     PeerReason,
     ReadRequest,
+    decode_append_request,
     decode_bounds_result,
     decode_read_result,
     encode_append_request,
+    encode_append_result,
     encode_bounds_request,
     encode_read_request,
     pack_records,
@@ -174,6 +177,12 @@ class Answering:
         ("no_quorum", Reason.NO_QUORUM),
         ("not_primary", Reason.NOT_PRIMARY),
         ("timeout", Reason.TIMEOUT),
+        ("sequence_too_old", Reason.SEQUENCE_TOO_OLD),
+        # The primary's passing conditions, folded as the client port folds them (the primary
+        # logs its own storage errors).
+        ("storage_error", Reason.UNREACHABLE),
+        ("control_plane_unavailable", Reason.UNREACHABLE),
+        ("contended", Reason.UNREACHABLE),
     ],
 )
 def test_the_reasons_a_client_can_act_on_pass_through(answered: str, told: Reason) -> None:
@@ -190,7 +199,6 @@ def test_the_reasons_a_client_can_act_on_pass_through(answered: str, told: Reaso
         PeerReason.UNKNOWN_OP,
         PeerReason.FRAME_TOO_LARGE,
         Reason.MALFORMED_REQUEST,
-        Reason.STORAGE_ERROR,
         "a_reason_of_a_newer_version",
     ],
 )
@@ -240,6 +248,49 @@ def test_an_unexpected_failure_is_unreachable_and_logged_with_its_traceback(
     [event] = logged_errors
     assert isinstance(event["log_failure"].value, RuntimeError)
     logged_errors.clear()
+
+
+class Recording:
+    """A ``PeerRequester`` that keeps each request and answers the next of ``answers``."""
+
+    def __init__(self, *answers: bytes | BaseException) -> None:
+        self.sent: list[tuple[PeerOp, bytes]] = []
+        self._answers = list(answers)
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        self.sent.append((op, payload))
+        answer = self._answers.pop(0)
+        return fail(answer) if isinstance(answer, BaseException) else succeed(answer)
+
+
+def test_a_stamped_append_goes_as_a_stamped_append_and_a_plain_one_as_before() -> None:
+    requester = Recording(
+        encode_append_result(AppendResult(1)), encode_append_result(AppendResult(1))
+    )
+    handle = ForwardedRange(RANGE, "b", requester)
+    stamp = ProducerStamp(7, 3)
+
+    result_of(handle.append(records(b"a"), stamp))
+    result_of(handle.append(records(b"a")))
+
+    count, data = pack_records(records(b"a"))
+    assert requester.sent == [
+        (PeerOp.STAMPED_APPEND, encode_append_request(AppendRequest(RANGE, count, data, stamp))),
+        (PeerOp.APPEND, encode_append_request(AppendRequest(RANGE, count, data))),
+    ]
+
+
+def test_a_primary_without_stamped_appends_is_sent_the_share_as_a_plain_append() -> None:
+    requester = Recording(
+        PeerError(PeerReason.UNKNOWN_OP, "op 9 is not known here"),
+        encode_append_result(AppendResult(1)),
+    )
+    handle = ForwardedRange(RANGE, "b", requester)
+
+    result_of(handle.append(records(b"a"), ProducerStamp(7, 3)))
+
+    assert [op for op, _ in requester.sent] == [PeerOp.STAMPED_APPEND, PeerOp.APPEND]
+    assert decode_append_request(requester.sent[1][1]).stamp is None
 
 
 def test_a_caller_may_cancel_its_request(nodes: Nodes) -> None:
@@ -358,6 +409,7 @@ def test_a_read_with_a_wait_is_a_long_poll_on_the_primary(nodes: Nodes) -> None:
 
     # Records at the offset: answered at once.
     read = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 1, 10, 100, 30_000)))
+    nodes.settle()  # the read runs in a reader thread
     found = decode_read_result(result_of(read))
     assert (found.record_count, found.next_offset, found.end_offset) == (1, 2, 2)
     assert decoded((found.records,), 1) == [b"b"]
@@ -375,6 +427,7 @@ def test_a_read_with_a_wait_is_a_long_poll_on_the_primary(nodes: Nodes) -> None:
     # A wait longer than a primary holds one is cut to MAX_REMOTE_WAIT_MS (the asker asks again).
     capped = serve(server, PeerOp.READ, encode_read_request(ReadRequest(RANGE, 3, 10, 100, 30_000)))
     clock.advance(MAX_REMOTE_WAIT_MS / 1000)
+    nodes.settle()
     assert decode_read_result(result_of(capped)).record_count == 0
 
     # None within the wait: answered empty when it runs out, and nothing is left waiting.
@@ -382,6 +435,7 @@ def test_a_read_with_a_wait_is_a_long_poll_on_the_primary(nodes: Nodes) -> None:
     clock.advance(1.9)
     assert not has_result(idle)
     clock.advance(0.2)
+    nodes.settle()
     empty = decode_read_result(result_of(idle))
     assert (empty.record_count, empty.next_offset, empty.end_offset) == (0, 3, 3)
     assert clock.getDelayedCalls() == []
@@ -401,8 +455,9 @@ def test_a_forwarded_read_is_the_primarys_read(nodes: Nodes) -> None:
     cases += [(0, 0, 100), (0, -1, 100), (3, 100, 0), (3, 100, -5), (7, 100, 100), (9, 1, 1)]
     for offset, max_records, max_bytes in cases:
         forwarded = nodes.forwarded.read(offset, max_records, max_bytes)
+        reading = local.read(offset, max_records, max_bytes)
         nodes.settle()
-        there = result_of(local.read(offset, max_records, max_bytes))
+        there = result_of(reading)
         here = result_of(forwarded)
         assert (here.count, here.next_offset, here.size) == (
             there.count,
@@ -439,8 +494,10 @@ class Cluster:
         metrics = Metrics(self.clock)
         self.storage = MemoryRangeLogs(fs, self.clock, metrics, ImmediateExecutor())
         settings = BrokerSettings(initial_ranges=4)
-        self.owner = Broker(control, LocalRanges(self.storage), self.clock, settings)
-        self.link = PeerLink(RangeServer(LocalRanges(self.storage), self.clock), self.clock)
+        # One directory serves the owner's clients and its peers, as on a node.
+        ranges = LocalRanges(self.storage)
+        self.owner = Broker(control, ranges, self.clock, settings)
+        self.link = PeerLink(RangeServer(ranges, self.clock), self.clock)
         self.forwarder = Broker(control, Forwarding(self.link), self.clock, settings)
 
     def done(self, deferred: Deferred[Any]) -> Any:
@@ -476,6 +533,19 @@ def test_records_produced_through_a_forwarding_broker_are_read_back_through_eith
     through_owner = cluster.done(cluster.owner.fetch("t", None, None, None, 100, 0))
     assert values_of(through_forwarder) == values_of(through_owner) == sent
     assert through_forwarder.next_cursor == through_owner.next_cursor
+
+
+def test_a_stamped_produce_through_either_broker_is_stored_once(cluster: Cluster) -> None:
+    cluster.done(cluster.owner.create_topic("t", 0))
+    sent = mixed(*[b"%02d" % i for i in range(12)])
+    stamp = ProducerStamp(7, 0)
+
+    assert cluster.done(cluster.forwarder.produce("t", sent, stamp)) == 12
+    assert cluster.done(cluster.owner.produce("t", sent, stamp)) == 12
+    assert cluster.done(cluster.forwarder.produce("t", sent, stamp)) == 12
+
+    stored = cluster.done(cluster.owner.fetch("t", None, None, None, 1000, 0))
+    assert values_of(stored) == sorted(record.value for record in sent)
 
 
 def test_a_fetch_through_the_forwarder_goes_on_from_its_cursor(cluster: Cluster) -> None:

@@ -17,7 +17,7 @@ from logbroker.cluster.membership import NodeRecord
 from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.metrics import Metrics
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import (
     CLOSE_GRACE_SECONDS,
@@ -233,6 +233,43 @@ def test_produce_and_fetch_round_trip_records_byte_for_byte(world: World) -> Non
     assert fetched.next_cursor
 
 
+def test_produce_idempotent_stores_a_stamp_once_and_answers_every_try_its_count(
+    world: World,
+) -> None:
+    _, server = world
+    client = server.connect()
+    client.login("app", "app123")
+    client.send(wire.CreateTopic("t", 0))
+    assert client.one().ok
+    sent = (Record(b"a"), Record(b"b", key=b"k"))
+
+    client.send(wire.ProduceIdempotent("t", ProducerStamp(7, 0), sent), 3)
+    client.send(wire.ProduceIdempotent("t", ProducerStamp(7, 0), sent), 4)
+    client.send(wire.ProduceIdempotent("t", ProducerStamp(7, 1), sent), 5)
+
+    assert client.responses() == [wire.Response(i, wire.encode_count(2)) for i in (3, 4, 5)]
+    client.send(wire.Fetch("t", None, None, None, 0, 0))
+    fetched = wire.decode_records(client.one().payload).records
+    assert sorted(record.value for record in fetched) == [b"a", b"a", b"b", b"b"]
+
+
+def test_a_produce_idempotent_too_old_for_the_window_is_answered_sequence_too_old(
+    world: World,
+) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+    client.send(wire.CreateTopic("t", 0))
+    assert client.one().ok
+    one = (Record(b"v", key=b"k"),)
+    client.send(wire.ProduceIdempotent("t", ProducerStamp(7, 0), one), 3)
+    client.send(wire.ProduceIdempotent("t", ProducerStamp(7, wire.PRODUCER_WINDOW), one), 4)
+
+    client.send(wire.ProduceIdempotent("t", ProducerStamp(7, 0), one), 5)
+
+    assert [r.reason for r in client.responses()] == [None, None, "sequence_too_old"]
+
+
 def test_permissions_are_checked(world: World) -> None:
     _, server = world
     consumer = server.connect()
@@ -241,8 +278,9 @@ def test_permissions_are_checked(world: World) -> None:
     consumer.send(wire.Produce("t", ()), 1)
     consumer.send(wire.CreateTopic("t", 0), 2)
     consumer.send(wire.ListUsers(), 3)
+    consumer.send(wire.ProduceIdempotent("t", ProducerStamp(1, 0), ()), 4)
 
-    assert [r.reason for r in consumer.responses()] == ["permission_denied"] * 3
+    assert [r.reason for r in consumer.responses()] == ["permission_denied"] * 4
 
 
 def test_broker_errors_carry_their_reason(world: World) -> None:

@@ -3,6 +3,7 @@
 The exact bytes are pinned by ``test_format_golden.py``; these tests check the rules the frames
 must keep for any input: records round-trip exactly, no single changed byte is ever read back as
 a valid record, a torn write is told apart from rot, and the index and seal marker detect damage.
+The batches are unstamped (version 1) and stamped (version 2) ones, mixed.
 """
 
 from __future__ import annotations
@@ -11,26 +12,33 @@ import struct
 from collections.abc import Sequence
 
 import pytest
+from crc32c import crc32c
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from logbroker.records import Record, StoredRecord
+from logbroker.records import ProducerStamp, Record, StoredRecord
 from logbroker.storage._format import (
     BATCH_HEADER_SIZE,
+    STAMPED_BATCH_HEADER_SIZE,
     BatchInfo,
     Damage,
     DamageReason,
+    EpochMarker,
     IndexEntry,
     Scan,
     Seal,
+    check_batch_records,
+    decode_epoch,
     decode_index,
     decode_seal,
     encode_batch,
+    encode_epoch,
     encode_index,
     encode_seal,
     iter_batch_records,
     iter_valid_records,
     scan_batches,
+    stamp_batch,
     verify_records_only,
 )
 
@@ -50,23 +58,35 @@ records = st.builds(
     headers=st.lists(st.tuples(header_parts, header_parts), max_size=4).map(tuple),
 )
 record_lists = st.lists(records, min_size=1, max_size=6)
+stamps = st.builds(ProducerStamp, st.integers(0, MAX_U64), st.integers(0, MAX_U64))
+
+#: The stamp a batch carries (``None``: an unstamped batch) and its records.
+Batch = tuple[ProducerStamp | None, list[Record]]
+Batches = tuple[int, list[Batch]]
 
 
 @st.composite
-def batch_inputs(draw: st.DrawFn, max_batches: int = 1) -> tuple[int, list[list[Record]]]:
-    """A base offset and the records of one or more consecutive batches starting there."""
-    batches = draw(st.lists(record_lists, min_size=1, max_size=max_batches))
-    total = sum(len(batch) for batch in batches)
+def batch_inputs(draw: st.DrawFn, max_batches: int = 1) -> Batches:
+    """A base offset and one or more consecutive batches starting there."""
+    batches = draw(
+        st.lists(st.tuples(st.none() | stamps, record_lists), min_size=1, max_size=max_batches)
+    )
+    total = sum(len(batch) for _, batch in batches)
     base = draw(st.integers(0, MAX_U64 - total))
     return base, batches
 
 
-def single_batches() -> st.SearchStrategy[tuple[int, list[list[Record]]]]:
+def single_batches() -> st.SearchStrategy[Batches]:
     return batch_inputs(max_batches=1)
 
 
-def several_batches() -> st.SearchStrategy[tuple[int, list[list[Record]]]]:
+def several_batches() -> st.SearchStrategy[Batches]:
     return batch_inputs(max_batches=4)
+
+
+def encode(offset: int, stamp: ProducerStamp | None, batch: Sequence[Record]) -> bytes:
+    unstamped = encode_batch(offset, batch)
+    return unstamped if stamp is None else stamp_batch(unstamped, stamp)
 
 
 # -- helpers -----------------------------------------------------------------------------------
@@ -75,18 +95,18 @@ def several_batches() -> st.SearchStrategy[tuple[int, list[list[Record]]]]:
 class Encoded:
     """Batches encoded back to back, with what a reader must find in them."""
 
-    def __init__(self, base: int, batches: Sequence[Sequence[Record]]) -> None:
+    def __init__(self, base: int, batches: Sequence[Batch]) -> None:
         self.data = b""
         self.infos: list[BatchInfo] = []
         self.stored: list[list[StoredRecord]] = []
         #: The start position of every record frame.
         self.record_starts: list[int] = []
         offset = base
-        for batch in batches:
-            frame = encode_batch(offset, batch)
-            self.infos.append(BatchInfo(len(self.data), len(frame), offset, len(batch)))
+        for stamp, batch in batches:
+            frame = encode(offset, stamp, batch)
+            self.infos.append(BatchInfo(len(self.data), len(frame), offset, len(batch), stamp))
             self.stored.append([StoredRecord(offset + i, record) for i, record in enumerate(batch)])
-            position = len(self.data) + BATCH_HEADER_SIZE
+            position = self.infos[-1].records_start
             for record in batch:
                 self.record_starts.append(position)
                 # A record frame's size does not depend on its offset.
@@ -127,14 +147,14 @@ def set_batch_length(data: bytes, start: int, length: int) -> bytes:
 @settings(max_examples=200)
 @given(single_batches())
 def test_a_batch_gives_back_exactly_its_records_at_consecutive_offsets(
-    given_batch: tuple[int, list[list[Record]]],
+    given_batch: Batches,
 ) -> None:
-    base, [batch] = given_batch
-    data = encode_batch(base, batch)
+    base, [(stamp, batch)] = given_batch
+    data = encode(base, stamp, batch)
 
     scan = scan_batches(data, 0, base)
 
-    assert scan == Scan([BatchInfo(0, len(data), base, len(batch))], len(data), None)
+    assert scan == Scan([BatchInfo(0, len(data), base, len(batch), stamp)], len(data), None)
     assert read_scanned(data, scan) == [
         StoredRecord(base + i, record) for i, record in enumerate(batch)
     ]
@@ -144,7 +164,7 @@ def test_a_batch_gives_back_exactly_its_records_at_consecutive_offsets(
 @settings(max_examples=100)
 @given(several_batches())
 def test_concatenated_batches_scan_as_consecutive_batches(
-    given_batches: tuple[int, list[list[Record]]],
+    given_batches: Batches,
 ) -> None:
     base, batches = given_batches
     encoded = Encoded(base, batches)
@@ -163,7 +183,7 @@ def test_concatenated_batches_scan_as_consecutive_batches(
 @settings(max_examples=50)
 @given(several_batches())
 def test_a_batch_at_an_unexpected_offset_is_a_sequence_error(
-    given_batches: tuple[int, list[list[Record]]],
+    given_batches: Batches,
 ) -> None:
     base, batches = given_batches
     encoded = Encoded(base, batches)
@@ -187,6 +207,91 @@ def test_null_empty_and_present_keys_and_header_parts_stay_distinct() -> None:
     assert decoded == batch
     assert [record.key for record in decoded] == [None, b"", b"\xff\xff\xff\xff"]
     assert decoded[2].headers == ((None, b""), (b"", None), (None, None))
+
+
+# -- stamped batches ---------------------------------------------------------------------------
+
+
+@settings(max_examples=100)
+@given(single_batches(), stamps)
+def test_a_stamped_batch_is_the_unstamped_one_with_its_stamp_after_the_header(
+    given_batch: Batches, stamp: ProducerStamp
+) -> None:
+    base, [(_, batch)] = given_batch
+    unstamped = encode_batch(base, batch)
+
+    stamped = stamp_batch(unstamped, stamp)
+
+    assert len(stamped) == len(unstamped) + STAMPED_BATCH_HEADER_SIZE - BATCH_HEADER_SIZE
+    assert stamped[4:6] == unstamped[4:6] == b"LB"
+    assert (stamped[6], unstamped[6]) == (2, 1)
+    assert stamped[7] == unstamped[7] == 0
+    assert struct.unpack_from(">I", stamped, 8) == (len(stamped),)
+    assert stamped[12:24] == unstamped[12:24]
+    assert struct.unpack_from(">QQ", stamped, 24) == (stamp.producer_id, stamp.sequence)
+    assert stamped[40:] == unstamped[24:]
+    [info] = scan_batches(stamped, 0, base).batches
+    assert info.stamp == stamp
+    assert check_batch_records(stamped, info) is None
+    assert read_scanned(stamped, scan_batches(stamped)) == read_scanned(
+        unstamped, scan_batches(unstamped)
+    )
+
+
+def test_stamped_and_unstamped_batches_follow_each_other_in_one_segment() -> None:
+    first, second = ProducerStamp(1, 0), ProducerStamp(MAX_U64, MAX_U64)
+    data = (
+        encode(0, first, [Record(b"a"), Record(b"b")])
+        + encode(2, None, [Record(b"c")])
+        + encode(3, second, [Record(b"d")])
+    )
+
+    scan = scan_batches(data, 0, 0)
+
+    assert scan.damage is None
+    assert [(info.base_offset, info.stamp) for info in scan.batches] == [
+        (0, first),
+        (2, None),
+        (3, second),
+    ]
+    assert [stored.record.value for stored in read_scanned(data, scan)] == [b"a", b"b", b"c", b"d"]
+    assert verify_records_only(data) is None
+    assert all(check_batch_records(data, info) is None for info in scan.batches)
+
+
+def test_the_records_of_a_damaged_stamped_batch_before_the_damage_are_salvaged() -> None:
+    batch = [Record(b"first"), Record(b"second"), Record(b"third")]
+    data = encode(9, ProducerStamp(5, 6), batch)
+    last_record = Encoded(9, [(ProducerStamp(5, 6), batch)]).record_starts[-1]
+    damaged = flip(data, last_record + 40, 0x01)
+
+    scan = scan_batches(damaged, 0, 9)
+    salvaged = list(iter_valid_records(memoryview(damaged), 0, len(damaged), 9))
+
+    assert scan == Scan([], 0, Damage(last_record, DamageReason.CHECKSUM))
+    assert salvaged == [StoredRecord(9, batch[0]), StoredRecord(10, batch[1])]
+
+
+@pytest.mark.parametrize("version", [0, 3, 255])
+def test_a_batch_of_a_version_this_build_does_not_know_is_header_damage(version: int) -> None:
+    data = bytearray(encode_batch(0, [Record(b"v")]))
+    data[6] = version
+    struct.pack_into(">I", data, 0, crc32c(bytes(data[4:])))
+
+    assert scan_batches(bytes(data), 0, 0) == Scan([], 0, Damage(0, DamageReason.HEADER))
+    assert verify_records_only(bytes(data)) == Damage(0, DamageReason.HEADER)
+
+
+def test_a_stamped_batch_holds_at_least_its_header_and_one_record() -> None:
+    data = bytearray(encode(0, ProducerStamp(1, 1), [Record(b"")]))
+    assert len(data) == STAMPED_BATCH_HEADER_SIZE + 40
+    # One byte short of a stamped header and one record: not sane, however the checksum reads.
+    struct.pack_into(">I", data, 8, STAMPED_BATCH_HEADER_SIZE + 39)
+    struct.pack_into(">I", data, 0, crc32c(bytes(data[4:-1])))
+
+    scan = scan_batches(bytes(data[:-1]), 0, 0)
+
+    assert scan == Scan([], 0, Damage(0, DamageReason.HEADER))
 
 
 # -- validation --------------------------------------------------------------------------------
@@ -215,7 +320,7 @@ def test_an_empty_batch_is_rejected() -> None:
 # -- damage ------------------------------------------------------------------------------------
 
 
-FlipInput = tuple[int, list[list[Record]], int, int]
+FlipInput = tuple[int, list[Batch], int, int]
 
 
 @st.composite
@@ -223,9 +328,11 @@ def flipped_bytes(draw: st.DrawFn) -> FlipInput:
     """Batches, plus one byte position in them and a non-zero mask to XOR into it."""
     base, batches = draw(several_batches())
     encoded = Encoded(base, batches)
-    # Half the time, somewhere in a batch header: few bytes, but the ones with the most meaning.
-    header_starts = st.sampled_from(encoded.infos).map(lambda info: info.position)
-    in_header = st.tuples(header_starts, st.integers(0, BATCH_HEADER_SIZE - 1)).map(sum)
+    # Half the time, somewhere in a batch header (its stamp included): few bytes, but the ones
+    # with the most meaning.
+    in_header = st.sampled_from(encoded.infos).flatmap(
+        lambda info: st.integers(info.position, info.records_start - 1)
+    )
     position = draw(st.one_of(st.integers(0, len(encoded.data) - 1), in_header))
     mask = draw(st.integers(1, 255))
     return base, batches, position, mask
@@ -239,7 +346,7 @@ def test_no_single_changed_byte_is_ever_read_back_as_a_valid_record(flipped: Fli
     corrupted = flip(encoded.data, position, mask)
     hit = encoded.batch_at(position)
     batch = encoded.infos[hit]
-    in_records = position >= batch.position + BATCH_HEADER_SIZE
+    in_records = position >= batch.records_start
 
     scan = scan_batches(corrupted, 0, base)
 
@@ -259,10 +366,11 @@ def test_no_single_changed_byte_is_ever_read_back_as_a_valid_record(flipped: Fli
         iter_valid_records(memoryview(corrupted), batch.position, end, batch.base_offset)
     )
     assert salvaged == encoded.stored[hit][: len(salvaged)]
-    # The record checksums alone catch it too, except in the batch checksum field: the only
-    # bytes no record checksum covers, and they carry no record data.
+    # The record checksums alone catch it too, except in the batch checksum field and the stamp:
+    # the only bytes no record checksum covers, and they carry no record data.
     records_only = verify_records_only(corrupted)
-    if batch.position <= position < batch.position + 4:
+    in_stamp = batch.position + BATCH_HEADER_SIZE <= position < batch.records_start
+    if batch.position <= position < batch.position + 4 or in_stamp:
         assert records_only is None
     else:
         assert records_only is not None
@@ -275,7 +383,7 @@ def test_no_single_changed_byte_is_ever_read_back_as_a_valid_record(flipped: Fli
 @given(flipped_bytes())
 # Regression: byte 8, the high byte of the first batch's length, XOR 0x01 makes the first of
 # two batches claim 16 MiB more than the data holds.
-@example((0, [[Record(b"a")], [Record(b"b")]], 8, 0x01))
+@example((0, [(None, [Record(b"a")]), (None, [Record(b"b")])], 8, 0x01))
 def test_a_single_changed_byte_in_whole_batches_is_never_taken_for_a_torn_write(
     flipped: FlipInput,
 ) -> None:
@@ -296,7 +404,7 @@ def test_a_single_changed_byte_in_whole_batches_is_never_taken_for_a_torn_write(
 
 
 @st.composite
-def grown_last_lengths(draw: st.DrawFn) -> tuple[int, list[list[Record]], int]:
+def grown_last_lengths(draw: st.DrawFn) -> tuple[int, list[Batch], int]:
     base, batches = draw(several_batches())
     last = Encoded(base, batches).infos[-1]
     return base, batches, draw(st.integers(last.length + 1, MAX_U32))
@@ -305,7 +413,7 @@ def grown_last_lengths(draw: st.DrawFn) -> tuple[int, list[list[Record]], int]:
 @settings(max_examples=200)
 @given(grown_last_lengths())
 def test_a_whole_last_batch_whose_length_grew_past_the_end_is_rot_not_torn(
-    grown: tuple[int, list[list[Record]], int],
+    grown: tuple[int, list[Batch], int],
 ) -> None:
     base, batches, length = grown
     encoded = Encoded(base, batches)
@@ -342,7 +450,7 @@ def test_all_zero_bytes_never_verify_and_are_an_unwritten_tail(size: int) -> Non
 @settings(max_examples=100)
 @given(several_batches(), st.integers(1, 5000))
 def test_zeros_after_whole_batches_are_an_unwritten_tail(
-    given_batches: tuple[int, list[list[Record]]], zeros: int
+    given_batches: Batches, zeros: int
 ) -> None:
     base, batches = given_batches
     encoded = Encoded(base, batches)
@@ -354,7 +462,7 @@ def test_zeros_after_whole_batches_are_an_unwritten_tail(
 
 
 @st.composite
-def cuts(draw: st.DrawFn) -> tuple[int, list[list[Record]], int]:
+def cuts(draw: st.DrawFn) -> tuple[int, list[Batch], int]:
     base, batches = draw(several_batches())
     return base, batches, draw(st.integers(0, len(Encoded(base, batches).data) - 1))
 
@@ -362,7 +470,7 @@ def cuts(draw: st.DrawFn) -> tuple[int, list[list[Record]], int]:
 @settings(max_examples=300)
 @given(cuts())
 def test_batches_cut_short_anywhere_end_in_a_torn_write(
-    cut_input: tuple[int, list[list[Record]], int],
+    cut_input: tuple[int, list[Batch], int],
 ) -> None:
     base, batches, cut = cut_input
     encoded = Encoded(base, batches)
@@ -393,7 +501,7 @@ def test_every_prefix_of_a_batch_is_a_torn_write_at_its_start() -> None:
 
 
 @st.composite
-def zero_filled_cuts(draw: st.DrawFn) -> tuple[int, list[list[Record]], int, int]:
+def zero_filled_cuts(draw: st.DrawFn) -> tuple[int, list[Batch], int, int]:
     """Batches whose last one was written only up to a cut, then zeros (unwritten blocks)."""
     base, batches = draw(several_batches())
     last = Encoded(base, batches).infos[-1]
@@ -404,9 +512,12 @@ def zero_filled_cuts(draw: st.DrawFn) -> tuple[int, list[list[Record]], int, int
 
 @settings(max_examples=300)
 @given(zero_filled_cuts())
-@example((0, [[Record(b"value")]], 30, 64))
+@example((0, [(None, [Record(b"value")])], 30, 64))
+@example((0, [(ProducerStamp(1, 2), [Record(b"value")])], 30, 64))
+# A batch whose checksum starts with a zero byte, cut after that byte: nothing but zeros.
+@example((0, [(ProducerStamp(1, 119), [Record(b"v119")])], 1, 200))
 def test_zeros_from_inside_a_batch_are_torn_only_while_the_data_ends_inside_it(
-    zero_filled: tuple[int, list[list[Record]], int, int],
+    zero_filled: tuple[int, list[Batch], int, int],
 ) -> None:
     """Zeros are an unwritten tail only from a batch boundary on.
 
@@ -435,8 +546,11 @@ def test_zeros_from_inside_a_batch_are_torn_only_while_the_data_ends_inside_it(
     assert scan.batches == encoded.infos[:-1]
     assert scan.end == last.position
     assert scan.damage is not None
-    if len(written) < BATCH_HEADER_SIZE or (
-        cut >= BATCH_HEADER_SIZE and len(written) < len(original)
+    # Written bytes that are all zeros (the checksum's first byte was 0, say) are unwritten.
+    if (
+        len(written) < BATCH_HEADER_SIZE
+        or not any(written)
+        or (cut >= BATCH_HEADER_SIZE and len(written) < len(original))
     ):
         assert scan.damage == Damage(last.position, DamageReason.INCOMPLETE)
     elif cut < BATCH_HEADER_SIZE:
@@ -547,3 +661,39 @@ def test_a_cut_or_extended_seal_marker_is_detected(seal: Seal, cut: int, extra: 
         decode_seal(data[:cut])
     with pytest.raises(ValueError, match="seal marker"):
         decode_seal(data + bytes(extra))
+
+
+# -- epoch marker ------------------------------------------------------------------------------
+
+epochs = st.builds(EpochMarker, base_offset=st.integers(0, MAX_U64), epoch=st.integers(0, MAX_U64))
+
+
+@settings(max_examples=200)
+@given(epochs)
+def test_an_epoch_marker_round_trips(marker: EpochMarker) -> None:
+    data = encode_epoch(marker)
+
+    assert len(data) == 32
+    assert decode_epoch(data) == marker
+
+
+@settings(max_examples=300)
+@given(epochs, st.integers(0, 31), st.integers(1, 255))
+def test_a_single_changed_byte_in_an_epoch_marker_is_detected(
+    marker: EpochMarker, position: int, mask: int
+) -> None:
+    with pytest.raises(ValueError, match="epoch marker"):
+        decode_epoch(flip(encode_epoch(marker), position, mask))
+
+
+@settings(max_examples=50)
+@given(epochs, st.integers(0, 31), st.integers(1, 16))
+def test_a_cut_or_extended_epoch_marker_is_detected(
+    marker: EpochMarker, cut: int, extra: int
+) -> None:
+    data = encode_epoch(marker)
+
+    with pytest.raises(ValueError, match="epoch marker"):
+        decode_epoch(data[:cut])
+    with pytest.raises(ValueError, match="epoch marker"):
+        decode_epoch(data + bytes(extra))

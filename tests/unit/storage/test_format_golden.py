@@ -26,21 +26,26 @@ from pathlib import Path
 import pytest
 from crc32c import crc32c
 
-from logbroker.records import Record, StoredRecord
+from logbroker.records import ProducerStamp, Record, StoredRecord
 from logbroker.storage import _speedups
 from logbroker.storage._format import (
     FORMAT_VERSION,
+    STAMPED_BATCH_VERSION,
     BatchInfo,
+    EpochMarker,
     IndexEntry,
     Scan,
     Seal,
+    decode_epoch,
     decode_index,
     decode_seal,
     encode_batch_python,
+    encode_epoch,
     encode_index,
     encode_seal,
     iter_batch_records,
     scan_batches,
+    stamp_batch,
     verify_records_only,
 )
 from logbroker.storage.errors import FormatTooNewError
@@ -84,6 +89,9 @@ THREE_RECORDS = [
     ),
 ]
 
+# Both fields above 2**32, so that all eight bytes of each matter.
+STAMP = ProducerStamp(producer_id=0x0102_0304_0506_0708, sequence=2**32 + 9)
+
 INDEX_ENTRIES = [
     IndexEntry(BASE, 0),
     IndexEntry(BASE + 97, 4105),
@@ -91,6 +99,9 @@ INDEX_ENTRIES = [
 ]
 
 SEAL = Seal(base_offset=BASE, record_count=317, byte_size=12_345, sealed_at_ms=1_700_000_123_456)
+
+# An epoch above 2**32, so that all eight bytes of the epoch field matter.
+EPOCH = EpochMarker(base_offset=BASE, epoch=2**40 + 3)
 
 
 def golden(name: str, encoded: bytes) -> bytes:
@@ -138,6 +149,7 @@ def test_the_checksum_is_standard_crc32c() -> None:
     # The Castagnoli check value: any other polynomial, init or final XOR gives another.
     assert crc32c(b"123456789") == 0xE3069283
     assert FORMAT_VERSION == 1
+    assert STAMPED_BATCH_VERSION == 2
 
 
 @BATCH_ENCODERS
@@ -198,6 +210,34 @@ def test_batch_of_three_records_with_empty_and_null_fields(encode_batch: BatchEn
     assert_same_bytes(encoded, stored)
 
 
+@BATCH_ENCODERS
+def test_stamped_batch_of_three_records(encode_batch: BatchEncoder) -> None:
+    encoded = stamp_batch(encode_batch(BASE, THREE_RECORDS), STAMP)
+    stored = golden("batch-stamped-three-records.bin", encoded)
+
+    scan = scan_batches(stored, 0, BASE)
+    assert scan == Scan([BatchInfo(0, len(stored), BASE, 3, STAMP)], len(stored), None)
+    read = list(iter_batch_records(memoryview(stored), scan.batches[0]))
+    assert read == [StoredRecord(BASE + i, record) for i, record in enumerate(THREE_RECORDS)]
+    assert verify_records_only(stored) is None
+    # The documented layout: the version 1 header but for its version and length, the stamp,
+    # then the record frames of the unstamped batch, unchanged.
+    unstamped = (GOLDEN / "batch-three-records.bin").read_bytes()
+    assert len(stored) == len(unstamped) + 16
+    assert struct.unpack_from(">I2sBBIQI", stored, 0) == (
+        computed_crc(stored),
+        b"LB",
+        2,
+        0,
+        len(stored),
+        BASE,
+        3,
+    )
+    assert stored[24:40] == bytes.fromhex("0102030405060708 0000000100000009")
+    assert stored[40:] == unstamped[24:]
+    assert_same_bytes(encoded, stored)
+
+
 def test_index_sidecar() -> None:
     encoded = encode_index(BASE, INDEX_ENTRIES)
     stored = golden("index.bin", encoded)
@@ -232,6 +272,24 @@ def test_seal_marker() -> None:
         317,
         12_345,
         1_700_000_123_456,
+        0,
+    )
+    assert_same_bytes(encoded, stored)
+
+
+def test_epoch_marker() -> None:
+    encoded = encode_epoch(EPOCH)
+    stored = golden("epoch.bin", encoded)
+
+    assert decode_epoch(stored) == EPOCH
+    assert struct.unpack(">I2sBBIQQI", stored) == (
+        computed_crc(stored),
+        b"LE",
+        1,
+        0,
+        0,
+        BASE,
+        2**40 + 3,
         0,
     )
     assert_same_bytes(encoded, stored)

@@ -17,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from logbroker import wire
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record
 from logbroker.wire import (
     REQUEST_TYPES,
     ApiKey,
@@ -39,6 +39,7 @@ from logbroker.wire import (
     ListTopics,
     ListUsers,
     Produce,
+    ProduceIdempotent,
     ProtocolViolation,
     Reason,
     ReceivedRequest,
@@ -84,11 +85,14 @@ records = st.builds(
     headers=st.lists(st.tuples(nbytes, nbytes), max_size=3).map(tuple),
 )
 record_tuples = st.lists(records, max_size=5).map(tuple)
+U64 = st.integers(0, 2**64 - 1)
+stamps = st.builds(ProducerStamp, U64, U64)
 
 requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(Auth, texts, texts),
     st.builds(CreateTopic, texts, st.integers(0, 255)),
     st.builds(Produce, texts, record_tuples),
+    st.builds(ProduceIdempotent, texts, stamps, record_tuples),
     st.builds(Fetch, texts, texts, texts, texts, U32, U32),
     st.builds(Commit, texts, texts, texts),
     st.builds(Subscribe, texts, texts, texts, U32, U32),
@@ -211,6 +215,7 @@ def test_extensions_take_keys_from_64_up() -> None:
     assert {key.name.lower(): int(key) for key in ApiKey if key >= 64} == {
         "list_topics": 64,
         "describe_cluster": 66,
+        "produce_idempotent": 67,
     }
 
 
@@ -222,6 +227,44 @@ def test_a_list_topics_exchange_has_the_documented_bytes() -> None:
         b"\x08"  # keyspace_bits
         b"\x00\x00\x00\x04"  # range_count
     )
+
+
+def test_a_produce_idempotent_exchange_has_the_documented_bytes() -> None:
+    stamp = ProducerStamp(0x0102030405060708, 9)
+    record = Record(b"v1", key=None, timestamp_ms=258)
+
+    frame = encode_request(1, ProduceIdempotent("t", stamp, (record,)))
+
+    assert frame == (
+        b"\x00\x00\x00\x33"  # length 51: 2 + 4 + 6 + 16 + 4 + 19
+        b"\x00\x43"  # api key 67: produce_idempotent
+        b"\x00\x00\x00\x01"  # correlation id
+        b"\x01\x00\x00\x00\x01t"  # topic
+        b"\x01\x02\x03\x04\x05\x06\x07\x08"  # producer_id
+        b"\x00\x00\x00\x00\x00\x00\x00\x09"  # sequence
+        b"\x00\x00\x00\x01"  # record count, then the records as produce has them
+        b"\x00"
+        b"\x00\x00\x00\x02v1"
+        b"\x00\x00\x00\x00\x00\x00\x01\x02"
+        b"\x00\x00\x00\x00"
+    )
+    # Answered as produce: the count.
+    assert (
+        encode_ok(1, encode_count(1)) == b"\x00\x00\x00\x0a\x00\x00\x00\x01\x00\x00\x00\x00\x00\x01"
+    )
+
+
+def test_produce_idempotent_is_produce_with_the_stamp_after_the_topic() -> None:
+    records = (Record(b"a", key=b"k"), Record(b"b", headers=((b"h", None),)))
+    plain = body_of(encode_request(5, Produce("t", records)))
+
+    stamped = body_of(encode_request(5, ProduceIdempotent("t", ProducerStamp(1, 2), records)))
+
+    topic_end = 6 + 6  # header, then str "t"
+    assert stamped[:2] == b"\x00\x43"
+    assert stamped[2:topic_end] == plain[2:topic_end]
+    assert stamped[topic_end : topic_end + 16] == struct.pack(">QQ", 1, 2)
+    assert stamped[topic_end + 16 :] == plain[topic_end:]
 
 
 ONE_NODE = ClusterInfo(
@@ -391,7 +434,7 @@ def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: byt
     assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
 
 
-@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 67, 0xFFFF])
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 68, 0xFFFF])
 def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
     with pytest.raises(WireError) as raised:
         decode_request(struct.pack(">HI", api_key, 42))

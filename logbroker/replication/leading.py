@@ -1,0 +1,278 @@
+"""The ranges whose active segment this node leads, as the broker reaches them.
+
+``LeadRanges`` is the replicated counterpart of ``LocalRanges``: ``ClusterRanges`` asks it for
+the handle of a range whose active segment names this node as primary, and opens (claims) the
+range through it when this node does not lead it yet. A ``ReplicatedRange`` answers appends once
+a quorum holds them, reads only what is committed, and wakes long polls as the commit index
+moves. When the active segment reaches the roll size it is sealed and the next one opened
+(``SegmentClaims.roll``); appends made meanwhile wait for the new leader.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, gatherResults, succeed
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.broker.errors import BrokerError
+from logbroker.broker.producers import ProducerTable
+from logbroker.broker.ranges import Bounds, LocalRange, RangeRead
+from logbroker.broker.stamped import StampedAppends
+from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.errors import Reason
+from logbroker.records import ProducerStamp, Record
+from logbroker.replication.primary import SegmentLeader
+from logbroker.replication.takeover import SegmentClaims
+from logbroker.storage import OpenLogs, RangeLog
+
+log = Logger()
+
+
+class ReplicatedRange:
+    """A range this node leads: ``leader`` leads its active segment."""
+
+    def __init__(
+        self, range_id: str, range_log: RangeLog, claims: SegmentClaims, roll_bytes: int
+    ) -> None:
+        self._range_id = range_id
+        self._log = range_log
+        self._claims = claims
+        self._roll_bytes = roll_bytes
+        self._reads = LocalRange(range_id, range_log)
+        self._stamped = StampedAppends(ProducerTable())
+        self.leader: SegmentLeader | None = None
+        #: The roll under way, if any: appends wait for the leader of the next segment.
+        self._rolling: Deferred[Any] | None = None
+
+    @property
+    def range_id(self) -> str:
+        return self._range_id
+
+    def leads(self, meta: SegmentMeta | None) -> bool:
+        """Whether this node still leads the range, as the control plane has it now."""
+        if self._rolling is not None:
+            return True
+        leader = self.leader
+        return (
+            leader is not None
+            and not leader.stopped
+            and meta is not None
+            and meta.base_offset == leader.segment
+            and meta.epoch == leader.epoch
+        )
+
+    def use_producers(self, producers: ProducerTable) -> None:
+        """Dedupe stamped appends with ``producers`` from now on (rebuilt from the log after a
+        claim). Appends taken before settle on the table they started with."""
+        self._stamped = StampedAppends(producers)
+
+    def led_by(self, leader: SegmentLeader) -> None:
+        self.leader = leader
+        self.committed(leader.commit)
+
+    def committed(self, _: int) -> None:
+        """The commit index moved: wake the long polls it passed."""
+        self._reads.wake()
+
+    def refusal(self, count: int) -> BrokerError | None:
+        if self._rolling is not None:
+            return None
+        if self.leader is None:
+            return BrokerError(Reason.UNREACHABLE, f"{self._range_id} is not led here yet")
+        return self.leader.refusal(count)
+
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
+        return self._stamped.append(records, stamp, self._store)
+
+    def _store(self, records: Sequence[Record], stamp: ProducerStamp | None) -> Deferred[object]:
+        if self._rolling is not None:
+            waiting: Deferred[object] = Deferred()
+            self._rolling.addBoth(lambda _: self._store(records, stamp).chainDeferred(waiting))
+            return waiting
+        leader = self.leader
+        if leader is None:
+            unled = BrokerError(Reason.UNREACHABLE, f"{self._range_id} is not led here yet")
+            return fail(unled)
+        appended = leader.append(records, stamp)
+        if self._log.active_bytes >= self._roll_bytes and not leader.stopped:
+            self._roll(leader)
+        return appended  # type: ignore[return-value]
+
+    def roll(self) -> None:
+        """Seal the active segment and open the next (on the live nodes), unless a roll is
+        under way or the segment holds nothing yet."""
+        leader = self.leader
+        if leader is None or leader.stopped or self._rolling is not None:
+            return
+        if leader.written > leader.segment:
+            self._roll(leader)
+
+    def _roll(self, leader: SegmentLeader) -> None:
+        rolled = self._claims.roll(leader, self.committed)
+        # Fires once the roll is over, either way: appends waiting for it go on then (set
+        # before the callback, which clears it, in case the roll is over at once).
+        self._rolling = rolled
+        rolled.addBoth(self._rolled, leader)
+
+    def _rolled(self, outcome: SegmentLeader | Failure, leader: SegmentLeader) -> None:
+        self._rolling = None
+        if isinstance(outcome, SegmentLeader):
+            self.led_by(outcome)
+            return
+        log.warn(
+            "Rolling {range_id} failed: {error}",
+            range_id=self._range_id,
+            error=outcome.getErrorMessage(),
+        )
+        leader.step_down(BrokerError(Reason.NOT_PRIMARY, f"rolling {self._range_id} failed"))
+
+    def bounds(self) -> Deferred[Bounds]:
+        return self._reads.bounds()
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
+        """Committed records from ``offset``, within one segment: from this node's copy where
+        it is complete, else from a replica's (a node holds only the segments whose replica
+        sets name it, and a copy may be short until healing fetches it)."""
+        segments = self._claims.segments(self._range_id)
+        if not segments:
+            return succeed(RangeRead((), 0, offset, 0))
+        offset = max(offset, segments[0].base_offset)
+        found = next((m for m in reversed(segments) if m.base_offset <= offset), segments[0])
+        if found.state is SegmentState.ACTIVE:
+            # The segment this node leads: its copy is the complete one.
+            return self._reads.read(offset, max_records, max_bytes)
+        assert found.record_count is not None
+        end = found.base_offset + found.record_count
+        if offset >= end:
+            # Past the last record of a segment sealed empty-ended: the next one starts here.
+            return succeed(RangeRead((), 0, offset, 0))
+        max_records = min(max_records, end - offset)
+        if self._holds_whole(found.base_offset, end):
+            return self._reads.read(offset, max_records, max_bytes)
+        return self._claims.read_copy(found, offset, max_records, max_bytes)
+
+    def _holds_whole(self, base: int, end: int) -> bool:
+        info = next((s for s in self._log.segments() if s.base_offset == base), None)
+        return info is not None and info.damage is None and info.next_offset >= end
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        return self._reads.wait(offset, wait_ms)
+
+
+class LeadRanges:
+    """The ``RangeDirectory`` of the ranges this node leads (``ClusterRanges`` asks it only for
+    ranges whose active segment names this node first)."""
+
+    def __init__(self, storage: OpenLogs, claims: SegmentClaims, roll_bytes: int) -> None:
+        self._storage = storage
+        self._claims = claims
+        self._roll_bytes = roll_bytes
+        self._handles: dict[str, ReplicatedRange] = {}
+        #: Claims under way, one per range, and who waits for each.
+        self._claiming: dict[str, list[Deferred[None]]] = {}
+
+    def handle(self, range_id: str) -> ReplicatedRange:
+        handle = self._handles.get(range_id)
+        if handle is None or not handle.leads(self._claims.active(range_id)):
+            raise BrokerError(Reason.UNREACHABLE, f"range {range_id} is not led here yet")
+        return handle
+
+    def leading(self) -> list[ReplicatedRange]:
+        return [h for h in self._handles.values() if h.leads(self._claims.active(h.range_id))]
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        if len(range_ids) == 1:
+            # One range (a first use): its claim's own error, not one wrapped in a list's.
+            return self._claim(range_ids[0])
+        return gatherResults(
+            [self._claim(range_id) for range_id in range_ids], consumeErrors=True
+        ).addCallback(lambda _: None)
+
+    def _claim(self, range_id: str) -> Deferred[None]:
+        waiter: Deferred[None] = Deferred()
+        waiting = self._claiming.get(range_id)
+        if waiting is not None:
+            waiting.append(waiter)
+            return waiter
+        self._claiming[range_id] = [waiter]
+        opened = self._storage.logs.get(range_id)
+        ready = succeed(opened) if opened is not None else self._storage.open_range(range_id)
+
+        def claim(range_log: RangeLog) -> Deferred[SegmentLeader]:
+            handle = self._handles.get(range_id)
+            if handle is None or handle._log is not range_log:
+                handle = self._handles[range_id] = ReplicatedRange(
+                    range_id, range_log, self._claims, self._roll_bytes
+                )
+            if handle.leader is not None:
+                handle.leader.step_down(
+                    BrokerError(Reason.NOT_PRIMARY, f"{range_id} is being claimed anew")
+                )
+            return self._claims.claim(range_id, handle.committed).addCallback(self._claimed, handle)
+
+        ready.addCallback(claim).addBoth(self._settled, range_id)
+        return waiter
+
+    def _claimed(self, leader: SegmentLeader, handle: ReplicatedRange) -> Deferred[SegmentLeader]:
+        # The claim left this copy complete up to the longest end of a quorum: the stamps in it
+        # are those of every produce the range may have stored. The new leader takes appends
+        # only once its table knows them.
+        def rebuilt(found: list[tuple[ProducerStamp, int, int]]) -> SegmentLeader:
+            handle.use_producers(ProducerTable.rebuild(found))
+            handle.led_by(leader)
+            return leader
+
+        def unread(failure: Failure) -> Failure:
+            leader.step_down(
+                BrokerError(
+                    Reason.UNREACHABLE,
+                    f"{handle.range_id}: the producer stamps in its log could not be read "
+                    f"back ({failure.getErrorMessage()})",
+                )
+            )
+            return failure
+
+        return handle._log.recent_stamps().addCallbacks(rebuilt, unread)
+
+    def _settled(self, outcome: object, range_id: str) -> None:
+        for waiter in self._claiming.pop(range_id):
+            if isinstance(outcome, Failure):
+                waiter.errback(outcome)
+            else:
+                waiter.callback(None)
+
+    def sweep(self, range_ids: Sequence[str]) -> None:
+        """Claim the ranges among ``range_ids`` whose primary died, where this node is next
+        in line (run periodically: no request needs to come first)."""
+        for range_id in range_ids:
+            meta = self._claims.active(range_id)
+            if meta is None or range_id in self._claiming:
+                continue
+            if self._claims.should_take_over(meta):
+                log.info(
+                    "The primary of {range_id}@{segment}, {primary}, is dead: taking it over",
+                    range_id=range_id,
+                    segment=meta.base_offset,
+                    primary=meta.replicas[0],
+                )
+                self._claim(range_id).addErrback(self._claim_failed, range_id)
+
+    def _claim_failed(self, failure: Failure, range_id: str) -> None:
+        log.warn(
+            "Taking {range_id} over failed: {error}",
+            range_id=range_id,
+            error=failure.getErrorMessage(),
+        )
+
+    def stop(self) -> None:
+        """Stop leading every range (the node stops, or lost its lease)."""
+        for handle in self._handles.values():
+            if handle.leader is not None:
+                handle.leader.step_down(
+                    BrokerError(Reason.UNREACHABLE, "this node stopped leading its ranges")
+                )

@@ -1,0 +1,187 @@
+"""The peer protocol's replication ops: a sans-IO codec, like ``codec``, for what a segment's
+primary tells its replicas.
+
+Request payloads and their ok payloads, by op (integers big-endian; ``text`` as in ``codec``)::
+
+    op 5 replicate  request = text(range_id) segment:u64 epoch:u64 offset:u64 position:u64
+                              commit:u64 crc:u32 data[rest]
+                    ok      = copy_state
+    op 6 fence      request = text(range_id) segment:u64 epoch:u64
+                    ok      = copy_state
+    op 7 seal       request = text(range_id) segment:u64 epoch:u64 record_count:u64 byte_size:u64
+                    ok      = copy_state
+    op 8 fetch      request = text(range_id) segment:u64 offset:u64 position:u64 max_bytes:u32
+                    ok      = data[rest]         whole batches from ``offset`` (empty at the end)
+
+    copy_state = outcome:u8 epoch:u64 end_offset:u64 end_position:u64
+
+``segment`` is the base offset of the segment the request is about; ``offset``/``position`` are
+where ``data`` starts, as a record offset and as a byte position in that segment's file;
+``data`` is whole stored batches, exactly as the primary's copy holds them, and ``crc`` their
+CRC32C (every batch and record in them carries its own checksum too). ``commit`` is how far the
+range is committed (acknowledged): a replica's readers never see past it.
+
+A replica answers every request with the state of its copy: the epoch it is fenced at and
+where the copy's durable bytes end (``end_offset``, ``end_position``), and the outcome:
+
+- ``ok``: done (the data is durable, the fence or seal recorded);
+- ``fenced``: refused, the copy is fenced at a later epoch (``epoch``): the sender is stale;
+- ``mismatch``: refused, the copy does not end where the data starts: send from its end;
+- ``short``: a seal the copy cannot take, since it holds fewer bytes: it must be fetched whole.
+"""
+
+from __future__ import annotations
+
+import struct
+from enum import IntEnum
+
+import attrs
+from crc32c import crc32c
+
+from logbroker.replication.codec import (
+    MalformedPeerMessage,
+    _read_exactly,
+    _read_text,
+    _text,
+    _u32,
+    _u64,
+    encode_text,
+)
+from logbroker.wire.primitives import Reader, Truncated
+
+
+class CopyOutcome(IntEnum):
+    OK = 0
+    FENCED = 1
+    MISMATCH = 2
+    SHORT = 3
+
+
+@attrs.frozen
+class CopyStatus:
+    """What a replica says of its copy of a segment."""
+
+    outcome: CopyOutcome = attrs.field(validator=attrs.validators.instance_of(CopyOutcome))
+    epoch: int = attrs.field(validator=_u64)
+    end_offset: int = attrs.field(validator=_u64)
+    end_position: int = attrs.field(validator=_u64)
+
+
+@attrs.frozen
+class ReplicateRequest:
+    range_id: str = attrs.field(validator=_text)
+    segment: int = attrs.field(validator=_u64)
+    epoch: int = attrs.field(validator=_u64)
+    offset: int = attrs.field(validator=_u64)
+    position: int = attrs.field(validator=_u64)
+    commit: int = attrs.field(validator=_u64)
+    data: bytes = attrs.field(repr=lambda data: f"<{len(data)} bytes>")
+
+
+@attrs.frozen
+class FenceRequest:
+    range_id: str = attrs.field(validator=_text)
+    segment: int = attrs.field(validator=_u64)
+    epoch: int = attrs.field(validator=_u64)
+
+
+@attrs.frozen
+class SealRequest:
+    range_id: str = attrs.field(validator=_text)
+    segment: int = attrs.field(validator=_u64)
+    epoch: int = attrs.field(validator=_u64)
+    record_count: int = attrs.field(validator=_u64)
+    byte_size: int = attrs.field(validator=_u64)
+
+
+@attrs.frozen
+class FetchRequest:
+    range_id: str = attrs.field(validator=_text)
+    segment: int = attrs.field(validator=_u64)
+    offset: int = attrs.field(validator=_u64)
+    position: int = attrs.field(validator=_u64)
+    max_bytes: int = attrs.field(validator=_u32)
+
+
+_STATUS = struct.Struct(">BQQQ")
+_REPLICATE_HEAD = struct.Struct(">QQQQQI")
+_FENCE = struct.Struct(">QQ")
+_SEAL = struct.Struct(">QQQQ")
+_FETCH = struct.Struct(">QQQI")
+
+
+def encode_status(status: CopyStatus) -> bytes:
+    return _STATUS.pack(status.outcome, status.epoch, status.end_offset, status.end_position)
+
+
+def decode_status(payload: bytes) -> CopyStatus:
+    def read(reader: Reader) -> CopyStatus:
+        outcome = reader.u8()
+        if outcome not in CopyOutcome.__members__.values():
+            raise Truncated(f"unknown copy outcome {outcome}")
+        return CopyStatus(CopyOutcome(outcome), reader.u64(), reader.u64(), reader.u64())
+
+    return _read_exactly(payload, read, "copy status")
+
+
+def encode_replicate(request: ReplicateRequest) -> bytes:
+    head = _REPLICATE_HEAD.pack(
+        request.segment,
+        request.epoch,
+        request.offset,
+        request.position,
+        request.commit,
+        crc32c(request.data),
+    )
+    return encode_text(request.range_id) + head + request.data
+
+
+def decode_replicate(payload: bytes) -> ReplicateRequest:
+    def read(reader: Reader) -> ReplicateRequest:
+        range_id = _read_text(reader)
+        segment, epoch, offset, position, commit = (reader.u64() for _ in range(5))
+        crc = reader.u32()
+        data = reader.raw(reader.remaining)
+        if crc32c(data) != crc:
+            # Checked here, before any batch is looked at: bytes damaged on the way never reach
+            # a copy, and the primary hears of it as a broken link, not as a bad copy.
+            raise MalformedPeerMessage(f"replicated data for {range_id} fails its checksum")
+        return ReplicateRequest(range_id, segment, epoch, offset, position, commit, data)
+
+    return _read_exactly(payload, read, "replicate request")
+
+
+def encode_fence(request: FenceRequest) -> bytes:
+    return encode_text(request.range_id) + _FENCE.pack(request.segment, request.epoch)
+
+
+def decode_fence(payload: bytes) -> FenceRequest:
+    return _read_exactly(
+        payload, lambda r: FenceRequest(_read_text(r), r.u64(), r.u64()), "fence request"
+    )
+
+
+def encode_seal(request: SealRequest) -> bytes:
+    tail = _SEAL.pack(request.segment, request.epoch, request.record_count, request.byte_size)
+    return encode_text(request.range_id) + tail
+
+
+def decode_seal(payload: bytes) -> SealRequest:
+    return _read_exactly(
+        payload,
+        lambda r: SealRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u64()),
+        "seal request",
+    )
+
+
+def encode_fetch(request: FetchRequest) -> bytes:
+    tail = _FETCH.pack(request.segment, request.offset, request.position, request.max_bytes)
+    return encode_text(request.range_id) + tail
+
+
+def decode_fetch(payload: bytes) -> FetchRequest:
+    return _read_exactly(
+        payload,
+        lambda r: FetchRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u32()),
+        "fetch request",
+    )

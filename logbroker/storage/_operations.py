@@ -1,0 +1,497 @@
+"""The range log's segment operations: roll, trim, delete, verify, and the replica's own (fence,
+start a segment, seal a copy to a given length, install a sealed segment from a peer).
+
+Each is a control job in the log's queue: it runs after every append and operation queued before
+it, its checks see the log as those left it, and its blocking part runs through the executor.
+An operation refused by its checks changes nothing; one whose I/O fails after it changed files
+takes the log out of service (recovery then reads back what is on disk), except where noted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
+
+from logbroker.storage._executor import Executor
+from logbroker.storage._format import (
+    MIN_BATCH_SIZE,
+    BatchInfo,
+    EpochMarker,
+    IndexEntry,
+    Seal,
+    encode_epoch,
+)
+from logbroker.storage._fs import AppendFile, FileSystem
+from logbroker.storage._jobs import (
+    _delete_files,
+    _install_job,
+    _roll_job,
+    _seal_copy_job,
+    _start_segment_job,
+    _trim_job,
+    _verify_job,
+    check_install,
+    plan_seal,
+)
+from logbroker.storage._pipeline import WritePipeline
+from logbroker.storage._segment import (
+    EPOCH_SUFFIX,
+    CopyState,
+    Segment,
+    SegmentInfo,
+    Verification,
+    build_index,
+)
+from logbroker.storage._state import LogState
+from logbroker.storage._values import Fenced
+from logbroker.storage.errors import FencedError, SegmentStateError, StorageError
+
+_MAX_EPOCH = 2**64 - 1
+
+
+def _check_epoch(epoch: int) -> None:
+    if not 0 <= epoch <= _MAX_EPOCH:
+        raise ValueError(f"an epoch is between 0 and {_MAX_EPOCH}, not {epoch}")
+
+
+class SegmentOperations:
+    """The control operations of one range log (see the module docstring)."""
+
+    def __init__(
+        self,
+        state: LogState,
+        pipeline: WritePipeline,
+        *,
+        fs: FileSystem,
+        clock: IReactorTime,
+        executor: Executor,
+        reader: Executor,
+    ) -> None:
+        self._state = state
+        self._pipeline = pipeline
+        self._fs = fs
+        self._clock = clock
+        self._executor = executor
+        self._reader = reader
+
+    def _now_ms(self) -> int:
+        return int(self._clock.seconds() * 1000)
+
+    def _out_of_service(self, failure: Failure) -> Failure:
+        self._pipeline.take_out_of_service(failure, [])
+        return failure
+
+    # -- rolling, deleting, verifying ----------------------------------------------------------
+
+    def roll(self) -> Deferred[SegmentInfo | None]:
+        state = self._state
+        if state.replicated:
+            return fail(
+                SegmentStateError(
+                    f"{state.directory} is a replica: its segments end with seal_copy and "
+                    "start with start_segment, never with roll"
+                )
+            )
+
+        def start() -> Deferred[SegmentInfo | None]:
+            active = state.active
+            if active is None or active.readable_end == 0 or active.damage is not None:
+                return succeed(None)
+            plan, seal = plan_seal(active, self._now_ms())
+            rolled = self._executor.run(
+                _roll_job, self._fs, state.directory, plan, state.segment_path(seal.next_offset)
+            )
+            return rolled.addCallbacks(
+                lambda writer: state.apply_seal(active, seal, writer), self._out_of_service
+            )
+
+        return self._pipeline.run_control(start)
+
+    def delete_segment(self, base_offset: int) -> Deferred[None]:
+        state = self._state
+
+        def start() -> Deferred[None]:
+            segment = state.find(base_offset)
+            if segment is state.segments[-1]:
+                raise SegmentStateError(
+                    f"{segment.path} is the last segment of its range; it cannot be deleted"
+                )
+            if segment.reader is not None:
+                segment.reader.close()
+                segment.reader = None
+            state.remove(segment)
+            return self._executor.run(_delete_files, self._fs, state.directory, segment.stem)
+
+        return self._pipeline.run_control(start)
+
+    def verify_segment(self, base_offset: int) -> Deferred[Verification]:
+        state = self._state
+
+        def start() -> Deferred[Verification]:
+            segment = state.find(base_offset)
+            limit = None if segment.state is not CopyState.ACTIVE else segment.readable_end
+
+            def checked(result: Verification) -> Verification:
+                if result.damage is not None:
+                    state.found_damage(segment, result.damage)
+                return result
+
+            return self._executor.run(
+                _verify_job, self._fs, segment.path, limit, base_offset, segment.seal
+            ).addCallback(checked)
+
+        return self._pipeline.run_control(start)
+
+    # -- cutting back ----------------------------------------------------------------------
+
+    def _cut_back(
+        self,
+        base_offset: int,
+        byte_size: int,
+        check: Callable[[Segment], SegmentInfo | None],
+        run: Callable[[Segment, bool, int], Deferred[Any]],
+        finish: Callable[[Segment, bool, Any], SegmentInfo],
+        *,
+        blocks_appends: bool,
+    ) -> Deferred[SegmentInfo]:
+        """Cut a copy back to ``byte_size`` (trim, seal_copy): the rules both keep.
+
+        ``check`` refuses (raising ``SegmentStateError``) or answers at once; then the copy is
+        closed to appends and reads, ``run(segment, last, held)`` (``held``: its verified bytes
+        before the cut) does the I/O and ``finish`` applies the result. With
+        ``blocks_appends``, appends made while it is pending are refused (they would hold
+        offsets past its end).
+        """
+        state = self._state
+
+        def start() -> Deferred[SegmentInfo]:
+            segment = state.find(base_offset)
+            answer = check(segment)
+            if answer is not None:
+                return succeed(answer)
+            if segment.damage is not None and segment.damage.position < byte_size:
+                raise SegmentStateError(
+                    f"{segment.path} is damaged at byte {segment.damage.position} "
+                    f"({segment.damage.reason.value}); rot is never trimmed"
+                )
+            if byte_size > segment.readable_end:
+                raise SegmentStateError(
+                    f"{segment.path} holds {segment.readable_end} verified bytes, "
+                    f"fewer than {byte_size}"
+                )
+            last = segment is state.segments[-1]
+            for handle in (segment.writer, segment.reader):
+                if handle is not None:
+                    handle.close()
+            segment.writer = segment.reader = None
+            held = segment.readable_end
+            before = (segment.state, held, state.active)
+            if segment is state.active:
+                state.active = None
+            segment.state = CopyState.CLOSED
+            # Reads must not reach bytes about to be cut, nor report their loss as damage.
+            segment.readable_end = byte_size
+            segment.generation += 1
+
+            def failed(failure: Failure) -> Failure:
+                if isinstance(failure.value, SegmentStateError):
+                    # Refused before the file was touched: nothing changed.
+                    segment.state, segment.readable_end, state.active = before
+                    return failure
+                return self._out_of_service(failure)
+
+            return maybeDeferred(run, segment, last, held).addCallbacks(
+                lambda result: finish(segment, last, result), failed
+            )
+
+        def finished(result: object) -> object:
+            self._pipeline.pending_cuts -= 1
+            return result
+
+        cutting: Deferred[SegmentInfo] = self._pipeline.run_control(start)
+        if blocks_appends and not cutting.called:
+            self._pipeline.pending_cuts += 1
+            cutting.addBoth(finished)
+        return cutting
+
+    def _moved_end(self, segment: Segment, last: bool) -> None:
+        """The last segment was cut: the range continues where it now ends."""
+        if last and self._state.starting is None:
+            self._state.next_offset = self._state.durable_offset = segment.next_offset
+
+    def trim(self, base_offset: int, byte_size: int) -> Deferred[SegmentInfo]:
+        state = self._state
+        was_active = False
+
+        def check(segment: Segment) -> None:
+            nonlocal was_active
+            if segment.has_marker:
+                raise SegmentStateError(
+                    f"{segment.path} carries its own seal marker; never trimmed"
+                )
+            was_active = segment is state.active
+
+        def run(segment: Segment, last: bool, held: int) -> Deferred[list[BatchInfo]]:
+            return self._executor.run(
+                _trim_job, self._fs, segment.path, base_offset, byte_size, last
+            )
+
+        def finish(segment: Segment, last: bool, batches: list[BatchInfo]) -> SegmentInfo:
+            segment.next_offset = segment.end_offset = (
+                batches[-1].next_offset if batches else segment.base_offset
+            )
+            segment.index = build_index(batches)
+            segment.damage = None
+            self._moved_end(segment, last)
+            # A replica's active copy cut back to where a newer primary sends from goes on
+            # taking appends; so does a range's last segment emptied (its name is its end).
+            if (byte_size == 0 and last) or (was_active and state.replicated):
+                segment.state = CopyState.ACTIVE
+                state.active = segment
+            info = segment.info()
+            if byte_size == 0 and not last:
+                state.remove(segment)
+            return info
+
+        return self._cut_back(base_offset, byte_size, check, run, finish, blocks_appends=True)
+
+    def seal_copy(
+        self, base_offset: int, record_count: int, byte_size: int
+    ) -> Deferred[SegmentInfo]:
+        if record_count < 1 or byte_size < MIN_BATCH_SIZE:
+            return fail(
+                ValueError(
+                    f"a sealed segment holds at least one record, not {record_count} records in "
+                    f"{byte_size} bytes; trim a copy that holds nothing committed to 0 bytes"
+                )
+            )
+        state = self._state
+
+        def check(segment: Segment) -> SegmentInfo | None:
+            seal = segment.seal
+            if not segment.has_marker:
+                if segment.readable_end == byte_size and segment.damage is None:
+                    held = segment.next_offset - base_offset
+                    if held != record_count:
+                        raise SegmentStateError(
+                            f"{segment.path} holds {held} records in its {byte_size} bytes, "
+                            f"not the {record_count} of the seal; fetch the segment whole"
+                        )
+                return None
+            if (
+                seal is not None
+                and segment.damage is None
+                and (seal.record_count, seal.byte_size) == (record_count, byte_size)
+            ):
+                return segment.info()
+            raise SegmentStateError(
+                f"{segment.path} carries its own seal marker, which does not match a seal at "
+                f"{record_count} records and {byte_size} bytes; fetch the segment whole"
+            )
+
+        def run(segment: Segment, last: bool, held: int) -> Deferred[tuple[Seal, list[IndexEntry]]]:
+            seal = Seal(base_offset, record_count, byte_size, self._now_ms())
+            # A copy that ends at the seal keeps its index; one that is longer (or damaged past
+            # the seal) is cut, after its first byte_size bytes are checked whole.
+            cut = segment.damage is not None or held > byte_size
+            index = None if cut else list(segment.index)
+            sealing = self._executor.run(_seal_copy_job, self._fs, segment.path, seal, index)
+            return sealing.addCallback(lambda written: (seal, written))
+
+        def finish(
+            segment: Segment, last: bool, sealed: tuple[Seal, list[IndexEntry]]
+        ) -> SegmentInfo:
+            segment.seal, segment.index = sealed
+            segment.has_marker = True
+            segment.state = CopyState.SEALED
+            segment.damage = None
+            segment.next_offset = segment.end_offset = base_offset + record_count
+            self._moved_end(segment, last)
+            state.sealed_through(segment.next_offset)
+            return segment.info()
+
+        # Only cutting the segment appends go to changes where they go.
+        blocks = base_offset == state.appending_base() or (
+            state.starting is None
+            and bool(state.segments)
+            and state.segments[-1].base_offset == base_offset
+        )
+        return self._cut_back(base_offset, byte_size, check, run, finish, blocks_appends=blocks)
+
+    # -- epochs and segments of a replica ----------------------------------------------------
+
+    def _write_epoch(self, base_offset: int, epoch: int) -> Deferred[None]:
+        segment = self._state.find(base_offset)
+        marker = encode_epoch(EpochMarker(base_offset, epoch))
+        return self._executor.run(self._fs.write_atomic, segment.stem + EPOCH_SUFFIX, marker)
+
+    def fence(self, base_offset: int, epoch: int) -> Deferred[Fenced]:
+        state = self._state
+        try:
+            _check_epoch(epoch)
+            refusal = self._pipeline.control_refusal()
+            if refusal is not None:
+                raise refusal
+            current = state.epoch_of(base_offset)
+        except (ValueError, StorageError) as error:
+            return fail(error)
+        if current is not None and epoch < current:
+            return fail(
+                FencedError(
+                    f"segment {base_offset} of {state.directory} is fenced at epoch {current}; "
+                    f"epoch {epoch} is older"
+                )
+            )
+        # At once: appends of older epochs are refused from now on, not from when it is durable.
+        state.epochs[base_offset] = epoch
+
+        def start() -> Deferred[Fenced]:
+            segment = state.find(base_offset)
+            return self._write_epoch(base_offset, epoch).addCallback(
+                lambda _: Fenced(base_offset, epoch, segment.next_offset, segment.readable_end)
+            )
+
+        return self._pipeline.run_control(start)
+
+    def start_segment(self, base_offset: int, epoch: int) -> Deferred[SegmentInfo]:
+        state = self._state
+        try:
+            _check_epoch(epoch)
+            refusal = self._pipeline.control_refusal()
+            if refusal is not None:
+                raise refusal
+        except (ValueError, StorageError) as error:
+            return fail(error)
+        if base_offset == state.appending_base() and state.next_offset == base_offset:
+            return self._restart_empty(base_offset, epoch)
+        if base_offset < state.next_offset:
+            return fail(
+                SegmentStateError(
+                    f"{state.directory} holds offsets up to {state.next_offset}; a segment "
+                    f"cannot start at {base_offset}, before that"
+                )
+            )
+        # At once: appends made from now on take offsets in the new segment.
+        state.next_offset = base_offset
+        state.starting = base_offset
+        state.epochs[base_offset] = epoch
+        path = state.segment_path(base_offset)
+        marker = encode_epoch(EpochMarker(base_offset, epoch))
+
+        def create() -> Deferred[AppendFile]:
+            state.close_active()
+            return self._executor.run(_start_segment_job, self._fs, state.directory, path, marker)
+
+        def started(writer: AppendFile) -> SegmentInfo:
+            segment = state.add_active(base_offset, writer)
+            state.durable_offset = base_offset
+            if state.starting == base_offset:
+                state.starting = None
+            return segment.info()
+
+        def start() -> Deferred[SegmentInfo]:
+            return maybeDeferred(create).addCallbacks(started, self._out_of_service)
+
+        return self._pipeline.run_control(start)
+
+    def _restart_empty(self, base_offset: int, epoch: int) -> Deferred[SegmentInfo]:
+        """``start_segment`` of the segment appends already go to, still empty: only its epoch
+        changes."""
+        state = self._state
+        current = state.epochs.get(base_offset, 0)
+        if current is not None and epoch < current:
+            return fail(
+                FencedError(
+                    f"segment {base_offset} of {state.directory} is at epoch {current}; it "
+                    f"cannot start again at epoch {epoch}, which is older"
+                )
+            )
+        state.epochs[base_offset] = epoch
+
+        def start() -> Deferred[SegmentInfo]:
+            return self._write_epoch(base_offset, epoch).addCallback(
+                lambda _: state.find(base_offset).info()
+            )
+
+        return self._pipeline.run_control(start)
+
+    def install_segment(
+        self, base_offset: int, data: bytes, record_count: int
+    ) -> Deferred[SegmentInfo]:
+        refusal = self._pipeline.control_refusal()
+        if refusal is not None:
+            return fail(refusal)
+        end = base_offset + record_count
+        conflict = self._install_conflict(base_offset, end)
+        if conflict is not None:
+            return fail(SegmentStateError(conflict))
+        data = bytes(data)
+        # Verified in a reader thread first: every record of a whole segment is checked, and
+        # the log's appends need not wait for that.
+        checking = self._reader.run(check_install, data, base_offset, record_count)
+        return checking.addCallback(
+            lambda index: self._pipeline.run_control(
+                lambda: self._install(base_offset, record_count, data, index)
+            )
+        )
+
+    def _install(
+        self, base_offset: int, record_count: int, data: bytes, index: list[IndexEntry]
+    ) -> Deferred[SegmentInfo]:
+        state = self._state
+        conflict = self._install_conflict(base_offset, base_offset + record_count)
+        if conflict is not None:
+            raise SegmentStateError(conflict)
+        seal = Seal(base_offset, record_count, len(data), self._now_ms())
+        path = state.segment_path(base_offset)
+
+        def installed(_: None) -> SegmentInfo:
+            segment = Segment(
+                seal.base_offset,
+                path,
+                CopyState.SEALED,
+                seal.byte_size,
+                seal.next_offset,
+                seal.next_offset,
+                index,
+                seal,
+                has_marker=True,
+            )
+            state.insert(segment)
+            if seal.next_offset > state.next_offset:
+                state.next_offset = state.durable_offset = seal.next_offset
+            state.sealed_through(seal.next_offset)
+            return segment.info()
+
+        # A failed install leaves the log as it was: what it wrote is either removed by recovery
+        # or the whole segment, which recovery then finds.
+        return self._executor.run(_install_job, self._fs, path, data, seal, index).addCallback(
+            installed
+        )
+
+    def _install_conflict(self, base_offset: int, end: int) -> str | None:
+        """Why a sealed segment of offsets ``[base_offset, end)`` cannot join this log, if so."""
+        state = self._state
+        for segment in state.segments:
+            if segment.base_offset < end and base_offset < segment.end_offset:
+                return (
+                    f"{state.directory}: the segment of offsets {base_offset} to {end} "
+                    f"overlaps {segment.path} (offsets {segment.base_offset} to "
+                    f"{segment.end_offset})"
+                )
+        appending = state.appending_base()
+        if appending is not None and end > appending:
+            return (
+                f"{state.directory}: the segment of offsets {base_offset} to {end} would lie "
+                f"past the active segment, which starts at {appending}"
+            )
+        if end > state.next_offset and state.next_offset != state.durable_offset:
+            return (
+                f"{state.directory}: the segment of offsets {base_offset} to {end} would lie "
+                f"past appends in flight (up to offset {state.next_offset}); install it after"
+            )
+        return None

@@ -1,0 +1,396 @@
+"""The range log's job queue: appends and control operations, one job at a time, in order.
+
+Appends queue up while a job runs and go out together in the next one: one write and one fsync
+cover all of them. When to write and what each write takes is the ``CommitPlanner``'s answer;
+this module carries it out with the injected clock and executor, and acknowledges each append
+only after the fsync that covers it, in offset order.
+
+A failed write, fsync or seal fails every append it covered and every append and operation
+queued behind it, and takes the log out of service (``LogFailedError``): after a failed fsync the
+kernel may already have dropped the dirty pages, so nothing more is trusted until recovery
+reopens the log.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from logbroker.storage._executor import Executor
+from logbroker.storage._format import BatchInfo, Seal
+from logbroker.storage._fs import AppendFile, FileSystem
+from logbroker.storage._jobs import SealPlan, _write_job, plan_seal
+from logbroker.storage._planner import (
+    WAIT,
+    ArmTimer,
+    CommitPlanner,
+    RunControl,
+    Step,
+    Write,
+)
+from logbroker.storage._segment import CopyState, Segment, build_index
+from logbroker.storage._state import LogState, call_hook
+from logbroker.storage._values import MAX_SEGMENT_BYTES, Appended, Flush, LogConfig
+from logbroker.storage.errors import (
+    FencedError,
+    LogClosedError,
+    LogFailedError,
+    OverloadedError,
+    SegmentStateError,
+    StorageError,
+)
+
+log = Logger()
+
+
+class Append:
+    """An append taken by the log: its offsets and bytes, acknowledged through ``deferred``."""
+
+    __slots__ = ("base_offset", "data", "deferred", "record_count")
+
+    def __init__(self, base_offset: int, record_count: int, data: bytes) -> None:
+        self.base_offset = base_offset
+        self.record_count = record_count
+        self.data = data
+        self.deferred: Deferred[Appended] = Deferred()
+
+
+class _Control:
+    """A roll, trim, fence or other operation, run in queue order between appends."""
+
+    __slots__ = ("deferred", "start")
+
+    def __init__(self, start: Callable[[], Deferred[object]]) -> None:
+        self.start = start
+        self.deferred: Deferred[object] = Deferred()
+
+
+class WritePipeline:
+    """The job queue of one range log (see the module docstring)."""
+
+    def __init__(
+        self,
+        state: LogState,
+        *,
+        fs: FileSystem,
+        clock: IReactorTime,
+        executor: Executor,
+        config: LogConfig,
+        on_flushed: Callable[[Flush], None],
+    ) -> None:
+        self._state = state
+        self._fs = fs
+        self._clock = clock
+        self._executor = executor
+        self._on_flushed = on_flushed
+        self._max_inflight_records = config.max_inflight_records
+        self._planner: CommitPlanner[Append, _Control] = CommitPlanner(
+            group_commit=config.group_commit,
+            interval=config.group_commit_interval_ms / 1000.0,
+            flush_max_records=config.flush_max_records,
+            max_inflight_records=config.max_inflight_records,
+            roll_bytes=config.roll_bytes if config.auto_roll else MAX_SEGMENT_BYTES,
+        )
+        self._timer: IDelayedCall | None = None
+        #: Append outcomes to deliver, in offset order (see ``_settle``).
+        self._outcomes: deque[tuple[Deferred[Any], Appended | Exception]] = deque()
+        self._settling = False
+        self._closing = False
+        self._closed = False
+        self._close_waiters: list[Deferred[None]] = []
+        self.failure: Failure | None = None
+        #: Trims and seals that cut back the segment appends go to, asked for and not finished:
+        #: appends wait for none of them, they are refused.
+        self.pending_cuts = 0
+
+    # -- taking work -------------------------------------------------------------------------
+
+    def refusal(self, count: int) -> StorageError | None:
+        """Why an append of ``count`` records would be refused now, if it would."""
+        state = self._state
+        if self.failure is not None:
+            return LogFailedError(
+                f"{state.directory} is out of service after a write error "
+                f"({self.failure.getErrorMessage()}); restart to recover it"
+            )
+        if self._closing:
+            return LogClosedError(f"{state.directory} is closed")
+        if self.pending_cuts:
+            return SegmentStateError(
+                f"{state.directory} is being cut back to a sealed length; append again after"
+            )
+        if state.replicated and (
+            state.appending_base() is None
+            or (
+                state.starting is None
+                and state.active is not None
+                and state.active.damage is not None
+            )
+        ):
+            return SegmentStateError(
+                f"{state.directory} has no active segment to append to; start one with "
+                "start_segment"
+            )
+        if state.epochs:
+            base = state.appending_base()
+            if base is not None and base in state.epochs and state.epochs[base] is None:
+                return FencedError(
+                    f"the epoch of segment {base} in {state.directory} is unknown (its epoch "
+                    "marker is unreadable); fence the segment again before appending"
+                )
+        if self._planner.overloaded(count):
+            return OverloadedError(
+                f"{self._planner.waiting_records} records already wait for their fsync in "
+                f"{state.directory} (limit {self._max_inflight_records}); retry later"
+            )
+        return None
+
+    def enqueue(self, append: Append) -> None:
+        self._state.next_offset += append.record_count
+        now = self._clock.seconds()
+        step = self._planner.append(append, append.record_count, len(append.data), now)
+        if step is not WAIT:
+            self._drive(step)
+
+    def control_refusal(self) -> StorageError | None:
+        if self.failure is not None:
+            return LogFailedError(f"{self._state.directory} is out of service after a write error")
+        if self._closing:
+            return LogClosedError(f"{self._state.directory} is closed")
+        return None
+
+    def run_control(self, start: Callable[[], Deferred[Any]]) -> Deferred[Any]:
+        """Run ``start`` (which starts an operation and returns its Deferred) after every job
+        queued before it. Whatever ``start`` raises fails that operation, never the queue."""
+        refusal = self.control_refusal()
+        if refusal is not None:
+            return fail(refusal)
+        control = _Control(start)
+        self._drive(self._planner.control(control, self._clock.seconds()))
+        return control.deferred
+
+    # -- carrying out the planner's steps ----------------------------------------------------
+
+    def _drive(self, step: Step[_Control]) -> None:
+        if step is WAIT:
+            return
+        if isinstance(step, ArmTimer):
+            self._timer = self._clock.callLater(step.delay, self._timer_expired)
+        elif isinstance(step, RunControl):
+            control = step.control
+            maybeDeferred(control.start).addBoth(self._control_done, control)
+        else:
+            self._start_write()
+
+    def _timer_expired(self) -> None:
+        self._timer = None
+        self._drive(self._planner.timer_fired(self._clock.seconds()))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _after_job(self, step: Step[_Control]) -> None:
+        if self._closing and self._planner.idle:
+            if not self._closed:
+                self._finish_close()
+        else:
+            self._drive(step)
+
+    def _job_finished(self) -> None:
+        self._after_job(self._planner.job_finished(self._clock.seconds()))
+
+    def _start_write(self) -> None:
+        state = self._state
+        target = state.active
+        if target is not None and target.damage is not None:
+            # Rot was found in the active segment: it takes no more appends.
+            state.close_active()
+            target = None
+        write = self._planner.take(target.readable_end if target is not None else None)
+        self._cancel_timer()
+        if state.replicated and (target is None or write.roll):
+            # A replicated log starts segments only through start_segment.
+            self._refuse_write(write, target)
+            return
+        sealing: tuple[SealPlan, Segment, Seal] | None = None
+        if write.roll:
+            assert target is not None
+            plan, seal = plan_seal(target, int(self._clock.seconds() * 1000))
+            sealing = (plan, target, seal)
+            target = None
+        taken = write.appends
+        path = target.path if target is not None else state.segment_path(taken[0].base_offset)
+        data = taken[0].data if len(taken) == 1 else b"".join(item.data for item in taken)
+        job = self._executor.run(
+            _write_job,
+            self._fs,
+            state.directory,
+            sealing[0] if sealing is not None else None,
+            path,
+            target.writer if target is not None else None,
+            target is None,
+            data,
+        )
+        job.addCallbacks(
+            self._write_done,
+            self._write_failed,
+            callbackArgs=(write, target, sealing),
+            errbackArgs=(write,),
+        )
+
+    def _refuse_write(self, write: Write[Append], target: Segment | None) -> None:
+        directory = self._state.directory
+        if target is None:
+            reason = f"{directory} has no healthy active segment; start one with start_segment"
+        else:
+            reason = (
+                f"{target.path} is full ({target.readable_end} bytes, the format's limit); "
+                "seal it and start the next segment"
+            )
+        error = SegmentStateError(f"{reason}; the append was not stored, retry it")
+        self._planner.written(write.records)
+        self._outcomes.extend((item.deferred, error) for item in write.appends)
+        self._settle()
+        self._job_finished()
+
+    def _write_done(
+        self,
+        written: tuple[AppendFile, float],
+        write: Write[Append],
+        target: Segment | None,
+        sealing: tuple[SealPlan, Segment, Seal] | None,
+    ) -> None:
+        state = self._state
+        writer, seconds = written
+        taken = write.appends
+        call_hook(state.directory, self._on_flushed, Flush(write.records, seconds))
+        if sealing is not None:
+            _, sealed, seal = sealing
+            state.apply_seal(sealed, seal, writer)
+            # The roll started the segment these appends went to.
+            target = state.active
+        if target is None:
+            target = state.add_active(taken[0].base_offset, writer)
+        target.writer = writer
+        end = taken[-1].base_offset + taken[-1].record_count
+        target.end_offset = state.durable_offset = end
+        self._planner.written(write.records)
+        outcomes: list[Appended | StorageError] = []
+        if target.damage is None:
+            for item in taken:
+                batch = BatchInfo(
+                    target.readable_end, len(item.data), item.base_offset, item.record_count
+                )
+                build_index([batch], target.index)
+                target.readable_end = batch.end
+                outcomes.append(Appended(item.base_offset, item.record_count))
+            target.next_offset = end
+        else:
+            # Rot was found in this segment while the write was in flight. The records are on
+            # disk but after the damage, where no read reaches them: fail them so the producer
+            # retries into a healthy segment. Their offsets are never reused.
+            error = StorageError(
+                f"{target.path} was found damaged at byte {target.damage.position} while this "
+                "append was being written after it; the append was not stored readably, retry it"
+            )
+            outcomes = [error] * len(taken)
+        # With a full job's worth of appends already queued, the next write starts before the
+        # acknowledgements run, so the disk is not idle while their callbacks (often new
+        # appends, each encoded on this thread) run. Otherwise acknowledge while the writer
+        # still counts as busy: appends that callbacks issue all queue up and go out together
+        # in the next job, instead of the first one going alone.
+        next_job_full = self._planner.full_write_waiting()
+        self._outcomes.extend(
+            (item.deferred, outcome) for item, outcome in zip(taken, outcomes, strict=True)
+        )
+        if next_job_full:
+            try:
+                self._job_finished()
+            finally:
+                self._settle()
+        else:
+            self._settle()
+            self._job_finished()
+
+    def _settle(self) -> None:
+        """Fire queued append outcomes in order. Outcomes queued by a job that finished while
+        these callbacks ran (an executor may fire at once) wait their turn behind them."""
+        if self._settling:
+            return
+        self._settling = True
+        try:
+            while self._outcomes:
+                deferred, outcome = self._outcomes.popleft()
+                if isinstance(outcome, Exception):
+                    deferred.errback(outcome)
+                else:
+                    deferred.callback(outcome)
+        finally:
+            self._settling = False
+
+    def _write_failed(self, failure: Failure, write: Write[Append]) -> None:
+        self._planner.written(write.records)
+        self.take_out_of_service(failure, write.appends)
+        self._job_finished()
+
+    def take_out_of_service(self, failure: Failure, covered: list[Append]) -> None:
+        """A write, fsync or seal failed: what reached the disk is unknown until recovery."""
+        state = self._state
+        self.failure = failure
+        self._cancel_timer()
+        if state.active is not None:
+            state.active.state = CopyState.CLOSED
+        queued = self._planner.drain()
+        log.failure(
+            "A write, fsync or seal failed in {directory}; {count} appends fail and the range "
+            "is out of service until restart",
+            failure,
+            directory=state.directory,
+            count=len(covered) + sum(isinstance(item, Append) for item in queued),
+        )
+        error = LogFailedError(
+            f"a write, fsync or seal failed in {state.directory}: {failure.getErrorMessage()}"
+        )
+        self._outcomes.extend((item.deferred, error) for item in [*covered, *queued])
+        self._settle()
+
+    def _control_done(self, result: object, control: _Control) -> None:
+        if isinstance(result, Failure):
+            control.deferred.errback(result)
+        else:
+            control.deferred.callback(result)
+        self._job_finished()
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    def close(self) -> Deferred[None]:
+        """Flush queued appends, wait for the running job, then close every file."""
+        if self._closed:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._close_waiters.append(waiter)
+        if not self._closing:
+            self._closing = True
+            self._planner.close()
+            self._cancel_timer()
+            self._after_job(self._planner.step(self._clock.seconds()))
+        return waiter
+
+    def _finish_close(self) -> None:
+        for segment in self._state.segments:
+            for handle in (segment.writer, segment.reader):
+                if handle is not None:
+                    handle.close()
+            segment.writer = segment.reader = None
+        self._closed = True
+        waiters, self._close_waiters = self._close_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)

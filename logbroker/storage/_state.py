@@ -1,0 +1,241 @@
+"""What a range log knows about its segments, its offsets and its epochs.
+
+``LogState`` is the range log's table, owned by the reactor thread: the segments in base-offset
+order, the active one, the offsets appends take and readers see, and each segment's replication
+epoch. The write pipeline, the segment operations and the reads all work on it; it does no I/O
+itself (closing an open file handle aside).
+
+Offsets, lowest first::
+
+    start_offset <= end_offset = min(committed, durable) <= durable_offset <= next_offset
+
+``next_offset`` counts appends in flight, ``durable_offset`` only what is fsynced here. Without
+replication the committed offset is the durable one. With it (``replicated``), the replication
+layer moves it forward with ``commit`` (never back, possibly past what this copy holds yet), and
+readers see only what it covers; every record of a sealed segment is committed (the seal is the
+control plane's final word on it), so recovery, ``seal_copy`` and ``install_segment`` raise the
+committed offset to the end of the segment they seal.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import TypeVar
+
+from twisted.logger import Logger
+
+from logbroker.storage._format import Damage, DamageReason, Seal
+from logbroker.storage._fs import AppendFile
+from logbroker.storage._segment import (
+    LOG_SUFFIX,
+    CopyState,
+    IntegrityEvent,
+    RecoveredLog,
+    Segment,
+    SegmentInfo,
+    segment_stem,
+)
+from logbroker.storage.errors import SegmentNotFoundError
+
+_T = TypeVar("_T")
+
+log = Logger()
+
+
+def _base(segment: Segment) -> int:
+    return segment.base_offset
+
+
+def call_hook(directory: str, hook: Callable[[_T], None], value: _T) -> None:
+    """Tell the owner of a log something; a failing hook is logged, never fatal here."""
+    try:
+        hook(value)
+    except Exception:
+        log.failure("A storage hook failed in {directory}", directory=directory)
+
+
+class LogState:
+    """The segment table and offsets of one range log (see the module docstring)."""
+
+    def __init__(
+        self,
+        directory: str,
+        recovered: RecoveredLog,
+        *,
+        replicated: bool,
+        start_offset: int,
+        on_integrity_event: Callable[[IntegrityEvent], None],
+        on_sealed: Callable[[SegmentInfo], None],
+    ) -> None:
+        self.directory = directory
+        self._on_integrity_event = on_integrity_event
+        self._on_sealed = on_sealed
+        #: In base-offset order, with gaps where segments are held by other nodes.
+        self.segments = recovered.segments
+        last = self.segments[-1] if self.segments else None
+        self.active = last if last is not None and last.state is CopyState.ACTIVE else None
+        #: The offset the next append takes (appends in flight included).
+        self.next_offset = last.end_offset if last is not None else start_offset
+        #: The offset after the last record fsynced here.
+        self.durable_offset = self.next_offset
+        self.replicated = replicated
+        sealed = [s.seal.next_offset for s in self.segments if s.seal is not None]
+        first = self.segments[0].base_offset if self.segments else start_offset
+        #: The offset below which records are committed (replicated logs only).
+        self.committed = max(sealed, default=first)
+        #: Epochs recorded (fenced, started, or read from markers), by base offset: ``None``
+        #: where the epoch is unknown; a segment missing here is at epoch 0.
+        self.epochs: dict[int, int | None] = dict(recovered.epochs)
+        #: The base of a segment ``start_segment`` is creating: appends made meanwhile go there.
+        self.starting: int | None = None
+
+    # -- positions ---------------------------------------------------------------------------
+
+    @property
+    def start_offset(self) -> int:
+        return self.segments[0].base_offset if self.segments else self.durable_offset
+
+    @property
+    def committed_offset(self) -> int:
+        return self.committed if self.replicated else self.durable_offset
+
+    @property
+    def end_offset(self) -> int:
+        return min(self.committed_offset, self.durable_offset)
+
+    # -- lookups -----------------------------------------------------------------------------
+
+    def find(self, base_offset: int) -> Segment:
+        slot = bisect.bisect_left(self.segments, base_offset, key=_base)
+        if slot == len(self.segments) or self.segments[slot].base_offset != base_offset:
+            raise SegmentNotFoundError(f"{self.directory} has no segment at offset {base_offset}")
+        return self.segments[slot]
+
+    def holds(self, segment: Segment) -> bool:
+        """Whether ``segment`` is still one of this log's segments (not deleted or replaced)."""
+        slot = bisect.bisect_left(self.segments, segment.base_offset, key=_base)
+        return slot < len(self.segments) and self.segments[slot] is segment
+
+    def segment_path(self, base_offset: int) -> str:
+        return f"{self.directory}/{segment_stem(base_offset)}{LOG_SUFFIX}"
+
+    def appending_base(self) -> int | None:
+        """The base of the segment the next append goes to, when it exists or is being
+        created; ``None`` when the next append starts a new segment of its own."""
+        if self.starting is not None:
+            return self.starting
+        return self.active.base_offset if self.active is not None else None
+
+    def epoch_of(self, base_offset: int) -> int | None:
+        """A segment's epoch (``None``: unknown); ``SegmentNotFoundError`` if there is none."""
+        if base_offset in self.epochs:
+            return self.epochs[base_offset]
+        self.find(base_offset)
+        return 0
+
+    # -- changes -----------------------------------------------------------------------------
+
+    def add_active(self, base_offset: int, writer: AppendFile) -> Segment:
+        """A new segment's file exists: it becomes the last segment and takes the appends."""
+        segment = Segment(
+            base_offset,
+            self.segment_path(base_offset),
+            CopyState.ACTIVE,
+            0,
+            base_offset,
+            base_offset,
+            [],
+            None,
+        )
+        segment.writer = writer
+        self.segments.append(segment)
+        self.active = segment
+        return segment
+
+    def insert(self, segment: Segment) -> None:
+        bisect.insort(self.segments, segment, key=_base)
+
+    def remove(self, segment: Segment) -> None:
+        self.segments.remove(segment)
+        self.epochs.pop(segment.base_offset, None)
+
+    def sealed_through(self, offset: int) -> None:
+        """A segment ending at ``offset`` is sealed: its records are committed."""
+        self.committed = max(self.committed, offset)
+
+    def close_active(self) -> None:
+        """The active segment takes no more appends (it stays readable)."""
+        active = self.active
+        if active is None:
+            return
+        active.state = CopyState.CLOSED
+        if active.writer is not None:
+            active.writer.close()
+            active.writer = None
+        self.active = None
+
+    def apply_seal(self, segment: Segment, seal: Seal, next_writer: AppendFile) -> SegmentInfo:
+        """A roll is durable and the next segment's file exists: switch to it."""
+        if segment.writer is not None:
+            segment.writer.close()
+            segment.writer = None
+        segment.state = CopyState.SEALED
+        segment.seal = seal
+        segment.has_marker = True
+        self.add_active(seal.next_offset, next_writer)
+        log.info(
+            "Sealed segment {path}: {records} records, {size} bytes",
+            path=segment.path,
+            records=seal.record_count,
+            size=seal.byte_size,
+        )
+        info = segment.info()
+        call_hook(self.directory, self._on_sealed, info)
+        return info
+
+    def found_damage(self, segment: Segment, damage: Damage) -> None:
+        segment.readable_end = min(segment.readable_end, damage.position)
+        if segment.damage is not None:
+            # Already reported and counted for this copy; only narrow what reads may reach.
+            return
+        segment.damage = damage
+        self.report(
+            IntegrityEvent(
+                damage.reason,
+                segment.path,
+                segment.base_offset,
+                damage.position,
+                segment.has_marker,
+            )
+        )
+
+    def report(self, event: IntegrityEvent) -> None:
+        if event.reason is DamageReason.METADATA:
+            log.error(
+                "Integrity failure in {segment}: the marker is unreadable ({reason}). An "
+                "unreadable seal marker closes the copy to appends; an unreadable epoch marker "
+                "refuses appends until the segment is fenced again.",
+                segment=event.segment,
+                position=event.position,
+                reason=event.reason.value,
+                base_offset=event.base_offset,
+                sealed=event.sealed,
+            )
+        elif event.counted:
+            log.error(
+                "Integrity failure in {segment} at byte {position}: {reason}; the copy is "
+                "damaged and reads stop before that byte. Frames after it are kept for salvage.",
+                segment=event.segment,
+                position=event.position,
+                reason=event.reason.value,
+                base_offset=event.base_offset,
+                sealed=event.sealed,
+            )
+        else:
+            log.info(
+                "Torn tail in {segment} at byte {position} (crash recovery; never acknowledged)",
+                segment=event.segment,
+                position=event.position,
+            )
+        call_hook(self.directory, self._on_integrity_event, event)

@@ -1,0 +1,241 @@
+"""``SegmentLeader``: acknowledgement on a quorum, fencing, rewinds and the ack deadline, with a
+real range log and scripted replicas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure
+
+from logbroker.broker.errors import BrokerError
+from logbroker.errors import Reason
+from logbroker.records import Record
+from logbroker.replication.codec import PeerOp, PeerReason
+from logbroker.replication.primary import ReplicationSettings, SegmentLeader
+from logbroker.replication.protocol import PeerError
+from logbroker.replication.quorum import CopyEnd
+from logbroker.replication.replica_codec import (
+    CopyOutcome,
+    CopyStatus,
+    ReplicateRequest,
+    decode_replicate,
+    encode_status,
+)
+from logbroker.storage import LogConfig, RangeLog
+from logbroker.storage._format import scan_batches
+from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+
+
+class Replicas:
+    """Scripted replicas: every replicate request waits in ``sent`` for the test to answer."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, ReplicateRequest, Deferred[bytes]]] = []
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        assert op is PeerOp.REPLICATE
+        answer: Deferred[bytes] = Deferred()
+        self.sent.append((node_id, decode_replicate(payload), answer))
+        return answer
+
+    def to(self, node: str) -> list[tuple[ReplicateRequest, Deferred[bytes]]]:
+        return [(request, answer) for sent_to, request, answer in self.sent if sent_to == node]
+
+    def answer(self, node: str, outcome: CopyOutcome = CopyOutcome.OK, epoch: int = 1) -> None:
+        """Answer every open request to ``node`` as stored (or with ``outcome``)."""
+        for request, answer in self.to(node):
+            if not answer.called:
+                end = (
+                    request.offset + _count(request.data, request.offset)
+                    if outcome is CopyOutcome.OK
+                    else request.offset
+                )
+                position = request.position + len(request.data)
+                answer.callback(encode_status(CopyStatus(outcome, epoch, end, position)))
+
+
+def _count(data: bytes, base_offset: int = 0) -> int:
+    scan = scan_batches(data, 0, base_offset)
+    return sum(batch.record_count for batch in scan.batches)
+
+
+def _records(n: int = 2) -> list[Record]:
+    return [Record(key=b"k", value=f"v{i}".encode(), timestamp_ms=1) for i in range(n)]
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def _open_log(clock: Clock) -> RangeLog:
+    fs = MemoryFileSystem()
+    opened = RangeLog.open(
+        "/data/r",
+        fs=fs,
+        clock=clock,
+        executor=ImmediateExecutor(),
+        config=LogConfig(replicated=True, auto_roll=False),
+    )
+    range_log: RangeLog = opened.result  # type: ignore[attr-defined]
+    range_log.start_segment(0, 1)
+    return range_log
+
+
+def _leader(
+    clock: Clock,
+    replicas: Replicas,
+    *,
+    live: Callable[[str], bool] = lambda node: True,
+    commits: list[int] | None = None,
+) -> tuple[SegmentLeader, RangeLog]:
+    range_log = _open_log(clock)
+    leader = SegmentLeader(
+        node_id="a",
+        range_id="r",
+        segment=0,
+        epoch=1,
+        replicas=("a", "b", "c"),
+        range_log=range_log,
+        copies={"a": CopyEnd(0, 0)},
+        requester=replicas,
+        clock=clock,
+        settings=ReplicationSettings(replication_factor=3, ack_timeout_seconds=5.0),
+        is_live=live,
+        on_commit=(commits.append if commits is not None else lambda commit: None),
+    )
+    return leader, range_log
+
+
+def _outcome(deferred: Deferred[None]) -> list[object]:
+    seen: list[object] = []
+    deferred.addBoth(seen.append)
+    return seen
+
+
+def test_an_append_is_acknowledged_once_a_quorum_is_durable(clock: Clock) -> None:
+    replicas = Replicas()
+    commits: list[int] = []
+    leader, range_log = _leader(clock, replicas, commits=commits)
+    outcome = _outcome(leader.append(_records(2)))
+    # Sent to both replicas at once, with the same stored bytes.
+    ((request_b, _),) = replicas.to("b")
+    ((request_c, _),) = replicas.to("c")
+    assert request_b == request_c
+    assert (request_b.offset, request_b.position, request_b.epoch) == (0, 0, 1)
+    assert outcome == [], "the primary alone is not a quorum"
+    assert range_log.end_offset == 0, "readers see nothing uncommitted"
+    replicas.answer("c")
+    assert outcome == [None]
+    assert leader.commit == 2
+    assert commits == [2]
+    assert range_log.end_offset == 2
+
+
+def test_acknowledgements_go_out_in_offset_order(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    first = _outcome(leader.append(_records(1)))
+    second = _outcome(leader.append(_records(1)))
+    assert len(replicas.to("b")) == 2, "pipelined: the second goes before the first is answered"
+    replicas.answer("b")
+    assert first == [None]
+    assert second == [None]
+
+
+def test_a_fenced_replica_stops_the_leader(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    outcome = _outcome(leader.append(_records()))
+    replicas.answer("b", CopyOutcome.FENCED, epoch=2)
+    assert leader.stopped
+    (failure,) = outcome
+    assert isinstance(failure, Failure)
+    assert failure.value.reason is Reason.NOT_PRIMARY
+    refused = leader.refusal(1)
+    assert refused is not None
+    assert refused.reason is Reason.NOT_PRIMARY
+
+
+def test_a_mismatch_rewinds_to_where_the_copy_ends(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    leader.append(_records(1))
+    leader.append(_records(1))
+    (first, answer), _ = replicas.to("b")
+    # b says its copy ends at 0: the two requests are forgotten and it is sent from 0 again.
+    answer.callback(encode_status(CopyStatus(CopyOutcome.MISMATCH, 1, 0, 0)))
+    resent = replicas.to("b")[2:]
+    assert [request.offset for request, _ in resent] == [0]
+    assert len(resent[0][0].data) > len(first.data), "both batches in one message"
+
+
+def test_a_failed_link_is_retried_after_a_back_off(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    outcome = _outcome(leader.append(_records()))
+    ((_, answer),) = replicas.to("b")
+    answer.errback(PeerError(PeerReason.UNREACHABLE, "link down"))
+    assert len(replicas.to("b")) == 1
+    clock.advance(0.05)
+    assert len(replicas.to("b")) == 2, "sent again after the back-off"
+    replicas.answer("b")
+    assert outcome == [None]
+
+
+def test_too_few_live_replicas_refuse_at_once(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas, live=lambda node: node == "a")
+    refused = leader.refusal(1)
+    assert refused is not None
+    assert refused.reason is Reason.NO_QUORUM
+    (failure,) = _outcome(leader.append(_records()))
+    assert isinstance(failure, Failure)
+    assert failure.value.reason is Reason.NO_QUORUM
+    assert replicas.sent == [], "nothing stored when refused"
+
+
+def test_a_produce_not_committed_in_time_answers_no_quorum(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    outcome = _outcome(leader.append(_records()))
+    clock.advance(4.9)
+    assert outcome == []
+    clock.advance(0.2)
+    (failure,) = outcome
+    assert isinstance(failure, Failure)
+    assert isinstance(failure.value, BrokerError)
+    assert failure.value.reason is Reason.NO_QUORUM
+    assert "retry" in str(failure.value)
+
+
+def test_a_lagging_replica_is_caught_up_from_disk(clock: Clock) -> None:
+    replicas = Replicas()
+    range_log = _open_log(clock)
+    leader = SegmentLeader(
+        node_id="a",
+        range_id="r",
+        segment=0,
+        epoch=1,
+        replicas=("a", "b", "c"),
+        range_log=range_log,
+        copies={"a": CopyEnd(0, 0)},
+        requester=replicas,
+        clock=clock,
+        # A backlog too small for two appends: the first is gone from memory by the time b
+        # asks for it again.
+        settings=ReplicationSettings(replication_factor=3, backlog_bytes=1),
+        is_live=lambda node: True,
+        on_commit=lambda commit: None,
+    )
+    leader.append(_records(1))
+    leader.append(_records(1))
+    replicas.answer("c")
+    (_, answer), _ = replicas.to("b")
+    answer.callback(encode_status(CopyStatus(CopyOutcome.MISMATCH, 1, 0, 0)))
+    resent = replicas.to("b")[2:]
+    assert [request.offset for request, _ in resent] == [0]
+    assert _count(resent[0][0].data) == 2, "read back from the log: both batches"
