@@ -262,6 +262,9 @@ class LocalRanges:
             handle = self._handles[range_id] = LocalRange(range_id, range_log)
         return handle
 
+    def prepare(self, range_id: str) -> Deferred[None]:
+        return self.open([range_id])
+
     def open(self, range_ids: Sequence[str]) -> Deferred[None]:
         missing = [r for r in range_ids if r not in self._storage.logs]
         opened = [self._open(range_id) for range_id in missing]

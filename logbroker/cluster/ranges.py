@@ -20,6 +20,7 @@ took over.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol
 
 from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.logger import Logger
@@ -39,6 +40,15 @@ from logbroker.records import ProducerStamp, Record
 
 log = Logger()
 
+
+class LedRanges(RangeDirectory, Protocol):
+    """The ranges this node leads (``LocalRanges``, ``LeadRanges``): ``open`` readies many at
+    once (at start-up, for a new topic) as far as it can; ``prepare`` readies one before its
+    first use, failing with why it cannot be served yet."""
+
+    def prepare(self, range_id: str) -> Deferred[None]: ...
+
+
 #: ``(primary node id, range id)`` -> a handle reaching the range on that node.
 Forwarder = Callable[[str, str], RangeHandle]
 
@@ -48,7 +58,7 @@ class ClusterRanges:
         self,
         node_id: str,
         control: ControlPlane,
-        local: RangeDirectory,
+        local: LedRanges,
         forward: Forwarder,
         live_nodes: Callable[[], Iterable[PlacementNode]],
         rule: PlacementRule,
@@ -93,7 +103,7 @@ class ClusterRanges:
             handle = self._local.handle(range_id)
         except BrokerError:
             # Placed here by another node (it created the topic): open it on first use.
-            return self._when_ready(range_id, lambda r: self._local.open([r]))
+            return self._when_ready(range_id, self._local.prepare)
         self._later.pop(range_id, None)
         return handle
 

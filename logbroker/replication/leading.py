@@ -185,13 +185,18 @@ class LeadRanges:
     def leading(self) -> list[ReplicatedRange]:
         return [h for h in self._handles.values() if h.leads(self._claims.active(h.range_id))]
 
+    def prepare(self, range_id: str) -> Deferred[None]:
+        """Claim one range before its first use; fails with why it cannot be led now."""
+        return self._claim(range_id)
+
     def open(self, range_ids: Sequence[str]) -> Deferred[None]:
-        if len(range_ids) == 1:
-            # One range (a first use): its claim's own error, not one wrapped in a list's.
-            return self._claim(range_ids[0])
-        return gatherResults(
-            [self._claim(range_id) for range_id in range_ids], consumeErrors=True
-        ).addCallback(lambda _: None)
+        """Claim the ranges (at start-up, or for a new topic), as far as it goes now: a range
+        that cannot be claimed yet (no quorum answers while the cluster starts) is claimed at
+        its first use or by the takeover sweep, so it does not fail the whole."""
+        claims = [
+            self._claim(range_id).addErrback(self._claim_failed, range_id) for range_id in range_ids
+        ]
+        return gatherResults(claims).addCallback(lambda _: None)
 
     def _claim(self, range_id: str) -> Deferred[None]:
         waiter: Deferred[None] = Deferred()
