@@ -1,4 +1,5 @@
-"""Argument types and output shared by the benchmark scripts in this directory."""
+"""What the benchmark scripts in this directory share: argument types, output, scratch
+directories, stopping the processes they start, and metering CPU and latency."""
 
 from __future__ import annotations
 
@@ -6,11 +7,30 @@ import argparse
 import contextlib
 import json
 import os
+import re
+import socket
+import subprocess
+import sys
 import tempfile
-from collections.abc import Iterator
-from typing import Any
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from logbroker.benchmark import ProduceReport
 
 DEFAULT_WORK_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".work")
+HOST = "127.0.0.1"
+#: Development accounts of env mode ``test``: admin creates the topics, app produces and consumes.
+ADMIN = ("admin", "admin123")
+APP = ("app", "app123")
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+#: The line a broker logs once its client port listens, with the port.
+LISTENING = re.compile(r"listening for clients on (\S+):(\d+)")
+#: A run that has not finished this long after its window has hung (a lost connection).
+RUN_GRACE_SECONDS = 30
+#: ``SVC_MAX_FRAME_SIZE``'s default: a produce request must fit in one frame.
+MAX_FRAME = 16 * 1024 * 1024
 
 
 def positive_int(text: str) -> int:
@@ -74,3 +94,117 @@ def work_directory(root: str | None, prefix: str) -> Iterator[str]:
         if root is None:
             with contextlib.suppress(OSError):
                 os.rmdir(DEFAULT_WORK_ROOT)
+
+
+# -- processes ----------------------------------------------------------------------------
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct loopback ports that were free a moment ago."""
+    with contextlib.ExitStack() as stack:
+        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for probe in probes:
+            probe.bind((HOST, 0))
+        return [int(probe.getsockname()[1]) for probe in probes]
+
+
+def stop(process: subprocess.Popen[bytes], seconds: float = 60) -> None:
+    """SIGTERM (an orderly stop), then SIGKILL if it has not exited within ``seconds``."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(seconds)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def tail(path: str, lines: int = 20) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def loadavg() -> str:
+    try:
+        with open("/proc/loadavg") as f:
+            return " ".join(f.read().split()[:3])
+    except OSError:
+        return "unknown"
+
+
+# -- metering -----------------------------------------------------------------------------
+
+
+def own_cpu() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
+def process_cpu(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` and its threads (Linux /proc)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except OSError:
+        return float("nan")
+    # utime and stime are fields 14 and 15 of stat(5); fields[0] here is field 3.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """CPU time of this process (the load generator, ``client_cpu``) and of named groups of
+    processes (all their threads, ``<name>_cpu``) since the meter was made, as cores busy on
+    average over the wall time."""
+
+    def __init__(self, groups: Mapping[str, Sequence[int]]) -> None:
+        self._groups = dict(groups)
+        self._started = time.perf_counter()
+        self._own = own_cpu()
+        self._before = {name: self._cpu(pids) for name, pids in self._groups.items()}
+
+    @staticmethod
+    def _cpu(pids: Sequence[int]) -> float:
+        return sum(process_cpu(pid) for pid in pids)
+
+    def read(self) -> dict[str, float]:
+        wall = time.perf_counter() - self._started
+        result = {"client_cpu": (own_cpu() - self._own) / wall}
+        for name, pids in self._groups.items():
+            result[f"{name}_cpu"] = (self._cpu(pids) - self._before[name]) / wall
+        return result
+
+
+def percentiles(report: ProduceReport) -> dict[str, float]:
+    return {
+        "p50_ms": report.percentile(50),
+        "p99_ms": report.percentile(99),
+        "p999_ms": report.percentile(99.9),
+    }
+
+
+def produce_result(system: str, report: ProduceReport) -> dict[str, Any]:
+    return {
+        "system": system,
+        "records_per_s": report.records_per_second,
+        "mb_per_s": report.megabytes_per_second,
+        **percentiles(report),
+        "requests": report.requests,
+        "errors": report.errors,
+    }
+
+
+def produce_line(prefix: str, result: dict[str, Any]) -> str:
+    line = (
+        f"{prefix}  {result['system']:<16}"
+        f"  records/s={result['records_per_s']:>9,.0f}"
+        f"  MB/s={result['mb_per_s']:>6.1f}"
+        f"  p50_ms={result['p50_ms']:>7.2f}  p99_ms={result['p99_ms']:>7.2f}"
+        f"  p99.9_ms={result['p999_ms']:>7.2f}  errors={result['errors']}"
+        f"  cpu client={result['client_cpu']:.2f} server={result['server_cpu']:.2f}"
+    )
+    if "aof_rewrites" in result:
+        line += f"  aof_rewrites={result['aof_rewrites']}"
+    return line

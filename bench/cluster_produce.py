@@ -65,377 +65,72 @@ Do not point ``--dir`` at tmpfs, where fsync costs nothing. Linux only (``/proc`
 from __future__ import annotations
 
 import argparse
-import base64
 import contextlib
-import json
 import os
 import secrets
-import shutil
 import signal
-import socket
 import statistics
-import subprocess
 import sys
-import tempfile
-import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import attrs
+from _cluster import (
+    NODES,
+    Etcd,
+    Node,
+    Placement,
+    combined,
+    drive,
+    forwarded_fraction,
+    read_placement,
+    request_records,
+    running_cluster,
+    running_etcd,
+    running_node,
+    wait_until_produces,
+)
 from _common import (
+    MAX_FRAME,
     add_work_directory_option,
     emit,
+    loadavg,
     positive_float,
     positive_int,
+    produce_line,
+    produce_result,
+    tail,
     work_directory,
 )
-from produce_vs_redis import (
-    _LISTENING,
-    _MAX_FRAME,
-    _RUN_GRACE_SECONDS,
-    ADMIN,
-    APP,
-    HOST,
-    TWISTD,
-    _loadavg,
-    _own_cpu,
-    _process_cpu,
-    _produce_line,
-    _produce_result,
-    _stop,
-    _tail,
-)
 from twisted.internet import task
-from twisted.internet.defer import Deferred, ensureDeferred, gatherResults
+from twisted.internet.defer import Deferred, ensureDeferred
 
-from logbroker import wire
-from logbroker.benchmark import ProduceLoad, ProduceReport, _ProduceDriver, connect, produce_frame
-from logbroker.broker.keyspace import key_slot
-from logbroker.client import BrokerRefused
-from logbroker.client.blocking import BlockingClient
-from logbroker.records import Record
+from logbroker.benchmark import ProduceLoad, produce_frame
 
 SINGLE = "single"
 CLUSTER = "cluster"
-NODES = 3
-#: How long a process, the cluster or a topic may take to be ready.
-_READY_SECONDS = 60.0
-
-
-def _free_ports(count: int) -> list[int]:
-    """``count`` distinct loopback ports that were free a moment ago."""
-    with contextlib.ExitStack() as stack:
-        probes = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for probe in probes:
-            probe.bind((HOST, 0))
-        return [int(probe.getsockname()[1]) for probe in probes]
-
-
-# -- etcd ---------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Etcd:
-    endpoints: tuple[str, ...]  # host:port
-    pids: tuple[int, ...]
-
-    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        for endpoint in self.endpoints:
-            request = urllib.request.Request(
-                f"http://{endpoint}{path}", data=json.dumps(body).encode(), method="POST"
-            )
-            try:
-                with urllib.request.urlopen(request, timeout=10) as response:
-                    answer: dict[str, Any] = json.loads(response.read())
-                    return answer
-            except (OSError, ValueError):
-                continue
-        raise RuntimeError(f"no etcd member answered {path}")
-
-    def prefix(self, prefix: str) -> dict[str, Any]:
-        """Every key under ``prefix``, its value parsed as JSON (the control plane's records)."""
-        start = prefix.encode()
-        end = start[:-1] + bytes([start[-1] + 1])
-        answer = self._post(
-            "/v3/kv/range",
-            {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(end).decode()},
-        )
-        if answer.get("more"):
-            raise RuntimeError(f"etcd did not return all of {prefix} in one answer")
-        return {
-            base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
-            for kv in answer.get("kvs", ())
-        }
-
-
-def _etcd_healthy(endpoint: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as response:
-            return bool(json.loads(response.read()).get("health") == "true")
-    except (OSError, ValueError, urllib.error.URLError):
-        return False
-
-
-@contextlib.contextmanager
-def running_etcd(size: int = NODES) -> Iterator[Etcd]:
-    """``size`` etcd members on free loopback ports, their data in a temporary directory (in
-    /dev/shm when there is one: etcd fsyncs every write and is not what is measured)."""
-    executable = shutil.which("etcd")
-    if executable is None:
-        raise SystemExit("etcd is not on PATH (scripts/install --cluster installs it)")
-    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
-    directory = tempfile.mkdtemp(prefix="bench-etcd-", dir=base)
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        ports = _free_ports(2 * size)
-        names = [f"e{index}" for index in range(1, size + 1)]
-        clients = [f"{HOST}:{ports[2 * index]}" for index in range(size)]
-        peers = [f"http://{HOST}:{ports[2 * index + 1]}" for index in range(size)]
-        initial = ",".join(f"{name}={peer}" for name, peer in zip(names, peers, strict=True))
-        token = f"bench-{secrets.token_hex(6)}"
-        for name, client, peer in zip(names, clients, peers, strict=True):
-            command = [
-                executable,
-                "--name", name,
-                "--data-dir", os.path.join(directory, name),
-                "--listen-client-urls", f"http://{client}",
-                "--advertise-client-urls", f"http://{client}",
-                "--listen-peer-urls", peer,
-                "--initial-advertise-peer-urls", peer,
-                "--initial-cluster", initial,
-                "--initial-cluster-token", token,
-                "--initial-cluster-state", "new",
-                "--logger", "zap",
-                "--log-outputs", "stderr",
-            ]  # fmt: skip
-            with open(os.path.join(directory, f"{name}.log"), "wb") as log:
-                processes.append(
-                    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
-                )
-        deadline = time.monotonic() + _READY_SECONDS
-        for name, client, process in zip(names, clients, processes, strict=True):
-            while not _etcd_healthy(client):
-                if process.poll() is not None or time.monotonic() > deadline:
-                    log_path = os.path.join(directory, f"{name}.log")
-                    raise RuntimeError(f"etcd member {name} did not start:\n{_tail(log_path)}")
-                time.sleep(0.05)
-        yield Etcd(tuple(clients), tuple(process.pid for process in processes))
-    finally:
-        for process in processes:
-            _stop(process, 10)
-        shutil.rmtree(directory, ignore_errors=True)
-
-
-# -- brokers ------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Node:
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: str
-    data: str
-
-    def client(self, account: tuple[str, str] = ADMIN) -> BlockingClient:
-        return BlockingClient.connect(HOST, self.port, *account, timeout=30)
-
-
-@contextlib.contextmanager
-def running_node(name: str, directory: str, settings: dict[str, str]) -> Iterator[Node]:
-    """``twistd -n logbroker`` in env mode test on free loopback ports, its output in a file;
-    only ``settings`` of this process's ``SVC_`` variables reach it."""
-    os.makedirs(directory)
-    log = os.path.join(directory, "twistd.log")
-    data = os.path.join(directory, "data")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.upper().startswith("SVC_") and key != "MIX_ENV"
-    }
-    env.update(
-        SVC_ENV="test",
-        SVC_DATA_DIR=data,
-        SVC_BIND_HOST=HOST,
-        SVC_TCP_PORT="0",
-        SVC_DASHBOARD_PORT="0",
-        **settings,
-    )
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker"],
-            cwd=directory,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + _READY_SECONDS
-        while True:
-            match = _LISTENING.search(_tail(log, 400))
-            if match is not None:
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{_tail(log)}")
-            time.sleep(0.05)
-        yield Node(name, process, int(match.group(2)), log, data)
-    finally:
-        _stop(process, 30)
-
-
-def _wait_for_members(nodes: Sequence[Node]) -> None:
-    """Until every node sees every node alive."""
-    deadline = time.monotonic() + _READY_SECONDS
-    names = {node.name for node in nodes}
-    for node in nodes:
-        while True:
-            with node.client() as client:
-                alive = {
-                    member.node_id for member in client.describe_cluster().nodes if member.alive
-                }
-            if alive >= names:
-                break
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{node.name} sees only {sorted(alive)} alive")
-            time.sleep(0.2)
-
-
-def _wait_until_produces(nodes: Sequence[Node], topic: str, records: Sequence[Record]) -> None:
-    """Until each node has acknowledged ``records`` (the round's frame) on ``topic``."""
-    deadline = time.monotonic() + _READY_SECONDS
-    for node in nodes:
-        with node.client(APP) as client:
-            while True:
-                try:
-                    client.produce(topic, records)
-                    break
-                except BrokerRefused as refused:
-                    if time.monotonic() > deadline:
-                        raise RuntimeError(f"{node.name} refuses {topic}: {refused}") from None
-                    time.sleep(0.1)
-
-
-# -- where the records went ---------------------------------------------------------------
-
-
-@attrs.frozen
-class Placement:
-    """Which node leads each range of a topic, and where one request's records go."""
-
-    #: range id -> leading node
-    leaders: dict[str, str]
-    #: node -> records of one request whose range that node leads
-    per_request: dict[str, int]
 
 
 def cluster_placement(
     etcd: Etcd, cluster_id: str, nodes: Sequence[Node], topic: str, keys: Sequence[bytes]
 ) -> Placement:
     """The topic's ranges and their leaders from etcd, checked against the data directories."""
-    prefix = f"/logbroker/{cluster_id}/state/"
-    state = etcd.prefix(prefix)
-    topic_record = state[f"{prefix}topics/{topic}"]
-    bits = int(topic_record["keyspace_bits"])
-    ranges = [state[f"{prefix}ranges/{range_id}"] for range_id in topic_record["range_ids"]]
-    leaders: dict[str, str] = {}
-    for range_record in ranges:
-        range_id = range_record["range_id"]
-        active = [
-            record
-            for key, record in state.items()
-            if key.startswith(f"{prefix}segments/{range_id}/") and record["state"] == "active"
-        ]
-        if len(active) != 1:
-            raise RuntimeError(f"range {range_id} has {len(active)} active segments in etcd")
-        leaders[range_id] = active[0]["replicas"][0]
+    placement = read_placement(etcd, cluster_id, [node.name for node in nodes], topic, keys)
     # Replication factor 1: a range's directory exists on its leader, and only there.
     for node in nodes:
         held = {
             range_id
-            for range_id in leaders
+            for range_id in placement.leaders
             if os.path.isdir(os.path.join(node.data, "ranges", range_id))
         }
-        led = {range_id for range_id, leader in leaders.items() if leader == node.name}
+        led = {range_id for range_id, leader in placement.leaders.items() if leader == node.name}
         if held != led:
             raise RuntimeError(
                 f"{node.name}'s data directory holds {sorted(held)}, etcd says it leads "
                 f"{sorted(led)}"
             )
-    per_request = dict.fromkeys((node.name for node in nodes), 0)
-    for key in keys:
-        slot = key_slot(key, bits)
-        (range_id,) = (r["range_id"] for r in ranges if r["start"] <= slot < r["end"])
-        per_request[leaders[range_id]] += 1
-    return Placement(leaders, per_request)
-
-
-# -- load ---------------------------------------------------------------------------------
-
-
-class CpuMeter:
-    """CPU time of this process and of groups of processes (all threads) since the meter was
-    made, as cores busy on average over the wall time."""
-
-    def __init__(self, groups: dict[str, Sequence[int]]) -> None:
-        self._groups = groups
-        self._started = time.perf_counter()
-        self._own = _own_cpu()
-        self._before = {name: self._cpu(pids) for name, pids in groups.items()}
-
-    @staticmethod
-    def _cpu(pids: Sequence[int]) -> float:
-        return sum(_process_cpu(pid) for pid in pids)
-
-    def read(self) -> dict[str, float]:
-        wall = time.perf_counter() - self._started
-        result = {"client_cpu": (_own_cpu() - self._own) / wall}
-        for name, pids in self._groups.items():
-            result[f"{name}_cpu"] = (self._cpu(pids) - self._before[name]) / wall
-        return result
-
-
-async def drive(
-    reactor: Any,
-    nodes: Sequence[Node],
-    frame: bytes,
-    load: ProduceLoad,
-    cpu_groups: dict[str, Sequence[int]],
-) -> tuple[dict[str, ProduceReport], dict[str, float]]:
-    """``load`` split evenly over ``nodes``: one closed loop per node, started together."""
-    per_node = attrs.evolve(load, connections=load.connections // len(nodes))
-    connections = {
-        node.name: [
-            await connect(reactor, HOST, node.port, *APP) for _ in range(per_node.connections)
-        ]
-        for node in nodes
-    }
-    drivers = {
-        name: _ProduceDriver(reactor, ready, frame, per_node) for name, ready in connections.items()
-    }
-    cpu = CpuMeter(cpu_groups)
-    running = []
-    for driver in drivers.values():
-        run = driver.run()
-        run.addTimeout(load.seconds + _RUN_GRACE_SECONDS, reactor)
-        running.append(run)
-    reports = await gatherResults(running, consumeErrors=True)
-    return dict(zip(drivers, reports, strict=True)), cpu.read()
-
-
-def combined(reports: Sequence[ProduceReport]) -> ProduceReport:
-    first = reports[0]
-    return ProduceReport(
-        sum(report.records for report in reports),
-        sum(report.requests for report in reports),
-        sum(report.errors for report in reports),
-        first.seconds,
-        first.record_bytes,
-        tuple(latency for report in reports for latency in report.latencies_ms),
-    )
+    return placement
 
 
 class Run:
@@ -471,14 +166,13 @@ class Run:
         nodes = self.nodes(setup)
         load = attrs.evolve(self.load, topic=topic, seconds=seconds)
         frame = produce_frame(load)
-        request = wire.decode_request(frame[4:]).request
-        assert isinstance(request, wire.Produce), request
-        keys = [record.key for record in request.records if record.key is not None]
-        if len(keys) != len(request.records):
+        records = request_records(frame)
+        keys = [record.key for record in records if record.key is not None]
+        if len(keys) != len(records):
             raise RuntimeError("the load's records are not all keyed")
         with nodes[0].client() as client:
             client.create_topic(topic)
-        _wait_until_produces(nodes, topic, request.records)
+        wait_until_produces(nodes, topic, records)
         groups: dict[str, Sequence[int]] = {
             "server": [node.process.pid for node in nodes],
             "etcd": self.etcd.pids,
@@ -487,19 +181,15 @@ class Run:
             groups.update({node.name: [node.process.pid] for node in nodes})
         reports, cpu = await drive(reactor, nodes, frame, load, groups)
         report = combined(list(reports.values()))
-        result: dict[str, Any] = {**_produce_result(setup, report), **cpu}
+        result: dict[str, Any] = {**produce_result(setup, report), **cpu}
         result["records_by_node"] = {name: r.records for name, r in reports.items()}
         if setup == SINGLE:
             result["forwarded"] = 0.0
             return result
         placement = cluster_placement(self.etcd, self.cluster_id, nodes, topic, keys)
-        forwarded = sum(
-            reports[node.name].records
-            // load.batch
-            * (len(keys) - placement.per_request[node.name])
-            for node in nodes
+        result["forwarded"] = forwarded_fraction(
+            placement, result["records_by_node"], load.batch, len(keys)
         )
-        result["forwarded"] = forwarded / report.records if report.records else float("nan")
         result["ranges_led"] = {
             node.name: sum(1 for leader in placement.leaders.values() if leader == node.name)
             for node in nodes
@@ -528,7 +218,7 @@ class Run:
                 f"\nmedians of {args.repeat} round(s) of {args.seconds:g} s, "
                 f"{args.connections} connections x {args.in_flight} in flight x "
                 f"{args.batch} keyed records of {args.record_bytes} B "
-                f"(load average now: {_loadavg()}):",
+                f"(load average now: {loadavg()}):",
                 flush=True,
             )
         singles = self.rounds[SINGLE]
@@ -548,7 +238,7 @@ class Run:
             ):
                 summary[key] = statistics.median(run[key] for run in runs)
             summary["errors"] = sum(run["errors"] for run in runs)
-            line = _produce_line("median ", summary) + f" etcd={summary['etcd_cpu']:.2f}"
+            line = produce_line("median ", summary) + f" etcd={summary['etcd_cpu']:.2f}"
             if setup == CLUSTER:
                 paired = [
                     run["records_per_s"] / single["records_per_s"]
@@ -567,7 +257,7 @@ class Run:
 
 
 def _line(number: int, result: dict[str, Any]) -> str:
-    line = _produce_line(f"round {number}", result) + f" etcd={result['etcd_cpu']:.2f}"
+    line = produce_line(f"round {number}", result) + f" etcd={result['etcd_cpu']:.2f}"
     if result["system"] == CLUSTER:
         led = " ".join(
             f"{name}:{result['ranges_led'][name]}r/{share:.0%}/{result[f'{name}_cpu']:.2f}"
@@ -632,8 +322,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.connections % NODES:
         parser.error(f"--connections must be a multiple of {NODES}, to split over the nodes")
-    if args.batch * (args.record_bytes + 64) > _MAX_FRAME:
-        parser.error(f"--batch x the record size must fit in one {_MAX_FRAME}-byte frame")
+    if args.batch * (args.record_bytes + 64) > MAX_FRAME:
+        parser.error(f"--batch x the record size must fit in one {MAX_FRAME}-byte frame")
     return args
 
 
@@ -648,7 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _raise_on_sigterm)
     started = datetime.now(UTC)
     if not args.json:
-        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {_loadavg()}", flush=True)
+        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {loadavg()}", flush=True)
     settings = {"SVC_GROUP_COMMIT": "true" if args.group_commit == "on" else "false"}
     if args.ranges is not None:
         settings["SVC_TOPIC_RANGES"] = str(args.ranges)
@@ -657,25 +347,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         workdir = stack.enter_context(work_directory(args.dir, "bench-cluster-"))
         single = stack.enter_context(running_node(SINGLE, os.path.join(workdir, SINGLE), settings))
         etcd = stack.enter_context(running_etcd())
-        cluster_settings = {
-            **settings,
-            "SVC_CONTROL_PLANE": "etcd://" + ",".join(etcd.endpoints),
-            "SVC_CLUSTER_ID": cluster_id,
-            "SVC_ADVERTISE_HOST": HOST,
-            "SVC_PEER_PORT": "0",
-            "SVC_CLUSTER_SECRET": secrets.token_hex(16),
-        }
-        cluster = [
-            stack.enter_context(
-                running_node(
-                    f"n{index}",
-                    os.path.join(workdir, f"n{index}"),
-                    {**cluster_settings, "SVC_NODE_ID": f"n{index}"},
-                )
-            )
-            for index in range(1, NODES + 1)
-        ]
-        _wait_for_members(cluster)
+        cluster = stack.enter_context(running_cluster(etcd, cluster_id, workdir, settings))
         run = Run(args, single, cluster, etcd, cluster_id)
 
         def measure(reactor: Any) -> Deferred[None]:
@@ -686,7 +358,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         except SystemExit as exit:
             if exit.code:
                 for node in (single, *cluster):
-                    print(f"--- {node.log}:\n{_tail(node.log)}", file=sys.stderr)
+                    print(f"--- {node.log}:\n{tail(node.log)}", file=sys.stderr)
                 raise
             if not run.finished:
                 raise SystemExit("interrupted before the measurement finished") from None

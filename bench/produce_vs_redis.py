@@ -67,7 +67,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import re
 import shutil
 import signal
 import socket
@@ -82,11 +81,25 @@ from typing import Any
 import _redis
 import attrs
 from _common import (
+    ADMIN,
+    APP,
+    HOST,
+    LISTENING,
+    MAX_FRAME,
+    RUN_GRACE_SECONDS,
+    TWISTD,
+    CpuMeter,
     add_work_directory_option,
     batch_sizes,
     emit,
+    free_ports,
+    loadavg,
     positive_float,
     positive_int,
+    produce_line,
+    produce_result,
+    stop,
+    tail,
     work_directory,
 )
 from twisted.internet import task
@@ -103,21 +116,11 @@ from logbroker.benchmark import (
 )
 from logbroker.client.blocking import BlockingClient
 
-HOST = "127.0.0.1"
-#: Development accounts of env mode ``test``: admin creates the topics, app produces and consumes.
-ADMIN = ("admin", "admin123")
-APP = ("app", "app123")
 TARGET_RATIO = 4.0
 TARGET_CONSUME_MB_S = 250.0
 REDIS = "redis"
 GC_ON = "logbroker-gc-on"
 GC_OFF = "logbroker-gc-off"
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-_LISTENING = re.compile(r"listening for clients on (\S+):(\d+)")
-#: A run that has not finished this long after its window has hung (a lost connection).
-_RUN_GRACE_SECONDS = 30
-#: ``SVC_MAX_FRAME_SIZE``'s default: a produce request must fit in one frame.
-_MAX_FRAME = 16 * 1024 * 1024
 
 
 # -- servers ------------------------------------------------------------------------------
@@ -146,31 +149,6 @@ def ensure_redis_server(path: str | None) -> str:
     if found is None:
         raise SystemExit("apt-get installed redis-server, but it is not on PATH")
     return found
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind((HOST, 0))
-        return int(probe.getsockname()[1])
-
-
-def _stop(process: subprocess.Popen[bytes], seconds: float = 60) -> None:
-    """SIGTERM (an orderly stop), then SIGKILL if it has not exited within ``seconds``."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            process.wait(seconds)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
-def _tail(path: str, lines: int = 20) -> str:
-    try:
-        with open(path, errors="replace") as f:
-            return "".join(f.readlines()[-lines:])
-    except OSError:
-        return ""
 
 
 class Redis:
@@ -210,7 +188,7 @@ def running_redis(executable: str, directory: str, aof_rewrite: bool = True) -> 
     os.makedirs(directory)
     log = os.path.join(directory, "redis.log")
     for _attempt in range(3):
-        port = _free_port()
+        (port,) = free_ports(1)
         command = [
             executable,
             "--bind", HOST,
@@ -236,14 +214,14 @@ def running_redis(executable: str, directory: str, aof_rewrite: bool = True) -> 
                     time.sleep(0.05)
             else:
                 if process.poll() is None:
-                    raise RuntimeError(f"redis-server did not answer PING:\n{_tail(log)}")
+                    raise RuntimeError(f"redis-server did not answer PING:\n{tail(log)}")
                 continue  # exited: most likely the port was taken meanwhile; try another
             _check_durability(redis)
             yield redis
             return
         finally:
-            _stop(process)
-    raise RuntimeError(f"redis-server did not start:\n{_tail(log)}")
+            stop(process)
+    raise RuntimeError(f"redis-server did not start:\n{tail(log)}")
 
 
 def _check_durability(redis: Redis) -> None:
@@ -298,15 +276,15 @@ def running_broker(name: str, directory: str, group_commit: bool) -> Iterator[Br
     try:
         deadline = time.monotonic() + 60
         while True:
-            match = _LISTENING.search(_tail(log, 200))
+            match = LISTENING.search(tail(log, 200))
             if match is not None:
                 break
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{_tail(log)}")
+                raise RuntimeError(f"{name} did not start:\n{tail(log)}")
             time.sleep(0.05)
         yield Broker(name, process, int(match.group(2)), log)
     finally:
-        _stop(process)
+        stop(process)
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -337,78 +315,11 @@ async def _drive(
 ) -> tuple[ProduceReport, dict[str, float]]:
     """The closed loop of ``logbroker.benchmark`` over ready connections of either system."""
     driver = _ProduceDriver(reactor, connections, frame, load)
-    cpu = CpuMeter(server_pid)
+    cpu = CpuMeter({"server": [server_pid]})
     running = driver.run()
-    running.addTimeout(load.seconds + _RUN_GRACE_SECONDS, reactor)
+    running.addTimeout(load.seconds + RUN_GRACE_SECONDS, reactor)
     report = await running
     return report, cpu.read()
-
-
-class CpuMeter:
-    """CPU time of this process (the load generator) and of a server process (all its
-    threads) since the meter was made, as cores busy on average over the wall time."""
-
-    def __init__(self, server_pid: int) -> None:
-        self._server_pid = server_pid
-        self._started = time.perf_counter()
-        self._client = _own_cpu()
-        self._server = _process_cpu(server_pid)
-
-    def read(self) -> dict[str, float]:
-        wall = time.perf_counter() - self._started
-        return {
-            "client_cpu": (_own_cpu() - self._client) / wall,
-            "server_cpu": (_process_cpu(self._server_pid) - self._server) / wall,
-        }
-
-
-def _own_cpu() -> float:
-    times = os.times()
-    return times.user + times.system
-
-
-def _process_cpu(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` and its threads (Linux /proc)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
-    except OSError:
-        return float("nan")
-    # utime and stime are fields 14 and 15 of stat(5); fields[0] here is field 3.
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _percentiles(report: ProduceReport) -> dict[str, float]:
-    return {
-        "p50_ms": report.percentile(50),
-        "p99_ms": report.percentile(99),
-        "p999_ms": report.percentile(99.9),
-    }
-
-
-def _produce_result(system: str, report: ProduceReport) -> dict[str, Any]:
-    return {
-        "system": system,
-        "records_per_s": report.records_per_second,
-        "mb_per_s": report.megabytes_per_second,
-        **_percentiles(report),
-        "requests": report.requests,
-        "errors": report.errors,
-    }
-
-
-def _produce_line(prefix: str, result: dict[str, Any]) -> str:
-    line = (
-        f"{prefix}  {result['system']:<16}"
-        f"  records/s={result['records_per_s']:>9,.0f}"
-        f"  MB/s={result['mb_per_s']:>6.1f}"
-        f"  p50_ms={result['p50_ms']:>7.2f}  p99_ms={result['p99_ms']:>7.2f}"
-        f"  p99.9_ms={result['p999_ms']:>7.2f}  errors={result['errors']}"
-        f"  cpu client={result['client_cpu']:.2f} server={result['server_cpu']:.2f}"
-    )
-    if "aof_rewrites" in result:
-        line += f"  aof_rewrites={result['aof_rewrites']}"
-    return line
 
 
 class Run:
@@ -465,7 +376,7 @@ class Run:
                 name = f"round{number}"
                 rewrites_before = self._aof_rewrites() if system == REDIS else 0
                 report, cpu = await self.produce(reactor, system, name, args.seconds)
-                result = {**_produce_result(system, report), **cpu}
+                result = {**produce_result(system, report), **cpu}
                 if system == REDIS:
                     result["aof_rewrites"] = self._aof_rewrites() - rewrites_before
                 elif system == GC_ON:
@@ -475,7 +386,7 @@ class Run:
                     args.json,
                     "produce",
                     {"round": number, **result},
-                    _produce_line(f"round {number}", result),
+                    produce_line(f"round {number}", result),
                 )
 
     def _aof_rewrites(self) -> int:
@@ -488,7 +399,7 @@ class Run:
                 f"\nmedians of {args.repeat} round(s) of {args.seconds:g} s, "
                 f"{args.connections} connections x {args.in_flight} in flight x "
                 f"{args.batch} records of {args.record_bytes} B "
-                f"(load average now: {_loadavg()}):",
+                f"(load average now: {loadavg()}):",
                 flush=True,
             )
         summaries: dict[str, dict[str, Any]] = {}
@@ -508,7 +419,7 @@ class Run:
                 summary[key] = statistics.median(run[key] for run in runs)
             summary["best_records_per_s"] = max(run["records_per_s"] for run in runs)
             summary["errors"] = sum(run["errors"] for run in runs)
-            line = _produce_line("median ", summary)
+            line = produce_line("median ", summary)
             if system != REDIS:
                 paired = [
                     run["records_per_s"] / redis["records_per_s"]
@@ -552,7 +463,7 @@ class Run:
         if not args.json and self.round_topics:
             print(f"\none consumer draining each {GC_ON} round's topic:", flush=True)
         for topic in self.round_topics:
-            cpu = CpuMeter(broker.process.pid)
+            cpu = CpuMeter({"server": [broker.process.pid]})
             report = await run_consume(reactor, HOST, broker.port, *APP, topic)
             result = {
                 "topic": topic,
@@ -567,7 +478,7 @@ class Run:
             produced = await self.fill(reactor, broker, topic, size)
             runs = []
             for number in range(1, args.repeat + 1):
-                cpu = CpuMeter(broker.process.pid)
+                cpu = CpuMeter({"server": [broker.process.pid]})
                 report = await run_consume(reactor, HOST, broker.port, *APP, topic)
                 result = {
                     "topic": topic,
@@ -647,14 +558,6 @@ def _consume_line(label: str, result: dict[str, Any]) -> str:
     )
 
 
-def _loadavg() -> str:
-    try:
-        with open("/proc/loadavg") as f:
-            return " ".join(f.read().split()[:3])
-    except OSError:
-        return "unknown"
-
-
 async def _measure(reactor: Any, run: Run) -> None:
     await run.produce_rounds(reactor)
     run.summarise_produce()
@@ -723,8 +626,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args(argv)
     largest = max([args.record_bytes, *(args.consume_sizes if args.consume else [])])
-    if args.batch * (largest + 64) > _MAX_FRAME:
-        parser.error(f"--batch x the record size must fit in one {_MAX_FRAME}-byte frame")
+    if args.batch * (largest + 64) > MAX_FRAME:
+        parser.error(f"--batch x the record size must fit in one {MAX_FRAME}-byte frame")
     if args.consume and args.group_commit == "off":
         parser.error("the consume part runs on the group-commit-on broker: add --no-consume")
     return args
@@ -742,7 +645,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     executable = ensure_redis_server(args.redis_server)
     started = datetime.now(UTC)
     if not args.json:
-        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {_loadavg()}", flush=True)
+        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {loadavg()}", flush=True)
     modes = {"both": [GC_ON, GC_OFF], "on": [GC_ON], "off": [GC_OFF]}[args.group_commit]
     with contextlib.ExitStack() as stack:
         workdir = stack.enter_context(work_directory(args.dir, "bench-redis-"))
@@ -764,8 +667,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             task.react(measure)
         except SystemExit as exit:
             if exit.code:
-                for server in (redis, *brokers.values()):
-                    print(f"--- {server.log}:\n{_tail(server.log)}", file=sys.stderr)
+                for log in (redis.log, *(broker.log for broker in brokers.values())):
+                    print(f"--- {log}:\n{tail(log)}", file=sys.stderr)
                 raise
             if not run.finished:
                 # The reactor was stopped by a signal: what was printed is all there is.

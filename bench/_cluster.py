@@ -1,0 +1,419 @@
+"""Clusters for the benchmarks: a three-member etcd and ``twistd -n logbroker`` nodes on free
+loopback ports, the waits before a measurement, where a topic's ranges are led, and the closed
+load of ``logbroker.benchmark`` spread evenly over several nodes.
+
+Used by ``cluster_produce.py`` (one node next to a cluster at replication factor 1) and
+``replicated_produce.py`` (one node next to clusters at replication factor 3).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import attrs
+from _common import (
+    ADMIN,
+    APP,
+    HOST,
+    LISTENING,
+    RUN_GRACE_SECONDS,
+    TWISTD,
+    CpuMeter,
+    free_ports,
+    stop,
+    tail,
+)
+from twisted.internet.defer import gatherResults
+
+from logbroker import wire
+from logbroker.benchmark import ProduceLoad, ProduceReport, _ProduceDriver, connect
+from logbroker.broker.keyspace import key_slot
+from logbroker.client import BrokerRefused
+from logbroker.client.blocking import BlockingClient
+from logbroker.records import Record
+
+NODES = 3
+#: How long a process, the cluster or a topic may take to be ready.
+READY_SECONDS = 60.0
+
+
+# -- etcd ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Etcd:
+    endpoints: tuple[str, ...]  # host:port
+    pids: tuple[int, ...]
+
+    def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        for endpoint in self.endpoints:
+            request = urllib.request.Request(
+                f"http://{endpoint}{path}", data=json.dumps(body).encode(), method="POST"
+            )
+            try:
+                with urllib.request.urlopen(request, timeout=10) as response:
+                    answer: dict[str, Any] = json.loads(response.read())
+                    return answer
+            except (OSError, ValueError):
+                continue
+        raise RuntimeError(f"no etcd member answered {path}")
+
+    def prefix(self, prefix: str) -> dict[str, Any]:
+        """Every key under ``prefix``, its value parsed as JSON (the control plane's records)."""
+        start = prefix.encode()
+        end = start[:-1] + bytes([start[-1] + 1])
+        answer = self._post(
+            "/v3/kv/range",
+            {"key": base64.b64encode(start).decode(), "range_end": base64.b64encode(end).decode()},
+        )
+        if answer.get("more"):
+            raise RuntimeError(f"etcd did not return all of {prefix} in one answer")
+        return {
+            base64.b64decode(kv["key"]).decode(): json.loads(base64.b64decode(kv["value"]))
+            for kv in answer.get("kvs", ())
+        }
+
+
+def _etcd_healthy(endpoint: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=1) as response:
+            return bool(json.loads(response.read()).get("health") == "true")
+    except (OSError, ValueError, urllib.error.URLError):
+        return False
+
+
+@contextlib.contextmanager
+def running_etcd(size: int = NODES) -> Iterator[Etcd]:
+    """``size`` etcd members on free loopback ports, their data in a temporary directory (in
+    /dev/shm when there is one: etcd fsyncs every write and is not what is measured)."""
+    executable = shutil.which("etcd")
+    if executable is None:
+        raise SystemExit("etcd is not on PATH (scripts/install --cluster installs it)")
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+    directory = tempfile.mkdtemp(prefix="bench-etcd-", dir=base)
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        ports = free_ports(2 * size)
+        names = [f"e{index}" for index in range(1, size + 1)]
+        clients = [f"{HOST}:{ports[2 * index]}" for index in range(size)]
+        peers = [f"http://{HOST}:{ports[2 * index + 1]}" for index in range(size)]
+        initial = ",".join(f"{name}={peer}" for name, peer in zip(names, peers, strict=True))
+        token = f"bench-{secrets.token_hex(6)}"
+        for name, client, peer in zip(names, clients, peers, strict=True):
+            command = [
+                executable,
+                "--name", name,
+                "--data-dir", os.path.join(directory, name),
+                "--listen-client-urls", f"http://{client}",
+                "--advertise-client-urls", f"http://{client}",
+                "--listen-peer-urls", peer,
+                "--initial-advertise-peer-urls", peer,
+                "--initial-cluster", initial,
+                "--initial-cluster-token", token,
+                "--initial-cluster-state", "new",
+                "--logger", "zap",
+                "--log-outputs", "stderr",
+            ]  # fmt: skip
+            with open(os.path.join(directory, f"{name}.log"), "wb") as log:
+                processes.append(
+                    subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                )
+        deadline = time.monotonic() + READY_SECONDS
+        for name, client, process in zip(names, clients, processes, strict=True):
+            while not _etcd_healthy(client):
+                if process.poll() is not None or time.monotonic() > deadline:
+                    log_path = os.path.join(directory, f"{name}.log")
+                    raise RuntimeError(f"etcd member {name} did not start:\n{tail(log_path)}")
+                time.sleep(0.05)
+        yield Etcd(tuple(clients), tuple(process.pid for process in processes))
+    finally:
+        for process in processes:
+            stop(process, 10)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- brokers ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Node:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: str
+    data: str
+
+    def client(self, account: tuple[str, str] = ADMIN) -> BlockingClient:
+        return BlockingClient.connect(HOST, self.port, *account, timeout=30)
+
+
+@contextlib.contextmanager
+def running_node(
+    name: str, directory: str, settings: Mapping[str, str], profile: str | None = None
+) -> Iterator[Node]:
+    """``twistd -n logbroker`` in env mode test on free loopback ports, its output in a file;
+    only ``settings`` of this process's ``SVC_`` variables reach it. With ``profile`` (a file),
+    it runs under cProfile, which profiles its main (reactor) thread and writes the statistics
+    to that file when it stops."""
+    os.makedirs(directory)
+    log = os.path.join(directory, "twistd.log")
+    data = os.path.join(directory, "data")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.upper().startswith("SVC_") and key != "MIX_ENV"
+    }
+    env.update(
+        SVC_ENV="test",
+        SVC_DATA_DIR=data,
+        SVC_BIND_HOST=HOST,
+        SVC_TCP_PORT="0",
+        SVC_DASHBOARD_PORT="0",
+        **settings,
+    )
+    command = [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker"]
+    if profile is not None:
+        command = [sys.executable, "-m", "cProfile", "-o", os.path.abspath(profile), *command]
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command,
+            cwd=directory,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + READY_SECONDS
+        while True:
+            match = LISTENING.search(tail(log, 400))
+            if match is not None:
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{tail(log)}")
+            time.sleep(0.05)
+        yield Node(name, process, int(match.group(2)), log, data)
+    finally:
+        stop(process, 30)
+
+
+@contextlib.contextmanager
+def running_cluster(
+    etcd: Etcd,
+    cluster_id: str,
+    directory: str,
+    settings: Mapping[str, str],
+    size: int = NODES,
+    profiles: str | None = None,
+) -> Iterator[list[Node]]:
+    """``size`` nodes ``n1``, ``n2``... of cluster ``cluster_id`` on ``etcd``, each with
+    ``settings`` and its own directory in ``directory``, once every node sees all alive. With
+    ``profiles`` (a directory), each runs under cProfile, writing ``<cluster id>-<node>.prof``
+    there (see ``running_node``)."""
+    cluster_settings = {
+        **settings,
+        "SVC_CONTROL_PLANE": "etcd://" + ",".join(etcd.endpoints),
+        "SVC_CLUSTER_ID": cluster_id,
+        "SVC_ADVERTISE_HOST": HOST,
+        "SVC_PEER_PORT": "0",
+        "SVC_CLUSTER_SECRET": secrets.token_hex(16),
+    }
+    with contextlib.ExitStack() as stack:
+        nodes = [
+            stack.enter_context(
+                running_node(
+                    f"n{index}",
+                    os.path.join(directory, f"n{index}"),
+                    {**cluster_settings, "SVC_NODE_ID": f"n{index}"},
+                    None
+                    if profiles is None
+                    else os.path.join(profiles, f"{cluster_id}-n{index}.prof"),
+                )
+            )
+            for index in range(1, size + 1)
+        ]
+        wait_for_members(nodes)
+        yield nodes
+
+
+def wait_for_members(nodes: Sequence[Node]) -> None:
+    """Until every node sees every node alive."""
+    deadline = time.monotonic() + READY_SECONDS
+    names = {node.name for node in nodes}
+    for node in nodes:
+        while True:
+            with node.client() as client:
+                alive = {
+                    member.node_id for member in client.describe_cluster().nodes if member.alive
+                }
+            if alive >= names:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{node.name} sees only {sorted(alive)} alive")
+            time.sleep(0.2)
+
+
+def wait_until_produces(nodes: Sequence[Node], topic: str, records: Sequence[Record]) -> None:
+    """Until each node has acknowledged ``records`` (the round's frame) on ``topic``."""
+    deadline = time.monotonic() + READY_SECONDS
+    for node in nodes:
+        with node.client(APP) as client:
+            while True:
+                try:
+                    client.produce(topic, records)
+                    break
+                except BrokerRefused as refused:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{node.name} refuses {topic}: {refused}") from None
+                    time.sleep(0.1)
+
+
+def request_records(frame: bytes) -> tuple[Record, ...]:
+    """The records of a produce request frame, as sent."""
+    request = wire.decode_request(frame[4:]).request
+    if not isinstance(request, wire.Produce):
+        raise TypeError(f"not a produce request: {request!r}")
+    return request.records
+
+
+# -- where the records go -----------------------------------------------------------------
+
+
+@attrs.frozen
+class Placement:
+    """Which node leads each range of a topic, and where one request's records go."""
+
+    #: range id -> leading node (the first replica of its active segment)
+    leaders: dict[str, str]
+    #: node -> records of one request whose range that node leads
+    per_request: dict[str, int]
+
+
+def read_placement(
+    etcd: Etcd, cluster_id: str, node_names: Sequence[str], topic: str, keys: Sequence[bytes]
+) -> Placement:
+    """The topic's ranges and their leaders, read from etcd, and where ``keys`` go."""
+    prefix = f"/logbroker/{cluster_id}/state/"
+    state = etcd.prefix(prefix)
+    topic_record = state[f"{prefix}topics/{topic}"]
+    bits = int(topic_record["keyspace_bits"])
+    ranges = [state[f"{prefix}ranges/{range_id}"] for range_id in topic_record["range_ids"]]
+    leaders: dict[str, str] = {}
+    for range_record in ranges:
+        range_id = range_record["range_id"]
+        active = [
+            record
+            for key, record in state.items()
+            if key.startswith(f"{prefix}segments/{range_id}/") and record["state"] == "active"
+        ]
+        if len(active) != 1:
+            raise RuntimeError(f"range {range_id} has {len(active)} active segments in etcd")
+        leaders[range_id] = active[0]["replicas"][0]
+    per_request = dict.fromkeys(node_names, 0)
+    for key in keys:
+        slot = key_slot(key, bits)
+        (range_id,) = (r["range_id"] for r in ranges if r["start"] <= slot < r["end"])
+        per_request[leaders[range_id]] += 1
+    return Placement(leaders, per_request)
+
+
+def forwarded_fraction(
+    placement: Placement, acknowledged: Mapping[str, int], batch: int, keys: int
+) -> float:
+    """The share of the records ``acknowledged`` by each node (its producers' records) whose
+    range another node leads: each request of a node sends ``keys - per_request[node]`` of its
+    ``keys`` records on."""
+    total = sum(acknowledged.values())
+    if not total:
+        return float("nan")
+    forwarded = sum(
+        records // batch * (keys - placement.per_request[node])
+        for node, records in acknowledged.items()
+    )
+    return forwarded / total
+
+
+# -- load ---------------------------------------------------------------------------------
+
+
+class _CountingRefusals:
+    """A load connection that counts the reasons of the error answers it gets."""
+
+    def __init__(self, connection: Any, reasons: Counter[str]) -> None:
+        self._connection = connection
+        self._reasons = reasons
+
+    @property
+    def transport(self) -> Any:
+        return self._connection.transport
+
+    def send(
+        self, frame: bytes, due: float, answered: Callable[[wire.Response, float], None]
+    ) -> None:
+        def counted(response: wire.Response, due: float) -> None:
+            if response.reason is not None:
+                self._reasons[response.reason] += 1
+            answered(response, due)
+
+        self._connection.send(frame, due, counted)
+
+
+async def drive(
+    reactor: Any,
+    nodes: Sequence[Node],
+    frame: bytes,
+    load: ProduceLoad,
+    cpu_groups: Mapping[str, Sequence[int]],
+    refusals: Counter[str] | None = None,
+) -> tuple[dict[str, ProduceReport], dict[str, float]]:
+    """``load`` split evenly over ``nodes``: one closed loop per node, started together;
+    the reasons of the error answers are counted in ``refusals`` when given."""
+    per_node = attrs.evolve(load, connections=load.connections // len(nodes))
+    connections: dict[str, list[Any]] = {
+        node.name: [
+            await connect(reactor, HOST, node.port, *APP) for _ in range(per_node.connections)
+        ]
+        for node in nodes
+    }
+    if refusals is not None:
+        connections = {
+            name: [_CountingRefusals(connection, refusals) for connection in ready]
+            for name, ready in connections.items()
+        }
+    drivers = {
+        name: _ProduceDriver(reactor, ready, frame, per_node) for name, ready in connections.items()
+    }
+    cpu = CpuMeter(cpu_groups)
+    running = []
+    for driver in drivers.values():
+        run = driver.run()
+        run.addTimeout(load.seconds + RUN_GRACE_SECONDS, reactor)
+        running.append(run)
+    reports = await gatherResults(running, consumeErrors=True)
+    return dict(zip(drivers, reports, strict=True)), cpu.read()
+
+
+def combined(reports: Sequence[ProduceReport]) -> ProduceReport:
+    first = reports[0]
+    return ProduceReport(
+        sum(report.records for report in reports),
+        sum(report.requests for report in reports),
+        sum(report.errors for report in reports),
+        first.seconds,
+        first.record_bytes,
+        tuple(latency for report in reports for latency in report.latencies_ms),
+    )

@@ -1,0 +1,175 @@
+"""The pure helpers of ``bench/replicated_produce.py`` and ``bench/_cluster.py``: the order of the
+setups, what a node's data directory holds of a topic, the copies, and the forwarded fraction.
+The benchmark's sanity check that replication happened is only as right as these counts."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from logbroker.records import Record
+from logbroker.storage._format import encode_batch
+from logbroker.storage._segment import segment_stem
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+
+
+def _load_bench_script(name: str) -> ModuleType:
+    """bench/ is a directory of scripts that import their shared helpers by plain name: load
+    one from its file with the directory on the import path while it loads."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
+    return module
+
+
+replicated = _load_bench_script("replicated_produce")
+cluster = _load_bench_script("_cluster")
+Stored = replicated.Stored
+
+
+def _batch(base_offset: int, count: int) -> bytes:
+    return encode_batch(base_offset, [Record(b"v" * 100) for _ in range(count)])
+
+
+def _segment(data: Path, range_id: str, base_offset: int, content: bytes) -> None:
+    directory = data / "ranges" / range_id
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{segment_stem(base_offset)}.log").write_bytes(content)
+
+
+# -- round order --------------------------------------------------------------------------
+
+
+def test_the_order_rotates_by_one_each_round() -> None:
+    setups = ["single", "off", "on"]
+
+    assert [replicated.round_order(setups, number) for number in range(1, 5)] == [
+        ["single", "off", "on"],
+        ["off", "on", "single"],
+        ["on", "single", "off"],
+        ["single", "off", "on"],
+    ]
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 4])
+def test_over_as_many_rounds_as_setups_each_runs_once_in_each_position(count: int) -> None:
+    setups = list(range(count))
+    orders = [replicated.round_order(setups, number) for number in range(1, count + 1)]
+
+    for position in range(count):
+        assert sorted(order[position] for order in orders) == setups
+
+
+# -- what a node stores -------------------------------------------------------------------
+
+
+def test_stored_counts_the_records_of_whole_batches_in_every_segment_of_each_range(
+    tmp_path: Path,
+) -> None:
+    first = _batch(0, 100) + _batch(100, 25)
+    second = _batch(125, 10)
+    _segment(tmp_path, "round1-rf3.0", 0, first)
+    _segment(tmp_path, "round1-rf3.0", 125, second)
+    _segment(tmp_path, "round1-rf3.1", 0, _batch(0, 7))
+
+    assert replicated.stored(str(tmp_path), "round1-rf3") == {
+        "round1-rf3.0": Stored(135, len(first) + len(second)),
+        "round1-rf3.1": Stored(7, len(_batch(0, 7))),
+    }
+
+
+def test_a_torn_batch_at_the_end_counts_its_bytes_but_not_its_records(tmp_path: Path) -> None:
+    whole = _batch(0, 10)
+    torn = _batch(10, 10)[:-5]
+    _segment(tmp_path, "t.0", 0, whole + torn)
+
+    assert replicated.stored(str(tmp_path), "t") == {"t.0": Stored(10, len(whole) + len(torn))}
+
+
+def test_only_the_topics_own_ranges_and_segment_logs_count(tmp_path: Path) -> None:
+    _segment(tmp_path, "round1-rf3.0", 0, _batch(0, 3))
+    _segment(tmp_path, "round10-rf3.0", 0, _batch(0, 5))
+    _segment(tmp_path, "round1-rf3x.0", 0, _batch(0, 5))
+    directory = tmp_path / "ranges" / "round1-rf3.0"
+    (directory / f"{segment_stem(0)}.index").write_bytes(b"\0" * 64)
+    (directory / "notes.log").write_bytes(_batch(0, 5))
+
+    assert replicated.topic_ranges(str(tmp_path), "round1-rf3") == ["round1-rf3.0"]
+    assert replicated.stored(str(tmp_path), "round1-rf3") == {
+        "round1-rf3.0": Stored(3, len(_batch(0, 3)))
+    }
+    assert replicated.log_sizes(str(tmp_path), "round1-rf3") == {"round1-rf3.0": len(_batch(0, 3))}
+
+
+def test_a_data_directory_without_the_topic_holds_nothing_of_it(tmp_path: Path) -> None:
+    assert replicated.stored(str(tmp_path / "missing"), "t") == {}
+    os.makedirs(tmp_path / "ranges")
+    assert replicated.log_sizes(str(tmp_path), "t") == {}
+
+
+# -- copies -------------------------------------------------------------------------------
+
+
+def test_every_node_holding_every_record_is_as_many_copies_as_nodes() -> None:
+    held = {"a": Stored(10, 1400), "b": Stored(30, 4200)}
+    by_node = {node: dict(held) for node in ("n1", "n2", "n3")}
+
+    assert replicated.copies(by_node) == 3.0
+
+
+def test_copies_count_each_range_against_the_most_any_node_holds_of_it() -> None:
+    by_node = {
+        "n1": {"a": Stored(10, 0), "b": Stored(30, 0)},
+        "n2": {"a": Stored(10, 0), "b": Stored(20, 0)},
+        "n3": {"b": Stored(30, 0)},
+    }
+
+    # 100 records stored, 40 distinct (10 of a, 30 of b).
+    assert replicated.copies(by_node) == 100 / 40
+
+
+def test_one_copy_of_each_range_where_each_node_holds_its_own() -> None:
+    by_node = {"n1": {"a": Stored(10, 0)}, "n2": {"b": Stored(5, 0)}, "n3": {}}
+
+    assert replicated.copies(by_node) == 1.0
+
+
+def test_copies_of_nothing_are_not_a_number() -> None:
+    assert math.isnan(replicated.copies({"n1": {}, "n2": {}}))
+
+
+# -- forwarded fraction -------------------------------------------------------------------
+
+
+def test_the_forwarded_fraction_counts_each_nodes_records_led_elsewhere() -> None:
+    placement = cluster.Placement(
+        leaders={"t.0": "n1", "t.1": "n2", "t.2": "n3", "t.3": "n1"},
+        per_request={"n1": 50, "n2": 22, "n3": 28},
+    )
+    # Each node acknowledged 10 requests of 100 records.
+    acknowledged = {"n1": 1000, "n2": 1000, "n3": 1000}
+
+    fraction = cluster.forwarded_fraction(placement, acknowledged, batch=100, keys=100)
+
+    assert fraction == pytest.approx((500 + 780 + 720) / 3000)
+
+
+def test_a_node_leading_everything_forwards_nothing_from_its_producers() -> None:
+    placement = cluster.Placement(leaders={"t.0": "n1"}, per_request={"n1": 100, "n2": 0})
+
+    assert cluster.forwarded_fraction(placement, {"n1": 500, "n2": 0}, 100, 100) == 0.0
+    assert cluster.forwarded_fraction(placement, {"n1": 0, "n2": 500}, 100, 100) == 1.0
