@@ -148,6 +148,8 @@ class SegmentLeader:
         self._retries: dict[str, IDelayedCall] = {}
         self._waiting: deque[_Waiter] = deque()
         self._timer: IDelayedCall | None = None
+        #: The pump that sends this reactor turn's appends to the replicas, once scheduled.
+        self._pump_call: IDelayedCall | None = None
         #: Why this leader stopped (fenced, or stepped down), if it did.
         self._stopped: BrokerError | None = None
         range_log.commit(self._tracker.commit)
@@ -208,8 +210,7 @@ class SegmentLeader:
         self._written = end
         self._backlog.add(chunk)
         written.durable.addCallbacks(self._locally_durable, self._local_failure)
-        for node in self._streams:
-            self._pump(node)
+        self._pump_soon()
         return self.wait_committed(end)
 
     def wait_committed(self, end: int) -> Deferred[None]:
@@ -276,6 +277,21 @@ class SegmentLeader:
         self._arm_timer()
 
     # -- streaming to replicas -------------------------------------------------------------
+
+    def _pump_soon(self) -> None:
+        """Send what was appended once this reactor turn's appends are all in.
+
+        The appends of one turn (the range's parts of every request read in it) go out as one
+        replicate message per replica instead of one per append: each message costs an
+        encoding, a socket write, a replica's check and append, and an answer.
+        """
+        if self._pump_call is None and self._stopped is None:
+            self._pump_call = self._clock.callLater(0, self._pump_all)
+
+    def _pump_all(self) -> None:
+        self._pump_call = None
+        for node in self._streams:
+            self._pump(node)
 
     def _pump(self, node: str) -> None:
         stream = self._streams[node]
@@ -433,6 +449,9 @@ class SegmentLeader:
         for call in self._retries.values():
             call.cancel()
         self._retries.clear()
+        if self._pump_call is not None:
+            self._pump_call.cancel()
+            self._pump_call = None
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

@@ -15,3 +15,12 @@ def wire_records(
     max_bytes: int,
     /,
 ) -> tuple[bytes, int, int, int]: ...
+def check_records(
+    data: memoryview | bytes,
+    batch_position: int,
+    start: int,
+    end: int,
+    base_offset: int,
+    count: int,
+    /,
+) -> tuple[int, str] | None: ...

@@ -60,7 +60,7 @@ from logbroker.replication.requester import LocalOps, Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore
-from tests.unit.storage.helpers import failure_of, result_of
+from tests.unit.storage.helpers import failure_of, result_of, run_until_idle
 
 RANGE = "r.0"
 
@@ -249,9 +249,7 @@ def replicated_world(config: LogConfig) -> World:
     lead = LeadRanges(context.storage, SegmentClaims(context), replicated.roll_bytes)
 
     def settle() -> None:
-        while any(executor.pending for executor in executors.values()):
-            for executor in executors.values():
-                executor.run_all()
+        run_until_idle(clock, executors.values())
 
     claiming = lead.open([RANGE])
     settle()

@@ -27,7 +27,7 @@ from logbroker.replication.requester import LocalOps, Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore
-from tests.unit.storage.helpers import result_of
+from tests.unit.storage.helpers import result_of, run_until_idle
 
 RANGE = "r.0"
 NODES = "abc"
@@ -72,9 +72,7 @@ class Cluster:
     peers: _Peers
 
     def settle(self) -> None:
-        while any(executor.pending for executor in self.executors.values()):
-            for executor in self.executors.values():
-                executor.run_all()
+        run_until_idle(self.clock, self.executors.values())
 
     def lead(self, node: str) -> LeadRanges:
         """Node ``node`` claims the range, and leads it once the claim is done."""

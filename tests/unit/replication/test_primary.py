@@ -121,6 +121,8 @@ def test_an_append_is_acknowledged_once_a_quorum_is_durable(clock: Clock) -> Non
     commits: list[int] = []
     leader, range_log = _leader(clock, replicas, commits=commits)
     outcome = _outcome(leader.append(_records(2)))
+    assert replicas.sent == [], "sent once the reactor turn's appends are all in"
+    clock.advance(0)
     # Sent to both replicas at once, with the same stored bytes.
     ((request_b, _),) = replicas.to("b")
     ((request_c, _),) = replicas.to("c")
@@ -139,17 +141,34 @@ def test_acknowledgements_go_out_in_offset_order(clock: Clock) -> None:
     replicas = Replicas()
     leader, _ = _leader(clock, replicas)
     first = _outcome(leader.append(_records(1)))
+    clock.advance(0)
     second = _outcome(leader.append(_records(1)))
+    clock.advance(0)
     assert len(replicas.to("b")) == 2, "pipelined: the second goes before the first is answered"
     replicas.answer("b")
     assert first == [None]
     assert second == [None]
 
 
+def test_the_appends_of_one_reactor_turn_go_to_each_replica_as_one_message(
+    clock: Clock,
+) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    outcomes = [_outcome(leader.append(_records(1))) for _ in range(3)]
+    clock.advance(0)
+    for node in "bc":
+        ((request, _),) = replicas.to(node)
+        assert (request.offset, _count(request.data)) == (0, 3)
+    replicas.answer("b")
+    assert outcomes == [[None], [None], [None]]
+
+
 def test_a_fenced_replica_stops_the_leader(clock: Clock) -> None:
     replicas = Replicas()
     leader, _ = _leader(clock, replicas)
     outcome = _outcome(leader.append(_records()))
+    clock.advance(0)
     replicas.answer("b", CopyOutcome.FENCED, epoch=2)
     assert leader.stopped
     (failure,) = outcome
@@ -164,7 +183,9 @@ def test_a_mismatch_rewinds_to_where_the_copy_ends(clock: Clock) -> None:
     replicas = Replicas()
     leader, _ = _leader(clock, replicas)
     leader.append(_records(1))
+    clock.advance(0)
     leader.append(_records(1))
+    clock.advance(0)
     (first, answer), _ = replicas.to("b")
     # b says its copy ends at 0: the two requests are forgotten and it is sent from 0 again.
     answer.callback(encode_status(CopyStatus(CopyOutcome.MISMATCH, 1, 0, 0)))
@@ -177,6 +198,7 @@ def test_a_failed_link_is_retried_after_a_back_off(clock: Clock) -> None:
     replicas = Replicas()
     leader, _ = _leader(clock, replicas)
     outcome = _outcome(leader.append(_records()))
+    clock.advance(0)
     ((_, answer),) = replicas.to("b")
     answer.errback(PeerError(PeerReason.UNREACHABLE, "link down"))
     assert len(replicas.to("b")) == 1
@@ -232,7 +254,9 @@ def test_a_lagging_replica_is_caught_up_from_disk(clock: Clock) -> None:
         on_commit=lambda commit: None,
     )
     leader.append(_records(1))
+    clock.advance(0)
     leader.append(_records(1))
+    clock.advance(0)
     replicas.answer("c")
     (_, answer), _ = replicas.to("b")
     answer.callback(encode_status(CopyStatus(CopyOutcome.MISMATCH, 1, 0, 0)))

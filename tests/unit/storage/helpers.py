@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -33,6 +34,20 @@ def result_of_running(deferred: Deferred[Any], executor: ManualExecutor) -> Any:
     """Run every held storage job, then return the Deferred's result."""
     executor.run_all()
     return result_of(deferred)
+
+
+def run_until_idle(clock: Clock, executors: Iterable[ManualExecutor]) -> None:
+    """Run held storage jobs and the calls due now (such as a primary's pump, which waits for
+    the end of the reactor turn) until neither is left."""
+    executors = list(executors)
+
+    def due() -> bool:
+        return any(call.getTime() <= clock.seconds() for call in clock.getDelayedCalls())
+
+    while due() or any(executor.pending for executor in executors):
+        clock.advance(0)
+        for executor in executors:
+            executor.run_all()
 
 
 def failure_of(deferred: Deferred[Any]) -> Failure:
