@@ -22,6 +22,7 @@ from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.controlplane import ControlPlane
 from logbroker.replication.codec import PeerOp, PeerReason
+from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.healing import Healer
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.primary import ReplicationSettings
@@ -89,7 +90,16 @@ def assemble_ranges(
         is_live=is_live,
     )
     lead = LeadRanges(storage, SegmentClaims(context), roll_bytes)
-    ranges = ClusterRanges(node_id, control, lead, forward, live_nodes, rule, holds_lease)
+    ranges = ClusterRanges(
+        node_id,
+        control,
+        lead,
+        forward,
+        live_nodes,
+        rule,
+        holds_lease,
+        copies=CommittedCopies(context),
+    )
     healer = Healer(context, lead, replace_after_seconds, holds_chores)
     serve = _serve(RangeServer(ranges.led_here(), clock), replicas.ops)
     return RangeParts(ranges, serve, lead, healer)

@@ -20,9 +20,9 @@ took over.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -40,6 +40,8 @@ from logbroker.records import ProducerStamp, Record
 
 log = Logger()
 
+_T = TypeVar("_T")
+
 
 class LedRanges(RangeDirectory, Protocol):
     """The ranges this node leads (``LocalRanges``, ``LeadRanges``): ``open`` readies many at
@@ -53,6 +55,22 @@ class LedRanges(RangeDirectory, Protocol):
 Forwarder = Callable[[str, str], RangeHandle]
 
 
+class CommittedReads(Protocol):
+    """Reads of a range's committed records without its primary (``CommittedCopies``)."""
+
+    def read(
+        self, range_id: str, offset: int, max_records: int, max_bytes: int
+    ) -> Deferred[RangeRead]: ...
+
+    def bounds(self, range_id: str) -> Deferred[Bounds]: ...
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]: ...
+
+
+#: Why a range's primary may not serve it while its copies still can.
+_PRIMARY_LOST = frozenset({Reason.UNREACHABLE, Reason.NO_QUORUM})
+
+
 class ClusterRanges:
     def __init__(
         self,
@@ -63,8 +81,11 @@ class ClusterRanges:
         live_nodes: Callable[[], Iterable[PlacementNode]],
         rule: PlacementRule,
         holds_lease: Callable[[], bool] = lambda: True,
+        copies: CommittedReads | None = None,
     ) -> None:
         self.node_id = node_id
+        #: Where reads go when a range's primary cannot serve them (with replication).
+        self._copies = copies
         self._control = control
         self._local = local
         self._forward = forward
@@ -84,6 +105,19 @@ class ClusterRanges:
         return segments[-1].replicas[0] if segments else None
 
     def handle(self, range_id: str) -> RangeHandle:
+        """The range's handle; with replication, its reads go to the live copies of its
+        segments whenever its primary cannot serve them (``unreachable``, ``no_quorum``)."""
+        if self._copies is None:
+            return self.route(range_id)
+        try:
+            return _PrimaryOrCopies(range_id, self.route(range_id), self._copies)
+        except BrokerError as error:
+            if error.reason not in _PRIMARY_LOST:
+                raise
+            return _PrimaryOrCopies(range_id, error, self._copies)
+
+    def route(self, range_id: str) -> RangeHandle:
+        """The handle of the range's primary, wherever it is."""
         primary = self.primary(range_id)
         if primary is None:
             # Its topic is created but its first segment not placed (the creating node stopped
@@ -122,7 +156,7 @@ class ClusterRanges:
         """The range's handle once one step is done; the next step's if there is one (a range
         placed here must still be opened)."""
         self._later.pop(range_id, None)
-        handle = self.handle(range_id)
+        handle = self.route(range_id)
         return handle.ready() if isinstance(handle, _Later) else handle
 
     def led_here(self) -> LedHere:
@@ -169,7 +203,7 @@ class LedHere:
                 Reason.NOT_PRIMARY,
                 f"range {range_id} is led by {primary or 'no node yet'}, not by this node",
             )
-        return self._ranges.handle(range_id)
+        return self._ranges.route(range_id)
 
     def open(self, range_ids: Sequence[str]) -> Deferred[None]:
         return self._ranges.open(range_ids)
@@ -203,3 +237,68 @@ class _Later:
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
         return self.ready().addCallback(lambda handle: handle.wait(offset, wait_ms))
+
+
+class _PrimaryOrCopies:
+    """A range as its primary serves it (or why it cannot), with reads that fall back on the
+    committed records of its copies while the primary cannot serve them. Appends go to the
+    primary only: without one they are refused with its error."""
+
+    def __init__(
+        self, range_id: str, primary: RangeHandle | BrokerError, copies: CommittedReads
+    ) -> None:
+        self._range_id = range_id
+        self._primary = primary
+        self._copies = copies
+        #: Whether a read went to the copies: then so do the long poll's waits, since a lost
+        #: primary's wait ends at once, and the fetch would read again and again meanwhile.
+        self._lost = isinstance(primary, BrokerError)
+
+    @property
+    def range_id(self) -> str:
+        return self._range_id
+
+    def refusal(self, count: int) -> BrokerError | None:
+        if isinstance(self._primary, BrokerError):
+            return self._primary
+        return self._primary.refusal(count)
+
+    def append(
+        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+    ) -> Deferred[None]:
+        if isinstance(self._primary, BrokerError):
+            return fail(self._primary)
+        return self._primary.append(records, stamp)
+
+    def bounds(self) -> Deferred[Bounds]:
+        if isinstance(self._primary, BrokerError):
+            return self._copies.bounds(self._range_id)
+        return self._primary.bounds().addErrback(
+            self._unless_lost, lambda: self._copies.bounds(self._range_id)
+        )
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
+        def from_copies() -> Deferred[RangeRead]:
+            return self._copies.read(self._range_id, offset, max_records, max_bytes)
+
+        if isinstance(self._primary, BrokerError):
+            return from_copies()
+        return self._primary.read(offset, max_records, max_bytes).addErrback(
+            self._unless_lost, from_copies
+        )
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        if self._lost or isinstance(self._primary, BrokerError):
+            return self._copies.wait(offset, wait_ms)
+        return self._primary.wait(offset, wait_ms)
+
+    def _unless_lost(self, failure: Failure, instead: Callable[[], Deferred[_T]]) -> Deferred[_T]:
+        """Go to the copies if the primary could not serve the request; fail otherwise."""
+        error = failure.value
+        if not isinstance(error, BrokerError) or error.reason not in _PRIMARY_LOST:
+            failure.raiseException()
+        self._lost = True
+        log.debug(
+            "Reading {range_id} from its copies: {error}", range_id=self._range_id, error=str(error)
+        )
+        return instead()

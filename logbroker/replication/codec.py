@@ -127,6 +127,8 @@ class PeerOp(IntEnum):
     FETCH = 8
     # ``append`` with the producer's stamp of a ``produce_idempotent``.
     STAMPED_APPEND = 9
+    # The committed records of a copy, for reads while a range's primary cannot serve them.
+    READ_COMMITTED = 10
 
 
 class GroupVerb(IntEnum):

@@ -72,6 +72,9 @@ class ReplicationSettings:
     backlog_bytes: int = 64 * 1024 * 1024
     #: How long a produce waits for a quorum before it is answered ``no_quorum``.
     ack_timeout_seconds: float = 5.0
+    #: How long after the commit index moves a replica that was sent nothing since is told
+    #: where it is (a commit notice).
+    commit_notice_seconds: float = 0.02
     #: Back-off after a replica's link failed, doubling up to ``retry_max_seconds``.
     retry_seconds: float = 0.05
     retry_max_seconds: float = 1.0
@@ -150,6 +153,9 @@ class SegmentLeader:
         self._timer: IDelayedCall | None = None
         #: The pump that sends this reactor turn's appends to the replicas, once scheduled.
         self._pump_call: IDelayedCall | None = None
+        #: The commit index each replica was last sent, and the pending commit notices.
+        self._told_commit = dict.fromkeys(self._streams, 0)
+        self._notice_call: IDelayedCall | None = None
         #: Why this leader stopped (fenced, or stepped down), if it did.
         self._stopped: BrokerError | None = None
         range_log.commit(self._tracker.commit)
@@ -249,6 +255,7 @@ class SegmentLeader:
         self._backlog.release(min(self._tracker.durable(node) for node in self.replicas))
         if released:
             self._arm_timer()
+        self._notices_soon()
         self._on_commit(commit)
 
     # -- the ack deadline ------------------------------------------------------------------
@@ -311,8 +318,58 @@ class SegmentLeader:
                 return
             self._send(stream, join(chunks))
 
+    def _notices_soon(self) -> None:
+        if self._notice_call is None and self._stopped is None:
+            self._notice_call = self._clock.callLater(
+                self._settings.commit_notice_seconds, self._send_notices
+            )
+
+    def _send_notices(self) -> None:
+        """Tell each replica that has nothing in flight and nothing more to be sent how far
+        the range is committed: the records acknowledged last would otherwise be known to be
+        committed only on this node until the next produce, and a copy serves only those when
+        this node is lost (``ReplicaServer.read_committed``)."""
+        self._notice_call = None
+        commit = self._tracker.commit
+        for node, stream in self._streams.items():
+            if (
+                self._told_commit[node] >= commit
+                or node in self._paused
+                or not stream.idle
+                or stream.next_offset < self._written
+            ):
+                continue
+            self._told_commit[node] = commit
+            notice = ReplicateRequest(
+                self.range_id,
+                self.segment,
+                self.epoch,
+                stream.next_offset,
+                stream.next_position,
+                commit,
+                b"",
+            )
+            sent = self._requester.request(node, PeerOp.REPLICATE, encode_replicate(notice))
+            sent.addCallback(decode_status).addCallbacks(
+                self._notice_answered, self._notice_failed, callbackArgs=(node,)
+            )
+
+    def _notice_answered(self, status: CopyStatus, node: str) -> None:
+        if status.outcome is CopyOutcome.FENCED and self._stopped is None:
+            self._fenced(node, status)
+
+    def _notice_failed(self, failure: Failure) -> None:
+        # The next data message or notice tells the replica again; a broken link is the data
+        # stream's to handle.
+        log.debug(
+            "A commit notice of {range_id} failed: {error}",
+            range_id=self.range_id,
+            error=failure.getErrorMessage(),
+        )
+
     def _send(self, stream: ReplicaStream, chunk: Chunk) -> None:
         generation = stream.sent(chunk)
+        self._told_commit[stream.node] = self._tracker.commit
         request = ReplicateRequest(
             self.range_id,
             self.segment,
@@ -375,23 +432,29 @@ class SegmentLeader:
         if self._stopped is not None:
             return
         if status.outcome is CopyOutcome.FENCED:
-            self._stop(
-                BrokerError(
-                    Reason.NOT_PRIMARY,
-                    f"{self.range_id}@{self.segment}: {node} is fenced at epoch {status.epoch},"
-                    f" past this primary's {self.epoch}; another node took the segment over",
-                )
-            )
+            self._fenced(node, status)
             return
         self._backoff[node] = self._settings.retry_seconds
         if status.outcome is CopyOutcome.OK:
             stream.stored(generation, status.end_offset, status.end_position)
             if self._tracker.advance(node, min(status.end_offset, self._written)):
                 self._committed()
+            elif stream.idle and self._told_commit[node] < self._tracker.commit:
+                # A replica slower than the quorum: it was sent an older commit.
+                self._notices_soon()
         elif generation == stream.generation:
             # mismatch (or short): send from where the copy ends.
             stream.rewind(status.end_offset, status.end_position)
         self._pump(node)
+
+    def _fenced(self, node: str, status: CopyStatus) -> None:
+        self._stop(
+            BrokerError(
+                Reason.NOT_PRIMARY,
+                f"{self.range_id}@{self.segment}: {node} is fenced at epoch {status.epoch},"
+                f" past this primary's {self.epoch}; another node took the segment over",
+            )
+        )
 
     def _link_failed(self, failure: Failure, stream: ReplicaStream, generation: int) -> None:
         if self._stopped is not None or isinstance(failure.value, CancelledError):
@@ -449,9 +512,10 @@ class SegmentLeader:
         for call in self._retries.values():
             call.cancel()
         self._retries.clear()
-        if self._pump_call is not None:
-            self._pump_call.cancel()
-            self._pump_call = None
+        for pending in (self._pump_call, self._notice_call):
+            if pending is not None:
+                pending.cancel()
+        self._pump_call = self._notice_call = None
         if self._timer is not None and self._timer.active():
             self._timer.cancel()
         self._timer = None

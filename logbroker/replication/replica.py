@@ -2,8 +2,10 @@
 
 ``ReplicaServer`` answers what a segment's primary (or a node taking a segment over) asks of
 this node's copy: take these bytes (``replicate``), refuse older epochs from now on (``fence``),
-match this seal (``seal``), and send bytes from your copy (``fetch``). Every answer but a fetch's
-is a ``CopyStatus``: the copy's epoch and durable end, and the outcome.
+match this seal (``seal``), and send bytes from your copy (``fetch``), or only the records it
+knows are committed (``read_committed``, for reads while a range's primary cannot serve them).
+Every answer but those two is a ``CopyStatus``: the copy's epoch and durable end, and the
+outcome.
 
 The rules that make a quorum's acknowledgement mean something:
 
@@ -38,6 +40,7 @@ from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.replication.codec import PeerOp
 from logbroker.replication.replica_codec import (
+    CommittedRecords,
     CopyOutcome,
     CopyStatus,
     FenceRequest,
@@ -48,9 +51,11 @@ from logbroker.replication.replica_codec import (
     decode_fetch,
     decode_replicate,
     decode_seal,
+    encode_committed,
     encode_status,
 )
 from logbroker.storage import (
+    BatchSlice,
     CopyState,
     FencedError,
     OpenLogs,
@@ -92,6 +97,7 @@ class ReplicaServer:
             PeerOp.FENCE: lambda payload: self.fence(decode_fence(payload)),
             PeerOp.SEAL: lambda payload: self.seal(decode_seal(payload)),
             PeerOp.FETCH: lambda payload: self.fetch(decode_fetch(payload)),
+            PeerOp.READ_COMMITTED: lambda payload: self.read_committed(decode_fetch(payload)),
         }
 
     # -- one request at a time per range while the copy changes shape --------------------------
@@ -136,6 +142,9 @@ class ReplicaServer:
     def _replicate(self, copy: RangeLog, request: ReplicateRequest) -> Deferred[bytes]:
         range_id, segment = request.range_id, request.segment
         info = _find(copy, segment)
+        if not request.data and (info is None or info.state is not CopyState.ACTIVE):
+            # A commit notice for a segment this copy is not appending to: nothing to note.
+            return succeed(self._status(copy, segment, CopyOutcome.OK))
         if info is None or info.state is not CopyState.ACTIVE:
             if info is not None and info.state is CopyState.SEALED:
                 # The segment is over: whoever still sends to it is stale.
@@ -146,6 +155,13 @@ class ReplicaServer:
         epoch = copy.segment_epoch(segment)
         if request.epoch < epoch:
             return succeed(self._status(copy, segment, CopyOutcome.FENCED))
+        if not request.data:
+            # A commit notice: the primary has nothing more to send for now, only how far the
+            # range is committed. A copy at the primary's epoch holds a prefix of what that
+            # primary wrote, so its records up to there are committed.
+            if request.epoch == epoch:
+                copy.commit(min(request.commit, copy.durable_offset))
+            return succeed(self._status(copy, segment, CopyOutcome.OK))
         tail = self._tail(copy, range_id, segment)
         if request.offset == tail.next_offset and request.position == tail.position:
             return self._append(copy, request, tail)
@@ -324,6 +340,48 @@ class ReplicaServer:
 
         return self._when_idle(request.range_id, fetch)
 
+    def read_committed(self, request: FetchRequest) -> Deferred[bytes]:
+        """Whole batches of this copy's committed records of ``request.segment`` from
+        ``request.offset``, and where they end: for reads while the range's primary cannot
+        serve them. Never a record the copy does not know is committed."""
+
+        def read(copy: RangeLog) -> Deferred[bytes]:
+            end = self._committed_end(copy, request.range_id, request.segment)
+            if request.max_bytes == 0 or request.offset >= end:
+                return succeed(encode_committed(CommittedRecords(end, b"")))
+
+            def answer(chunks: list[BatchSlice]) -> bytes:
+                data = _whole_batches(chunks, request.segment, end)
+                return encode_committed(CommittedRecords(end, data))
+
+            return copy.read_chunks(request.offset, request.max_bytes).addCallback(answer)
+
+        return self._when_idle(request.range_id, read)
+
+    def _committed_end(self, copy: RangeLog, range_id: str, segment: int) -> int:
+        """Where this copy's records of ``segment`` that are known to be committed end.
+
+        A copy sealed here holds its segment whole. Any other copy counts only if it was fenced
+        at the segment's epoch: each segment is written by one primary (a claim of a segment
+        that holds records seals it), so such a copy is a prefix of what that primary wrote,
+        while a copy left at an older epoch may hold bytes nobody acknowledged. Of such a copy,
+        a sealed segment's records up to its sealed end are committed; of the active segment,
+        those below the commit index its primary last sent.
+        """
+        info = _find(copy, segment)
+        meta = next((m for m in self._control.segments(range_id) if m.base_offset == segment), None)
+        if info is None or meta is None:
+            return segment
+        if info.state is CopyState.SEALED:
+            return info.next_offset
+        if not same_epoch(copy, meta):
+            return segment
+        known = copy.end_offset if info.state is CopyState.ACTIVE else info.next_offset
+        if meta.state is SegmentState.SEALED:
+            assert meta.record_count is not None
+            return min(known, segment + meta.record_count)
+        return known if info.state is CopyState.ACTIVE else segment
+
     # -- answers ----------------------------------------------------------------------------
 
     def _status(self, copy: RangeLog, segment: int, outcome: CopyOutcome) -> bytes:
@@ -338,6 +396,18 @@ class ReplicaServer:
     def _written_status(self, copy: RangeLog, tail: _Tail, outcome: CopyOutcome) -> bytes:
         epoch = copy.segment_epoch(tail.segment)
         return encode_status(CopyStatus(outcome, epoch, tail.next_offset, tail.position))
+
+
+def _whole_batches(chunks: list[BatchSlice], segment: int, end: int) -> bytes:
+    """The stored bytes of the leading ``chunks`` that are whole, verified batches of
+    ``segment`` below ``end``."""
+    parts = []
+    for chunk in chunks:
+        batch = chunk.batch
+        if not chunk.verified or batch.base_offset < segment or batch.next_offset > end:
+            break
+        parts.append(chunk.view[batch.position : batch.end])
+    return b"".join(parts)
 
 
 def _find(copy: RangeLog, segment: int) -> SegmentInfo | None:

@@ -12,14 +12,26 @@ Request payloads and their ok payloads, by op (integers big-endian; ``text`` as 
                     ok      = copy_state
     op 8 fetch      request = text(range_id) segment:u64 offset:u64 position:u64 max_bytes:u32
                     ok      = data[rest]         whole batches from ``offset`` (empty at the end)
+    op 10 read_committed
+                    request = fetch's (``position`` unused, 0)
+                    ok      = end_offset:u64 data[rest]
 
     copy_state = outcome:u8 epoch:u64 end_offset:u64 end_position:u64
+
+A fetch sends whatever the copy holds (a node taking a segment over needs the uncommitted tail
+too); ``read_committed`` sends only records the copy knows are committed (``end_offset``, the
+end of what it may send: its sealed end, or the commit index its primary last told it), of that
+one segment, for reads while the range's primary cannot serve them. With ``max_bytes`` 0 it
+sends only ``end_offset``.
 
 ``segment`` is the base offset of the segment the request is about; ``offset``/``position`` are
 where ``data`` starts, as a record offset and as a byte position in that segment's file;
 ``data`` is whole stored batches, exactly as the primary's copy holds them, and ``crc`` their
 CRC32C (every batch and record in them carries its own checksum too). ``commit`` is how far the
-range is committed (acknowledged): a replica's readers never see past it.
+range is committed (acknowledged): a replica's readers never see past it. A replicate request
+with no data is a commit notice: a primary that has nothing more to send tells its replicas how
+far the range is committed, so that their copies can serve every committed record if the
+primary is lost.
 
 A replica answers every request with the state of its copy: the epoch it is fenced at and
 where the copy's durable bytes end (``end_offset``, ``end_position``), and the outcome:
@@ -171,6 +183,30 @@ def decode_seal(payload: bytes) -> SealRequest:
         payload,
         lambda r: SealRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u64()),
         "seal request",
+    )
+
+
+_U64 = struct.Struct(">Q")
+
+
+@attrs.frozen
+class CommittedRecords:
+    """A ``read_committed`` answer: whole batches of committed records, and where the copy's
+    committed records end."""
+
+    end_offset: int = attrs.field(validator=_u64)
+    data: bytes = attrs.field(repr=lambda data: f"<{len(data)} bytes>")
+
+
+def encode_committed(answer: CommittedRecords) -> bytes:
+    return _U64.pack(answer.end_offset) + answer.data
+
+
+def decode_committed(payload: bytes) -> CommittedRecords:
+    return _read_exactly(
+        payload,
+        lambda r: CommittedRecords(r.u64(), r.raw(r.remaining)),
+        "read_committed answer",
     )
 
 

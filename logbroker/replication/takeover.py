@@ -133,7 +133,7 @@ class SegmentClaims:
                     error=str(error),
                 )
                 continue
-            chunks = _batch_slices(data)
+            chunks = batch_slices(data)
             if chunks:
                 return chunks
         raise BrokerError(
@@ -435,7 +435,7 @@ class SegmentClaims:
         return self._leader(meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit)
 
 
-def _batch_slices(data: bytes) -> list[BatchSlice]:
+def batch_slices(data: bytes) -> list[BatchSlice]:
     """The whole batches another replica sent, as reads take them (each verified by its own
     checksum; a damaged one ends the list)."""
     view = memoryview(data)

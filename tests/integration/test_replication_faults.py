@@ -2,8 +2,8 @@
 
 Each test starts its own cluster, runs a steady keyed load (several producers, each in its own
 thread with its own client, on different nodes), injects one fault (a primary SIGKILLed, a
-primary SIGSTOPped past its lease, a follower SIGKILLed and restarted, a rolling restart),
-stops the load, reads everything back through a node and checks the history
+primary SIGSTOPped past its lease, a follower SIGKILLed and restarted, a rolling restart, two
+nodes of three lost), stops the load, reads everything back through a node and checks the history
 (``tests.history``): nothing acknowledged lost, nothing stored twice, each key's records in the
 order acknowledged. The follower's test also checks that it catches up: every sealed segment
 is held whole and byte-identical by every member of its replica set.
@@ -395,6 +395,40 @@ def test_a_follower_killed_and_restarted_catches_up_byte_identical(
     )
     history.mark("every sealed copy whole")
     check(history, victim)
+
+
+def test_with_two_nodes_of_three_lost_every_acknowledged_record_is_read_through_the_third(
+    cluster: BrokerCluster,
+) -> None:
+    history = History()
+    with loaded(cluster, history) as load:
+        wait_for_every_key(
+            load, history.origin, 20, "a few records of every key", time.monotonic() + 3
+        )
+    survivor = follower(cluster)
+    lost = [node for node in cluster.nodes if node is not survivor]
+    led_by_lost = sum(describe(survivor)[node.node_id][1] for node in lost)
+    assert led_by_lost > 0, "the lost nodes lead ranges whose reads must go to the copies"
+    history.mark(f"SIGKILL {', '.join(node.node_id for node in lost)}")
+    for node in lost:
+        node.kill()
+    wait_for(
+        lambda: [alive for alive, _ in describe(survivor).values()].count(True) == 1,
+        LEASE + 10,
+        f"{survivor.node_id} sees the two others dead",
+    )
+    history.mark("2 of 3 dead")
+
+    # No quorum: a produce is refused at once, never left waiting.
+    with connect(survivor) as client:
+        started = time.monotonic()
+        with pytest.raises(BrokerRefused) as refused:
+            client.produce(TOPIC, [Record(b"no quorum", key=b"k")], give_up_after=0)
+        assert refused.value.reason in {"no_quorum", "unreachable"}
+        assert time.monotonic() - started < 2
+    # Every record acknowledged before the loss is read back through the survivor, the ranges
+    # the lost nodes led included.
+    check(history, survivor)
 
 
 def test_a_rolling_restart_under_load_loses_nothing_acknowledged(

@@ -263,3 +263,25 @@ def test_a_lagging_replica_is_caught_up_from_disk(clock: Clock) -> None:
     resent = replicas.to("b")[2:]
     assert [request.offset for request, _ in resent] == [0]
     assert _count(resent[0][0].data) == 2, "read back from the log: both batches"
+
+
+def test_replicas_are_told_the_commit_once_nothing_else_goes_to_them(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    leader.append(_records(2))
+    clock.advance(0)
+    replicas.answer("b")  # committed (a and b); c's message is still in flight
+    assert leader.commit == 2
+    clock.advance(ReplicationSettings(replication_factor=3).commit_notice_seconds)
+
+    ((notice, _),) = replicas.to("b")[1:]
+    assert (notice.data, notice.commit, notice.offset, notice.epoch) == (b"", 2, 2, 1)
+    assert len(replicas.to("c")) == 1, "c has a message in flight: its answer comes first"
+
+    replicas.answer("c")
+    replicas.answer("b")
+    clock.advance(1.0)
+    # c's message carried commit 0: once it is answered, c is told too, and only once.
+    ((notice, _),) = replicas.to("c")[1:]
+    assert (notice.data, notice.commit) == (b"", 2)
+    assert len(replicas.to("b")) == 2

@@ -7,17 +7,20 @@ from crc32c import crc32c
 
 from logbroker.replication.codec import MalformedPeerMessage, encode_text
 from logbroker.replication.replica_codec import (
+    CommittedRecords,
     CopyOutcome,
     CopyStatus,
     FenceRequest,
     FetchRequest,
     ReplicateRequest,
     SealRequest,
+    decode_committed,
     decode_fence,
     decode_fetch,
     decode_replicate,
     decode_seal,
     decode_status,
+    encode_committed,
     encode_fence,
     encode_fetch,
     encode_replicate,
@@ -83,3 +86,18 @@ def test_an_unknown_outcome_is_malformed() -> None:
 def test_fields_must_fit_their_width() -> None:
     with pytest.raises(ValueError, match="epoch"):
         FenceRequest("r1", 0, 1 << 64)
+
+
+def test_a_read_committed_answer_is_its_end_then_its_batches() -> None:
+    answer = CommittedRecords(77, b"batches")
+    encoded = encode_committed(answer)
+    assert encoded == (77).to_bytes(8, "big") + b"batches"
+    assert decode_committed(encoded) == answer
+    assert decode_committed((5).to_bytes(8, "big")) == CommittedRecords(5, b"")
+    with pytest.raises(MalformedPeerMessage):
+        decode_committed(b"\x00" * 7)
+
+
+def test_a_commit_notice_is_a_replicate_request_without_data() -> None:
+    notice = ReplicateRequest("r1", 0, 2, 40, 4096, 40, b"")
+    assert decode_replicate(encode_replicate(notice)) == notice

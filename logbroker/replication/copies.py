@@ -1,0 +1,140 @@
+"""Reads of a range's committed records from its segments' copies, for when its primary cannot
+serve them.
+
+A range is read through the primary of its active segment. When that primary is lost and no
+quorum is left to take the segment over (two nodes of three down), or this node has lost its
+membership lease, the records already committed are still on the copies of the live nodes:
+``CommittedCopies`` reads them there, this node's own copy first (through ``Loopback``), then
+each live replica's, with the ``read_committed`` op. A copy answers only with records it knows
+are committed (``ReplicaServer.read_committed``), so a read never shows a record that a later
+takeover could drop. A replica learns the commit index from the primary's next message, so the
+records acknowledged in the primary's last moments show only once the range is taken over.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import deferLater
+from twisted.logger import Logger
+
+from logbroker.broker.errors import BrokerError
+from logbroker.broker.ranges import Bounds, RangeRead, read_records
+from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.errors import Reason
+from logbroker.replication.codec import PeerOp
+from logbroker.replication.replica_codec import (
+    CommittedRecords,
+    FetchRequest,
+    decode_committed,
+    encode_fetch,
+)
+from logbroker.replication.takeover import ClaimContext, batch_slices
+from logbroker.storage import BatchSlice
+
+log = Logger()
+
+#: The most bytes one ``read_committed`` asks a copy for.
+_MAX_READ = 1024 * 1024
+#: How long a long poll on copies waits before the fetch reads them again: nothing wakes it
+#: (there is no primary to say a record arrived), and a range being taken over comes back
+#: within about this long.
+POLL_SECONDS = 0.5
+
+
+class CommittedCopies:
+    """Committed records of any range, from the live copies of its segments."""
+
+    def __init__(self, context: ClaimContext) -> None:
+        self._context = context
+
+    def read(
+        self, range_id: str, offset: int, max_records: int, max_bytes: int
+    ) -> Deferred[RangeRead]:
+        """Committed records from ``offset``, within the one segment holding it."""
+        segments = self._context.control.segments(range_id)
+        if not segments:
+            return succeed(RangeRead((), 0, offset, 0))
+        offset = max(offset, segments[0].base_offset)
+        meta = next((m for m in reversed(segments) if m.base_offset <= offset), segments[0])
+        if meta.state is SegmentState.SEALED:
+            assert meta.record_count is not None
+            sealed_end = meta.base_offset + meta.record_count
+            if offset >= sealed_end:
+                return succeed(RangeRead((), 0, offset, 0))
+            max_records = min(max_records, sealed_end - offset)
+
+        def read_chunks(at: int, size: int) -> Deferred[list[BatchSlice]]:
+            return Deferred.fromCoroutine(self._chunks(meta, at, size))
+
+        return read_records(read_chunks, offset, max_records, max_bytes)
+
+    def bounds(self, range_id: str) -> Deferred[Bounds]:
+        """From the first segment's start to the end of the committed records a live copy
+        holds."""
+        return Deferred.fromCoroutine(self._bounds(range_id))
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        """A long poll's wait: a short pause, after which the fetch reads the copies again."""
+        delay = min(max(wait_ms, 0) / 1000.0, POLL_SECONDS)
+        return deferLater(self._context.clock, delay, lambda: None)
+
+    async def _bounds(self, range_id: str) -> Bounds:
+        segments = self._context.control.segments(range_id)
+        if not segments:
+            return Bounds(0, 0)
+        start, last = segments[0].base_offset, segments[-1]
+        if last.state is SegmentState.SEALED:
+            assert last.record_count is not None
+            return Bounds(start, last.base_offset + last.record_count)
+        ends = [answer.end_offset async for answer in self._answers(last, last.base_offset, 0)]
+        if not ends:
+            raise self._unreachable(last, last.base_offset)
+        return Bounds(start, max(ends))
+
+    async def _chunks(self, meta: SegmentMeta, offset: int, max_bytes: int) -> list[BatchSlice]:
+        answered = False
+        async for answer in self._answers(meta, offset, min(max_bytes, _MAX_READ)):
+            answered = True
+            chunks = batch_slices(answer.data)
+            if chunks:
+                return chunks
+        if not answered:
+            raise self._unreachable(meta, offset)
+        # Every live copy ends here: nothing more is known to be committed yet.
+        return []
+
+    async def _answers(
+        self, meta: SegmentMeta, offset: int, max_bytes: int
+    ) -> AsyncIterator[CommittedRecords]:
+        """What each live holder of ``meta``'s segment answers, this node first; holders that
+        cannot be reached are passed over."""
+        ctx = self._context
+        request = encode_fetch(FetchRequest(meta.range_id, meta.base_offset, offset, 0, max_bytes))
+        holders = sorted(
+            (node for node in meta.replicas if node == ctx.node_id or ctx.is_live(node)),
+            key=lambda node: node != ctx.node_id,
+        )
+        for node in holders:
+            try:
+                payload = await ctx.requester.request(node, PeerOp.READ_COMMITTED, request)
+                answer = decode_committed(payload)
+            except Exception as error:
+                log.debug(
+                    "Reading committed records of {range_id}@{segment} on {node} failed: {error}",
+                    range_id=meta.range_id,
+                    segment=meta.base_offset,
+                    node=node,
+                    error=str(error),
+                )
+                continue
+            yield answer
+
+    def _unreachable(self, meta: SegmentMeta, offset: int) -> BrokerError:
+        return BrokerError(
+            Reason.UNREACHABLE,
+            f"range {meta.range_id} has no primary that can serve it, and no live copy of "
+            f"{meta.range_id}@{meta.base_offset} ({', '.join(meta.replicas)}) answered for "
+            f"offset {offset}",
+        )

@@ -1,0 +1,128 @@
+"""Three in-process nodes (``a``, ``b``, ``c``) replicating one range: each with its own log
+storage on a ``MemoryFileSystem`` and a ``ManualExecutor``, one in-memory control plane, one
+``Clock``, and requests between nodes answered in process by each node's ``ReplicaServer``. A
+node marked dead answers nothing (``unreachable``) and is not live."""
+
+from __future__ import annotations
+
+import attrs
+from twisted.internet.defer import Deferred, fail, maybeDeferred
+from twisted.internet.task import Clock
+
+from logbroker.cluster.placement import PlacementNode, PlacementRule
+from logbroker.config import SpreadPolicy
+from logbroker.controlplane import (
+    EtcdControlPlane,
+    Range,
+    RangeState,
+    SegmentMeta,
+    SegmentState,
+    Topic,
+)
+from logbroker.replication.codec import PeerOp, PeerReason
+from logbroker.replication.leading import LeadRanges
+from logbroker.replication.primary import ReplicationSettings
+from logbroker.replication.protocol import PeerError
+from logbroker.replication.replica import ReplicaServer
+from logbroker.replication.requester import LocalOps, Loopback
+from logbroker.replication.takeover import ClaimContext, SegmentClaims
+from logbroker.storage import LogConfig, RangeLog
+from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore
+from tests.unit.storage.helpers import result_of, run_until_idle
+
+RANGE = "r.0"
+NODES = "abc"
+CONFIG = LogConfig(replicated=True, auto_roll=False)
+
+
+class Logs:
+    """One node's ``OpenLogs``."""
+
+    def __init__(self, fs: MemoryFileSystem, executor: ManualExecutor, clock: Clock) -> None:
+        self._fs = fs
+        self._executor = executor
+        self._clock = clock
+        self.logs: dict[str, RangeLog] = {}
+
+    def open_range(self, name: str) -> Deferred[RangeLog]:
+        def opened(range_log: RangeLog) -> RangeLog:
+            self.logs[name] = range_log
+            return range_log
+
+        return RangeLog.open(
+            f"/data/ranges/{name}",
+            fs=self._fs,
+            clock=self._clock,
+            executor=self._executor,
+            config=CONFIG,
+        ).addCallback(opened)
+
+
+class Peers:
+    """Requests between the nodes, answered in process; a dead node answers ``unreachable``."""
+
+    def __init__(self) -> None:
+        self.ops: dict[str, LocalOps] = {}
+        self.dead: set[str] = set()
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        if node_id in self.dead:
+            return fail(PeerError(PeerReason.UNREACHABLE, f"{node_id} is down"))
+        return maybeDeferred(self.ops[node_id][op], payload)
+
+
+@attrs.define
+class Cluster:
+    control: EtcdControlPlane
+    clock: Clock
+    storages: dict[str, Logs]
+    executors: dict[str, ManualExecutor]
+    peers: Peers
+
+    def settle(self) -> None:
+        run_until_idle(self.clock, self.executors.values())
+
+    def context(self, node: str) -> ClaimContext:
+        return ClaimContext(
+            node_id=node,
+            control=self.control,
+            storage=self.storages[node],
+            requester=Loopback(node, self.peers, self.peers.ops[node]),
+            clock=self.clock,
+            settings=ReplicationSettings(replication_factor=3),
+            rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
+            live_nodes=lambda: [PlacementNode(n) for n in NODES if n not in self.peers.dead],
+            is_live=lambda n: n not in self.peers.dead,
+        )
+
+    def lead(self, node: str) -> LeadRanges:
+        """Node ``node`` claims the range, and leads it once the claim is done."""
+        context = self.context(node)
+        lead = LeadRanges(context.storage, SegmentClaims(context), CONFIG.roll_bytes)
+        claiming = lead.open([RANGE])
+        self.settle()
+        result_of(claiming)
+        return lead
+
+    def stored(self, node: str) -> list[bytes]:
+        return [stored.record.value for stored in self.storages[node].logs[RANGE].read(0)]
+
+
+def cluster() -> Cluster:
+    """The range with its first segment placed on ``a``, ``b``, ``c`` (``a`` first)."""
+    clock = Clock()
+    control = EtcdControlPlane(MemoryKeyValueStore(clock), prefix="/c/", clock=clock)
+    result_of(control.start())
+    topic = Topic("r", 8, 0, (RANGE,))
+    result_of(control.create_topic(topic, [Range(RANGE, "r", 0, 256, RangeState.ACTIVE)]))
+    result_of(
+        control.put_segment(
+            SegmentMeta(RANGE, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+        )
+    )
+    executors = {node: ManualExecutor() for node in NODES}
+    storages = {node: Logs(MemoryFileSystem(), executors[node], clock) for node in NODES}
+    peers = Peers()
+    for node in NODES:
+        peers.ops[node] = ReplicaServer(storages[node], control).ops
+    return Cluster(control, clock, storages, executors, peers)
