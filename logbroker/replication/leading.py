@@ -25,6 +25,7 @@ from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
 from logbroker.replication.primary import SegmentLeader
+from logbroker.replication.stamps import recent_range_stamps
 from logbroker.replication.takeover import SegmentClaims
 from logbroker.storage import OpenLogs, RangeLog
 
@@ -224,9 +225,10 @@ class LeadRanges:
         return waiter
 
     def _claimed(self, leader: SegmentLeader, handle: ReplicatedRange) -> Deferred[SegmentLeader]:
-        # The claim left this copy complete up to the longest end of a quorum: the stamps in it
-        # are those of every produce the range may have stored. The new leader takes appends
-        # only once its table knows them.
+        # The claim left this copy of the active segment complete up to the longest end of a
+        # quorum: with the segments before it (read from other copies where this node holds
+        # none), its stamps are those of every recent produce the range may have stored. The
+        # new leader takes appends only once its table knows them.
         def rebuilt(found: list[tuple[ProducerStamp, int, int]]) -> SegmentLeader:
             handle.use_producers(ProducerTable.rebuild(found))
             handle.led_by(leader)
@@ -242,7 +244,8 @@ class LeadRanges:
             )
             return failure
 
-        return handle._log.recent_stamps().addCallbacks(rebuilt, unread)
+        stamps = recent_range_stamps(self._claims.context, handle._log, handle.range_id)
+        return stamps.addCallbacks(rebuilt, unread)
 
     def _settled(self, outcome: object, range_id: str) -> None:
         for waiter in self._claiming.pop(range_id):

@@ -98,6 +98,10 @@ class SegmentClaims:
     def __init__(self, context: ClaimContext) -> None:
         self._context = context
 
+    @property
+    def context(self) -> ClaimContext:
+        return self._context
+
     def segments(self, range_id: str) -> list[SegmentMeta]:
         return self._context.control.segments(range_id)
 

@@ -1,4 +1,5 @@
-"""Three in-process nodes (``a``, ``b``, ``c``) replicating one range: each with its own log
+"""In-process nodes (``a``, ``b``, ``c`` unless told otherwise) replicating one range at
+replication factor 3: each with its own log
 storage on a ``MemoryFileSystem`` and a ``ManualExecutor``, one in-memory control plane, one
 ``Clock``, and requests between nodes answered in process by each node's ``ReplicaServer``. A
 node marked dead answers nothing (``unreachable``) and is not live."""
@@ -31,7 +32,6 @@ from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueSt
 from tests.unit.storage.helpers import result_of, run_until_idle
 
 RANGE = "r.0"
-NODES = "abc"
 CONFIG = LogConfig(replicated=True, auto_roll=False)
 
 
@@ -78,6 +78,7 @@ class Cluster:
     storages: dict[str, Logs]
     executors: dict[str, ManualExecutor]
     peers: Peers
+    nodes: str
 
     def settle(self) -> None:
         run_until_idle(self.clock, self.executors.values())
@@ -91,7 +92,7 @@ class Cluster:
             clock=self.clock,
             settings=ReplicationSettings(replication_factor=3),
             rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
-            live_nodes=lambda: [PlacementNode(n) for n in NODES if n not in self.peers.dead],
+            live_nodes=lambda: [PlacementNode(n) for n in self.nodes if n not in self.peers.dead],
             is_live=lambda n: n not in self.peers.dead,
         )
 
@@ -108,7 +109,7 @@ class Cluster:
         return [stored.record.value for stored in self.storages[node].logs[RANGE].read(0)]
 
 
-def cluster() -> Cluster:
+def cluster(nodes: str = "abc") -> Cluster:
     """The range with its first segment placed on ``a``, ``b``, ``c`` (``a`` first)."""
     clock = Clock()
     control = EtcdControlPlane(MemoryKeyValueStore(clock), prefix="/c/", clock=clock)
@@ -120,9 +121,9 @@ def cluster() -> Cluster:
             SegmentMeta(RANGE, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
         )
     )
-    executors = {node: ManualExecutor() for node in NODES}
-    storages = {node: Logs(MemoryFileSystem(), executors[node], clock) for node in NODES}
+    executors = {node: ManualExecutor() for node in nodes}
+    storages = {node: Logs(MemoryFileSystem(), executors[node], clock) for node in nodes}
     peers = Peers()
-    for node in NODES:
+    for node in nodes:
         peers.ops[node] = ReplicaServer(storages[node], control).ops
-    return Cluster(control, clock, storages, executors, peers)
+    return Cluster(control, clock, storages, executors, peers, nodes)

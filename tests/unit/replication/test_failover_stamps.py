@@ -33,3 +33,28 @@ def test_a_retry_after_a_failover_is_answered_without_being_stored_again() -> No
     assert result_of(new) is None
     assert world.stored("b") == [b"x", b"y", b"z"]
     second.stop()
+
+
+def test_a_new_primary_reads_the_stamps_of_segments_it_holds_no_copy_of() -> None:
+    world = cluster("abcde")
+    first = world.lead("a")
+    stored = first.handle(RANGE).append([Record(b"x")], STAMP)
+    world.settle()
+    assert result_of(stored) is None
+    # b and c are down when a rolls: the next segment goes to a and two nodes that hold
+    # nothing of the first one.
+    world.peers.dead |= {"b", "c"}
+    first.handle(RANGE).roll()
+    world.settle()
+    [_, second] = world.control.segments(RANGE)
+    assert second.replicas == ("a", "d", "e")
+    # Then a is lost (and b and c are back): d takes the range over. The first try's answer
+    # was lost with a, so the producer sends it again, through d.
+    world.peers.dead = {"a"}
+    taken = world.lead("d")
+    retry = taken.handle(RANGE).append([Record(b"x")], STAMP)
+    world.settle()
+
+    assert result_of(retry) is None
+    d_log = world.storages["d"].logs[RANGE]
+    assert d_log.next_offset == 1, "the retry was answered without being stored again"
