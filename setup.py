@@ -1,8 +1,10 @@
-"""Build hook for the one native part: the metadata lives in setup.cfg.
+"""Build hook for the native parts: the metadata lives in setup.cfg.
 
-The batch encoder in ``logbroker/storage/_speedups.c`` is optional: where it cannot be built (no
-compiler or Python headers), the install still succeeds and the storage engine uses its Python
-encoder, which writes the same bytes more slowly. ``scripts/install`` installs the compiler.
+The storage format's hot paths in ``logbroker/storage/_speedups.c`` (batch encoder, record
+checks, fetch transcoding) and the client protocol's record decoder in
+``logbroker/wire/_speedups.c`` are optional: where they cannot be built (no compiler or Python
+headers), the install still succeeds and the broker uses their Python references, which give
+the same results more slowly. ``scripts/install`` installs the compiler.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,12 @@ setup(
             sources=["logbroker/storage/_speedups.c"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit"],
             optional=True,
-        )
+        ),
+        Extension(
+            "logbroker.wire._speedups",
+            sources=["logbroker/wire/_speedups.c"],
+            extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit"],
+            optional=True,
+        ),
     ]
 )

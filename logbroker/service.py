@@ -76,6 +76,7 @@ from logbroker.storage import (
     ThreadPoolExecutor,
 )
 from logbroker.wire import Reason
+from logbroker.wire.primitives import RECORD_DECODER
 
 log = Logger()
 
@@ -169,15 +170,19 @@ class StorageService(Service):
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
             log.info,
-            "Storage ready: {ranges} ranges open, {encoder} batch encoder",
+            "Storage ready: {ranges} ranges open, {encoder} batch encoder, {decoder} record"
+            " decoder",
             ranges=len(self.logs),
             encoder=BATCH_ENCODER,
+            decoder=RECORD_DECODER,
         )
-        if BATCH_ENCODER != "native":
+        if BATCH_ENCODER != "native" or RECORD_DECODER != "native":
             log.warn(
-                "The native batch encoder is not built, so produce throughput is limited by the"
-                " {encoder} one: install gcc and python3-dev and reinstall logbroker",
+                "The native batch encoder or record decoder is not built, so produce throughput"
+                " is limited by the {encoder} encoder and the {decoder} decoder: install gcc and"
+                " python3-dev and reinstall logbroker",
                 encoder=BATCH_ENCODER,
+                decoder=RECORD_DECODER,
             )
 
     def stopService(self) -> Deferred[None]:

@@ -632,6 +632,6 @@ def unpack_records(record_count: int, records: bytes) -> tuple[Record, ...]:
         # A record takes at least 17 bytes (null key, value length, timestamp, header count).
         if record_count * 17 > r.remaining:
             raise Truncated(f"{record_count} records cannot fit in {r.remaining} bytes")
-        return tuple(r.record() for _ in range(record_count))
+        return r.records(record_count)
 
     return _read_exactly(records, read, "records")

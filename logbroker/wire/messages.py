@@ -278,7 +278,7 @@ def _records(reader: Reader) -> tuple[Record, ...]:
     # A record takes at least 17 bytes (null key, value length, timestamp, header count).
     if count * 17 > reader.remaining:
         raise Truncated(f"{count} records cannot fit in {reader.remaining} bytes")
-    return tuple(reader.record() for _ in range(count))
+    return reader.records(count)
 
 
 def _permissions(reader: Reader) -> tuple[str | None, ...]:

@@ -121,8 +121,9 @@ def test_files_owners_and_modes(package: Path) -> None:
     for shipped in ("prometheus/logbroker-alerts.yml", "grafana/logbroker-dashboard.json"):
         installed = Path("/usr/share/logbroker") / shipped
         assert installed.read_bytes() == (ROOT / "etc" / shipped).read_bytes()
-    # The native batch encoder was built into the package.
-    sh(str(VENV / "bin/python"), "-c", "import logbroker.storage._speedups")
+    # The native parts were built into the package.
+    for native in ("logbroker.storage._speedups", "logbroker.wire._speedups"):
+        sh(str(VENV / "bin/python"), "-c", f"import {native}")
     # postinst wrote the plugin cache, so the service user never has to.
     assert list(VENV.glob("lib/python3*/site-packages/twisted/plugins/dropin.cache"))
 
