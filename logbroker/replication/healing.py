@@ -140,7 +140,7 @@ class Healer:
         if data is None:
             return False
         try:
-            await self._make_room(copy, meta, info, metas)
+            await self._make_room(copy, meta, metas)
             await copy.install_segment(meta.base_offset, data, meta.record_count)
         except StorageError as error:
             self._report(meta, f"the whole copy cannot be put in place here ({error})")
@@ -154,33 +154,37 @@ class Healer:
         return True
 
     async def _make_room(
-        self,
-        copy: RangeLog,
-        meta: SegmentMeta,
-        info: SegmentInfo | None,
-        metas: Sequence[SegmentMeta],
+        self, copy: RangeLog, meta: SegmentMeta, metas: Sequence[SegmentMeta]
     ) -> None:
-        """Clear the way for the whole copy of ``meta``: delete this node's own (short, or
-        written at another epoch) copy of it.
+        """Clear the way for the whole copy of ``meta``: delete every copy this node holds that
+        overlaps its offsets, its own (short, or written at another epoch) copy of it included.
 
-        A log installs segments only before its active one, and never deletes its last one
-        (its name keeps the range's end across a restart); a node that was down while the
-        range moved on often holds an early copy last, still active. It starts the segment that
-        follows ``meta`` first, empty, at the epoch the control plane has for it (it takes that
-        segment's first bytes from its primary, if it is one of its replicas)."""
+        Another copy in the way holds only bytes nobody acknowledged past its own sealed end
+        (an older primary's, written while this node was cut off; or a segment this node was
+        dropped from when it was taken over empty): deleting it loses nothing, and healing
+        fetches it whole if this node should hold it. A log installs segments only before its
+        active one, and never deletes its last one (its name keeps the range's end across a
+        restart); a node that was down while the range moved on often holds an early copy
+        last, still active. That one is emptied, and the segment that follows ``meta`` started
+        after it, empty, at the epoch the control plane has for it (it takes that segment's
+        first bytes from its primary, if it is one of its replicas)."""
         assert meta.record_count is not None
+        end = meta.base_offset + meta.record_count
         held = copy.segments()
-        last = held[-1].base_offset if held else None
-        if info is not None and last == meta.base_offset:
-            # Emptied first: it may reach past the sealed end (an older primary's bytes, never
-            # acknowledged), where the next segment must start. The whole copy replaces it.
-            await copy.trim(meta.base_offset, 0)
-        if last is not None and last <= meta.base_offset:
-            end = meta.base_offset + meta.record_count
+        in_the_way = [
+            s
+            for s in held
+            if s.base_offset == meta.base_offset
+            or (s.base_offset < end and s.next_offset > meta.base_offset)
+        ]
+        last = held[-1] if held else None
+        if last is not None and last.base_offset < end:
+            if last in in_the_way:
+                await copy.trim(last.base_offset, 0)
             after = next((m for m in metas if m.base_offset == end), None)
             await copy.start_segment(end, after.epoch if after is not None else 0)
-        if info is not None:
-            await copy.delete_segment(meta.base_offset)
+        for segment in in_the_way:
+            await copy.delete_segment(segment.base_offset)
 
     async def _fetch_whole(self, meta: SegmentMeta) -> bytes | None:
         ctx = self._context

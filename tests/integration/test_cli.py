@@ -224,6 +224,16 @@ def test_consume_from_a_cursor(broker: RunningBroker) -> None:
     assert ok(run(broker, "consume", "cursored", "--cursor", cursor)) == "c\n"
 
 
+@pytest.fixture
+def interruptible() -> Iterator[None]:
+    """Children that take Ctrl-C (SIGINT) however this test run was started: one started in
+    the background by a shell ignores SIGINT, and so would the CLI it starts."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
+@pytest.mark.usefixtures("interruptible")
 def test_follow_prints_records_produced_after_it_started_until_interrupted(
     broker: RunningBroker,
 ) -> None:

@@ -203,11 +203,22 @@ class EtcdLink:
     def watch(
         self, prefix: bytes, start_revision: int, on_events: OnEvents, on_lost: OnLost
     ) -> WatchHandle:
+        # One watch is one stream (etcd's gateway answers a watch as one chunked response):
+        # its events arrive late, but in the order etcd sent them, and its end after them.
+        last = 0.0
+
+        def in_order(delay: float) -> float:
+            nonlocal last
+            now = self._clock.seconds()
+            last = max(now + delay, last + 1e-6)
+            return last - now
+
         def events(found: Sequence[WatchEvent]) -> None:
-            self._clock.callLater(self._rng.uniform(0.0002, 0.005), on_events, list(found))
+            delay = in_order(self._rng.uniform(0.0002, 0.005))
+            self._clock.callLater(delay, on_events, list(found))
 
         def lost(error: Exception) -> None:
-            self._clock.callLater(0.001, on_lost, error)
+            self._clock.callLater(in_order(0.001), on_lost, error)
 
         handle = self._store.watch(prefix, start_revision, events, lost)
         self._watches.append(handle)
