@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.ranges import LocalRanges
 from logbroker.controlplane import LocalControlPlane
 from logbroker.metrics import Metrics
-from logbroker.storage import Executor, LogConfig, RangeLog
-from logbroker.testing import ImmediateExecutor, MemoryFileSystem
+from logbroker.storage import Executor
+from logbroker.testing import MemoryFileSystem
 from tests.unit.controlplane.helpers import started
+from tests.unit.storage.helpers import MemoryLogs
 
 
-class MemoryRangeLogs:
+class MemoryRangeLogs(MemoryLogs):
     """Range logs on a MemoryFileSystem (``OpenLogs`` for ``LocalRanges``), opened at once unless
     an executor that holds jobs is given; they report to ``metrics`` as the broker's storage
     service makes them do."""
@@ -28,30 +26,13 @@ class MemoryRangeLogs:
         metrics: Metrics,
         executor: Executor | None = None,
     ) -> None:
-        self._fs = fs
-        self._clock = clock
-        self._metrics = metrics
-        self._executor = executor or ImmediateExecutor()
-        self._logs: dict[str, RangeLog] = {}
-
-    @property
-    def logs(self) -> Mapping[str, RangeLog]:
-        return self._logs
-
-    def open_range(self, name: str) -> Deferred[RangeLog]:
-        def opened(range_log: RangeLog) -> RangeLog:
-            self._logs[name] = range_log
-            return range_log
-
-        return RangeLog.open(
-            f"/data/ranges/{name}",
-            fs=self._fs,
-            clock=self._clock,
-            executor=self._executor,
-            config=LogConfig(),
-            on_integrity_event=self._metrics.integrity_event,
-            on_flushed=self._metrics.flushed,
-        ).addCallback(opened)
+        super().__init__(
+            fs,
+            clock=clock,
+            executor=executor,
+            on_integrity_event=metrics.integrity_event,
+            on_flushed=metrics.flushed,
+        )
 
 
 def make_broker(

@@ -58,9 +58,9 @@ from logbroker.replication.protocol import (
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.requester import LocalOps, Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
-from logbroker.storage import LogConfig, RangeLog
+from logbroker.storage import LogConfig
 from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore
-from tests.unit.storage.helpers import failure_of, result_of, run_until_idle
+from tests.unit.storage.helpers import MemoryLogs, failure_of, result_of, run_until_idle
 
 RANGE = "r.0"
 
@@ -101,31 +101,13 @@ class World:
         return error
 
 
-class _Logs:
-    def __init__(self, fs: MemoryFileSystem, executor: ManualExecutor, config: LogConfig) -> None:
-        self._fs = fs
-        self._executor = executor
-        self._config = config
-        self.logs: dict[str, RangeLog] = {}
-
-    def open_range(self, name: str) -> Deferred[RangeLog]:
-        def opened(range_log: RangeLog) -> RangeLog:
-            self.logs[name] = range_log
-            return range_log
-
-        return RangeLog.open(
-            f"/data/ranges/{name}",
-            fs=self._fs,
-            clock=Clock(),
-            executor=self._executor,
-            config=self._config,
-            on_integrity_event=Metrics(Clock()).integrity_event,
-        ).addCallback(opened)
+#: The storage service counts integrity events into the metrics: so do these logs.
+_counted = Metrics(Clock()).integrity_event
 
 
 def local_world(config: LogConfig) -> World:
     executor = ManualExecutor()
-    ranges = LocalRanges(_Logs(MemoryFileSystem(), executor, config))
+    ranges = LocalRanges(MemoryLogs(executor=executor, config=config, on_integrity_event=_counted))
     opening = ranges.open([RANGE])
     executor.run_all()
     result_of(opening)
@@ -194,7 +176,7 @@ class PeerLink:
 
 def forwarded_world(config: LogConfig) -> World:
     executor = ManualExecutor()
-    primary = LocalRanges(_Logs(MemoryFileSystem(), executor, config))
+    primary = LocalRanges(MemoryLogs(executor=executor, config=config, on_integrity_event=_counted))
     link = PeerLink(RangeServer(primary, Clock()))
 
     def settle() -> None:
@@ -229,7 +211,7 @@ def replicated_world(config: LogConfig) -> World:
     replicated = attrs.evolve(config, replicated=True, auto_roll=False)
     executors = {node: ManualExecutor() for node in "abc"}
     storages = {
-        node: _Logs(MemoryFileSystem(), executor, replicated)
+        node: MemoryLogs(executor=executor, config=replicated, on_integrity_event=_counted)
         for node, executor in executors.items()
     }
     peers = _Replicas()
@@ -344,7 +326,7 @@ def test_an_append_past_the_in_flight_limit_is_refused_as_overloaded(
 
 
 def test_an_unknown_range_is_unreachable() -> None:
-    ranges = LocalRanges(_Logs(MemoryFileSystem(), ManualExecutor(), LogConfig()))
+    ranges = LocalRanges(MemoryLogs(executor=ManualExecutor(), on_integrity_event=_counted))
 
     with pytest.raises(BrokerError) as raised:
         ranges.handle("nope.0")
@@ -460,7 +442,7 @@ def test_a_sequence_older_than_the_window_is_refused_sequence_too_old(
 def open_local_range(
     fs: MemoryFileSystem, executor: ManualExecutor, producers: ProducerTable | None = None
 ) -> LocalRange:
-    logs = _Logs(fs, executor, LogConfig())
+    logs = MemoryLogs(fs, executor=executor, on_integrity_event=_counted)
     opening = logs.open_range(RANGE)
     executor.run_all()
     return LocalRange(RANGE, result_of(opening), producers)

@@ -49,9 +49,9 @@ from logbroker.replication.protocol import PeerError
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 from tests.unit.broker.helpers import MemoryRangeLogs
-from tests.unit.broker.test_ranges import RANGE, PeerLink, _Logs, decoded, records
+from tests.unit.broker.test_ranges import RANGE, PeerLink, decoded, records
 from tests.unit.controlplane.helpers import started
-from tests.unit.storage.helpers import failure_of, result_of
+from tests.unit.storage.helpers import MemoryLogs, failure_of, result_of
 
 
 def reason_of(deferred: Deferred[Any]) -> Reason:
@@ -60,11 +60,11 @@ def reason_of(deferred: Deferred[Any]) -> Reason:
     return error.reason
 
 
-class CountingLogs(_Logs):
+class CountingLogs(MemoryLogs):
     """Range logs that count how often each range was opened."""
 
     def __init__(self, executor: ManualExecutor, config: LogConfig) -> None:
-        super().__init__(MemoryFileSystem(), executor, config)
+        super().__init__(executor=executor, config=config)
         self.opened: list[str] = []
 
     def open_range(self, name: str) -> Deferred[RangeLog]:

@@ -27,35 +27,12 @@ from logbroker.replication.protocol import PeerError
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.requester import LocalOps, Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
-from logbroker.storage import LogConfig, RangeLog
-from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore
-from tests.unit.storage.helpers import result_of, run_until_idle
+from logbroker.storage import LogConfig
+from logbroker.testing import ManualExecutor, MemoryKeyValueStore
+from tests.unit.storage.helpers import MemoryLogs, result_of, run_until_idle
 
 RANGE = "r.0"
 CONFIG = LogConfig(replicated=True, auto_roll=False)
-
-
-class Logs:
-    """One node's ``OpenLogs``."""
-
-    def __init__(self, fs: MemoryFileSystem, executor: ManualExecutor, clock: Clock) -> None:
-        self._fs = fs
-        self._executor = executor
-        self._clock = clock
-        self.logs: dict[str, RangeLog] = {}
-
-    def open_range(self, name: str) -> Deferred[RangeLog]:
-        def opened(range_log: RangeLog) -> RangeLog:
-            self.logs[name] = range_log
-            return range_log
-
-        return RangeLog.open(
-            f"/data/ranges/{name}",
-            fs=self._fs,
-            clock=self._clock,
-            executor=self._executor,
-            config=CONFIG,
-        ).addCallback(opened)
 
 
 class Peers:
@@ -75,7 +52,7 @@ class Peers:
 class Cluster:
     control: EtcdControlPlane
     clock: Clock
-    storages: dict[str, Logs]
+    storages: dict[str, MemoryLogs]
     executors: dict[str, ManualExecutor]
     peers: Peers
     nodes: str
@@ -122,7 +99,9 @@ def cluster(nodes: str = "abc") -> Cluster:
         )
     )
     executors = {node: ManualExecutor() for node in nodes}
-    storages = {node: Logs(MemoryFileSystem(), executors[node], clock) for node in nodes}
+    storages = {
+        node: MemoryLogs(clock=clock, executor=executors[node], config=CONFIG) for node in nodes
+    }
     peers = Peers()
     for node in nodes:
         peers.ops[node] = ReplicaServer(storages[node], control).ops

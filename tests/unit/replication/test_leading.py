@@ -26,30 +26,11 @@ from logbroker.replication.protocol import PeerError
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.requester import Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
-from logbroker.storage import LogConfig, RangeLog
-from logbroker.testing import ImmediateExecutor, MemoryFileSystem, MemoryKeyValueStore
-from tests.unit.storage.helpers import failure_of, result_of
+from logbroker.storage import LogConfig
+from logbroker.testing import MemoryKeyValueStore
+from tests.unit.storage.helpers import MemoryLogs, failure_of, result_of
 
 RANGES = ("r.0", "r.1")
-
-
-class _Logs:
-    def __init__(self) -> None:
-        self.logs: dict[str, RangeLog] = {}
-        self._fs = MemoryFileSystem()
-
-    def open_range(self, name: str) -> Deferred[RangeLog]:
-        def opened(range_log: RangeLog) -> RangeLog:
-            self.logs[name] = range_log
-            return range_log
-
-        return RangeLog.open(
-            f"/data/{name}",
-            fs=self._fs,
-            clock=Clock(),
-            executor=ImmediateExecutor(),
-            config=LogConfig(replicated=True, auto_roll=False),
-        ).addCallback(opened)
 
 
 class _Unreachable:
@@ -69,7 +50,7 @@ def _lead_ranges_without_replicas() -> LeadRanges:
     for range_id in RANGES:
         meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
         result_of(control.put_segment(meta))
-    storage = _Logs()
+    storage = MemoryLogs(config=LogConfig(replicated=True, auto_roll=False))
     own = ReplicaServer(storage, control).ops
     context = ClaimContext(
         node_id="a",

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from logbroker.storage import IntegrityEvent, LogConfig, RangeLog, Record
+from logbroker.storage import Executor, Flush, IntegrityEvent, LogConfig, RangeLog, Record
 from logbroker.storage._format import scan_batches
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 
@@ -34,6 +34,45 @@ def result_of_running(deferred: Deferred[Any], executor: ManualExecutor) -> Any:
     """Run every held storage job, then return the Deferred's result."""
     executor.run_all()
     return result_of(deferred)
+
+
+class MemoryLogs:
+    """Range logs on a ``MemoryFileSystem``: the ``OpenLogs`` of one node, for tests of what
+    runs over a node's storage (ranges, replication). Opened through ``executor`` (at once
+    with the default ``ImmediateExecutor``)."""
+
+    def __init__(
+        self,
+        fs: MemoryFileSystem | None = None,
+        *,
+        clock: Clock | None = None,
+        executor: Executor | None = None,
+        config: LogConfig | None = None,
+        on_integrity_event: Callable[[IntegrityEvent], None] = lambda event: None,
+        on_flushed: Callable[[Flush], None] = lambda flush: None,
+    ) -> None:
+        self.fs = fs or MemoryFileSystem()
+        self._clock = clock or Clock()
+        self._executor = executor or ImmediateExecutor()
+        self._config = config or LogConfig()
+        self._on_integrity_event = on_integrity_event
+        self._on_flushed = on_flushed
+        self.logs: dict[str, RangeLog] = {}
+
+    def open_range(self, name: str) -> Deferred[RangeLog]:
+        def opened(range_log: RangeLog) -> RangeLog:
+            self.logs[name] = range_log
+            return range_log
+
+        return RangeLog.open(
+            f"/data/ranges/{name}",
+            fs=self.fs,
+            clock=self._clock,
+            executor=self._executor,
+            config=self._config,
+            on_integrity_event=self._on_integrity_event,
+            on_flushed=self._on_flushed,
+        ).addCallback(opened)
 
 
 def run_until_idle(clock: Clock, executors: Iterable[ManualExecutor]) -> None:
