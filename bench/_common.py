@@ -78,6 +78,41 @@ def add_work_directory_option(parser: argparse.ArgumentParser, what: str = "meas
     )
 
 
+def add_load_options(
+    parser: argparse.ArgumentParser,
+    *,
+    connections: int,
+    connections_help: str,
+    warmup: float,
+    warmed: str,
+) -> None:
+    """The options of a closed-loop produce load: connections, requests in flight on each,
+    records per request and their size, and the rounds (their length, a warm-up of each
+    ``warmed`` thing first, how many)."""
+    parser.add_argument(
+        "--connections", type=positive_int, default=connections, help=connections_help
+    )
+    parser.add_argument(
+        "--in-flight", type=positive_int, default=8, help="requests in flight per connection (8)"
+    )
+    parser.add_argument("--batch", type=positive_int, default=100, help="records per request (100)")
+    parser.add_argument(
+        "--record-bytes", type=positive_int, default=100, help="value bytes per record (100)"
+    )
+    parser.add_argument(
+        "--seconds", type=positive_float, default=10.0, help="length of each round (10)"
+    )
+    parser.add_argument(
+        "--warmup",
+        type=positive_float,
+        default=warmup,
+        help=f"unrecorded run per {warmed} before the rounds, seconds ({warmup:g})",
+    )
+    parser.add_argument(
+        "--repeat", type=positive_int, default=3, help="rounds; the summary takes medians (3)"
+    )
+
+
 @contextlib.contextmanager
 def work_directory(root: str | None, prefix: str) -> Iterator[str]:
     """A scratch directory on the disk to measure, removed afterwards.

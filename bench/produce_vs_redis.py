@@ -89,13 +89,13 @@ from _common import (
     RUN_GRACE_SECONDS,
     TWISTD,
     CpuMeter,
+    add_load_options,
     add_work_directory_option,
     batch_sizes,
     emit,
     free_ports,
     loadavg,
     positive_float,
-    positive_int,
     produce_line,
     produce_result,
     stop,
@@ -572,25 +572,8 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         "(appendfsync always), and one consumer's drain speed."
     )
     add_work_directory_option(parser)
-    parser.add_argument("--connections", type=positive_int, default=4, help="connections (4)")
-    parser.add_argument(
-        "--in-flight", type=positive_int, default=8, help="requests in flight per connection (8)"
-    )
-    parser.add_argument("--batch", type=positive_int, default=100, help="records per request (100)")
-    parser.add_argument(
-        "--record-bytes", type=positive_int, default=100, help="value bytes per record (100)"
-    )
-    parser.add_argument(
-        "--seconds", type=positive_float, default=10.0, help="length of each round (10)"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=positive_float,
-        default=1.0,
-        help="unrecorded run per system before the rounds, seconds (1)",
-    )
-    parser.add_argument(
-        "--repeat", type=positive_int, default=3, help="rounds; the summary takes medians (3)"
+    add_load_options(
+        parser, connections=4, connections_help="connections (4)", warmup=1.0, warmed="system"
     )
     parser.add_argument(
         "--group-commit",

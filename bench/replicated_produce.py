@@ -106,10 +106,10 @@ from _cluster import (
 )
 from _common import (
     MAX_FRAME,
+    add_load_options,
     add_work_directory_option,
     emit,
     loadavg,
-    positive_float,
     positive_int,
     produce_line,
     produce_result,
@@ -447,30 +447,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         "replication factor 1, under the same keyed load."
     )
     add_work_directory_option(parser, "write the brokers' data on")
-    parser.add_argument(
-        "--connections",
-        type=positive_int,
-        default=6,
-        help=f"connections in all, a multiple of {NODES} (6)",
-    )
-    parser.add_argument(
-        "--in-flight", type=positive_int, default=8, help="requests in flight per connection (8)"
-    )
-    parser.add_argument("--batch", type=positive_int, default=100, help="records per request (100)")
-    parser.add_argument(
-        "--record-bytes", type=positive_int, default=100, help="value bytes per record (100)"
-    )
-    parser.add_argument(
-        "--seconds", type=positive_float, default=10.0, help="length of each round (10)"
-    )
-    parser.add_argument(
-        "--warmup",
-        type=positive_float,
-        default=2.0,
-        help="unrecorded run per setup before the rounds, seconds (2)",
-    )
-    parser.add_argument(
-        "--repeat", type=positive_int, default=3, help="rounds; the summary takes medians (3)"
+    add_load_options(
+        parser,
+        connections=6,
+        connections_help=f"connections in all, a multiple of {NODES} (6)",
+        warmup=2.0,
+        warmed="setup",
     )
     parser.add_argument(
         "--replication-group-commit",
