@@ -521,10 +521,10 @@ def _merge_positions(stored: str | None, committed: str) -> str:
 
 
 def _check_positions(positions: Mapping[str, int], bounds: Mapping[str, Bounds]) -> None:
-    """A cursor may name a range's end, never past it."""
+    """A cursor may name a range's end, never past it (where the end is known)."""
     for range_id, offset in positions.items():
         end = bounds[range_id].end
-        if offset > end:
+        if offset > end and bounds[range_id].end_known:
             raise BrokerError(
                 Reason.INVALID_CURSOR,
                 f"cursor is past the end of {range_id} ({offset} > {end})",

@@ -44,6 +44,10 @@ class Bounds:
 
     start: int
     end: int
+    #: False when ``end`` is only the least the range holds: read from copies of a range whose
+    #: primary cannot answer, which may not know of the last records committed. A position a
+    #: cursor names past it may still be real.
+    end_known: bool = True
 
 
 @attrs.frozen

@@ -72,7 +72,8 @@ class CommittedCopies:
 
     def bounds(self, range_id: str) -> Deferred[Bounds]:
         """From the first segment's start to the end of the committed records a live copy
-        holds."""
+        holds: at least the range's end, not always all of it (``end_known`` false) while
+        the last segment is active."""
         return Deferred.fromCoroutine(self._bounds(range_id))
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
@@ -91,7 +92,7 @@ class CommittedCopies:
         ends = [answer.end_offset async for answer in self._answers(last, last.base_offset, 0)]
         if not ends:
             raise self._unreachable(last, last.base_offset)
-        return Bounds(start, max(ends))
+        return Bounds(start, max(ends), end_known=False)
 
     async def _chunks(self, meta: SegmentMeta, offset: int, max_bytes: int) -> list[BatchSlice]:
         answered = False

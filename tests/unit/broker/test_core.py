@@ -2,18 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
 
-from logbroker.broker.core import BrokerSettings, FetchResult
+from logbroker.broker.core import Broker, BrokerSettings, FetchResult
 from logbroker.broker.cursor import Cursor
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.keyspace import key_slot
+from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle
+from logbroker.metrics import Metrics
 from logbroker.records import Record
+from logbroker.testing import MemoryFileSystem
 from logbroker.wire import Reason
-from tests.unit.broker.helpers import make_broker
+from tests.unit.broker.helpers import MemoryRangeLogs, make_broker
+from tests.unit.controlplane.helpers import started
 from tests.unit.storage.helpers import failure_of, result_of
 
 
@@ -173,6 +181,47 @@ def test_a_bad_cursor_is_invalid_cursor(cursor: str) -> None:
 
     assert reason_of(broker.fetch("t", cursor, None, None, 0, 0)) is Reason.INVALID_CURSOR
     assert reason_of(broker.commit("t", "g", cursor)) is Reason.INVALID_CURSOR
+
+
+class _EndUnknown:
+    """A directory whose ranges say their end is only the least they hold, as a range read
+    from its copies does while its primary cannot answer."""
+
+    def __init__(self, ranges: LocalRanges) -> None:
+        self._ranges = ranges
+
+    def handle(self, range_id: str) -> RangeHandle:
+        handle = self._ranges.handle(range_id)
+
+        class Handle:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(handle, name)
+
+            def bounds(self) -> Deferred[Bounds]:
+                return handle.bounds().addCallback(
+                    lambda found: Bounds(found.start, found.end, end_known=False)
+                )
+
+        return Handle()  # type: ignore[return-value]
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        return self._ranges.open(range_ids)
+
+
+def test_a_cursor_past_an_end_that_is_not_known_is_taken() -> None:
+    clock = Clock()
+    fs = MemoryFileSystem()
+    storage = MemoryRangeLogs(fs, clock, Metrics(clock))
+    ranges = _EndUnknown(LocalRanges(storage))
+    broker = Broker(started(fs), ranges, clock, BrokerSettings(initial_ranges=1), Metrics(clock))
+    result_of(broker.create_topic("t", 0))
+    result_of(broker.produce("t", [Record(b"v")]))
+    ahead = Cursor({"t.0": 3}).encode()
+
+    fetched = result_of(broker.fetch("t", ahead, None, None, 0, 0))
+
+    assert fetched.records == ()
+    assert result_of(broker.commit("t", "g", ahead)) is None
 
 
 # -- long poll -----------------------------------------------------------------------------
