@@ -13,8 +13,9 @@ records acknowledged in the primary's last moments show only once the range is t
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
@@ -43,6 +44,36 @@ _MAX_READ = 1024 * 1024
 POLL_SECONDS = 0.5
 
 
+@attrs.frozen
+class SegmentRead:
+    """Where a read of a range from an offset goes: the one segment holding it (``None``:
+    nothing to read there), the offset to read from, and at most how many records."""
+
+    segment: SegmentMeta | None
+    offset: int
+    max_records: int
+
+    def nothing(self) -> Deferred[RangeRead]:
+        return succeed(RangeRead((), 0, self.offset, 0))
+
+
+def segment_read(segments: Sequence[SegmentMeta], offset: int, max_records: int) -> SegmentRead:
+    """A read of the range whose segments are ``segments`` from ``offset`` (or from its start,
+    if that is later), kept within one segment: a sealed one's end bounds its records."""
+    if not segments:
+        return SegmentRead(None, offset, 0)
+    offset = max(offset, segments[0].base_offset)
+    meta = next((m for m in reversed(segments) if m.base_offset <= offset), segments[0])
+    if meta.state is SegmentState.SEALED:
+        assert meta.record_count is not None
+        end = meta.base_offset + meta.record_count
+        if offset >= end:
+            # Past the last record of a segment sealed empty-ended: the next one starts here.
+            return SegmentRead(None, offset, 0)
+        max_records = min(max_records, end - offset)
+    return SegmentRead(meta, offset, max_records)
+
+
 class CommittedCopies:
     """Committed records of any range, from the live copies of its segments."""
 
@@ -53,22 +84,15 @@ class CommittedCopies:
         self, range_id: str, offset: int, max_records: int, max_bytes: int
     ) -> Deferred[RangeRead]:
         """Committed records from ``offset``, within the one segment holding it."""
-        segments = self._context.control.segments(range_id)
-        if not segments:
-            return succeed(RangeRead((), 0, offset, 0))
-        offset = max(offset, segments[0].base_offset)
-        meta = next((m for m in reversed(segments) if m.base_offset <= offset), segments[0])
-        if meta.state is SegmentState.SEALED:
-            assert meta.record_count is not None
-            sealed_end = meta.base_offset + meta.record_count
-            if offset >= sealed_end:
-                return succeed(RangeRead((), 0, offset, 0))
-            max_records = min(max_records, sealed_end - offset)
+        plan = segment_read(self._context.control.segments(range_id), offset, max_records)
+        meta = plan.segment
+        if meta is None:
+            return plan.nothing()
 
         def read_chunks(at: int, size: int) -> Deferred[list[BatchSlice]]:
             return Deferred.fromCoroutine(self._chunks(meta, at, size))
 
-        return read_records(read_chunks, offset, max_records, max_bytes)
+        return read_records(read_chunks, plan.offset, plan.max_records, max_bytes)
 
     def bounds(self, range_id: str) -> Deferred[Bounds]:
         """From the first segment's start to the end of the committed records a live copy

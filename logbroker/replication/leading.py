@@ -24,7 +24,9 @@ from logbroker.broker.stamped import StampedAppends
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
+from logbroker.replication.copies import segment_read
 from logbroker.replication.primary import SegmentLeader
+from logbroker.replication.replica import holds_whole
 from logbroker.replication.stamps import recent_range_stamps
 from logbroker.replication.takeover import SegmentClaims
 from logbroker.storage import OpenLogs, RangeLog
@@ -139,27 +141,15 @@ class ReplicatedRange:
         """Committed records from ``offset``, within one segment: from this node's copy where
         it is complete, else from a replica's (a node holds only the segments whose replica
         sets name it, and a copy may be short until healing fetches it)."""
-        segments = self._claims.segments(self._range_id)
-        if not segments:
-            return succeed(RangeRead((), 0, offset, 0))
-        offset = max(offset, segments[0].base_offset)
-        found = next((m for m in reversed(segments) if m.base_offset <= offset), segments[0])
-        if found.state is SegmentState.ACTIVE:
-            # The segment this node leads: its copy is the complete one.
-            return self._reads.read(offset, max_records, max_bytes)
-        assert found.record_count is not None
-        end = found.base_offset + found.record_count
-        if offset >= end:
-            # Past the last record of a segment sealed empty-ended: the next one starts here.
-            return succeed(RangeRead((), 0, offset, 0))
-        max_records = min(max_records, end - offset)
-        if self._holds_whole(found.base_offset, end):
+        plan = segment_read(self._claims.segments(self._range_id), offset, max_records)
+        found, offset, max_records = plan.segment, plan.offset, plan.max_records
+        if found is None:
+            return plan.nothing()
+        # The active segment is the one this node leads: its copy is the complete one.
+        end = found.base_offset + (found.record_count or 0)
+        if found.state is SegmentState.ACTIVE or holds_whole(self._log, found.base_offset, end):
             return self._reads.read(offset, max_records, max_bytes)
         return self._claims.read_copy(found, offset, max_records, max_bytes)
-
-    def _holds_whole(self, base: int, end: int) -> bool:
-        info = next((s for s in self._log.segments() if s.base_offset == base), None)
-        return info is not None and info.damage is None and info.next_offset >= end
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
         return self._reads.wait(offset, wait_ms)

@@ -141,10 +141,9 @@ class ReplicaServer:
 
     def _replicate(self, copy: RangeLog, request: ReplicateRequest) -> Deferred[bytes]:
         range_id, segment = request.range_id, request.segment
-        info = _find(copy, segment)
-        if not request.data and (info is None or info.state is not CopyState.ACTIVE):
-            # A commit notice for a segment this copy is not appending to: nothing to note.
-            return succeed(self._status(copy, segment, CopyOutcome.OK))
+        info = find_copy(copy, segment)
+        if not request.data:
+            return succeed(self._commit_notice(copy, info, request))
         if info is None or info.state is not CopyState.ACTIVE:
             if info is not None and info.state is CopyState.SEALED:
                 # The segment is over: whoever still sends to it is stale.
@@ -155,13 +154,6 @@ class ReplicaServer:
         epoch = copy.segment_epoch(segment)
         if request.epoch < epoch:
             return succeed(self._status(copy, segment, CopyOutcome.FENCED))
-        if not request.data:
-            # A commit notice: the primary has nothing more to send for now, only how far the
-            # range is committed. A copy at the primary's epoch holds a prefix of what that
-            # primary wrote, so its records up to there are committed.
-            if request.epoch == epoch:
-                copy.commit(min(request.commit, copy.durable_offset))
-            return succeed(self._status(copy, segment, CopyOutcome.OK))
         tail = self._tail(copy, range_id, segment)
         if request.offset == tail.next_offset and request.position == tail.position:
             return self._append(copy, request, tail)
@@ -172,6 +164,22 @@ class ReplicaServer:
                 lambda: self._replicate(copy, request),
             )
         return succeed(self._written_status(copy, tail, CopyOutcome.MISMATCH))
+
+    def _commit_notice(
+        self, copy: RangeLog, info: SegmentInfo | None, request: ReplicateRequest
+    ) -> bytes:
+        """A replicate request without data: the primary has nothing more to send for now,
+        only how far the range is committed. A copy appending to the segment at the primary's
+        epoch holds a prefix of what that primary wrote, so its records up to there are
+        committed; any other copy has nothing to note."""
+        segment = request.segment
+        if info is not None and info.state is CopyState.ACTIVE:
+            epoch = copy.segment_epoch(segment)
+            if request.epoch < epoch:
+                return self._status(copy, segment, CopyOutcome.FENCED)
+            if request.epoch == epoch:
+                copy.commit(min(request.commit, copy.durable_offset))
+        return self._status(copy, segment, CopyOutcome.OK)
 
     def _exclusive_then(
         self, range_id: str, work: Deferred[Any], then: Callable[[], Deferred[bytes]]
@@ -189,7 +197,7 @@ class ReplicaServer:
         copy was active (sealing it to its recorded length if it is sealed already) and start
         one at the segment's base, fenced at the request's epoch."""
         range_id, segment = request.range_id, request.segment
-        if _find(copy, segment) is not None:
+        if find_copy(copy, segment) is not None:
             # A closed copy of this very segment (it found rot, or recovery closed it): it
             # takes nothing more; healing fetches the segment whole once it is sealed.
             raise BrokerError(
@@ -279,7 +287,7 @@ class ReplicaServer:
         def fence(copy: RangeLog) -> Deferred[bytes]:
             range_id, segment = request.range_id, request.segment
             self._tails.pop(range_id, None)
-            info = _find(copy, segment)
+            info = find_copy(copy, segment)
             if info is None:
                 # Nothing of this segment here yet: an empty copy carries the epoch, so that
                 # nothing of an older primary is taken after this answer.
@@ -302,7 +310,7 @@ class ReplicaServer:
     def seal(self, request: SealRequest) -> Deferred[bytes]:
         def seal(copy: RangeLog) -> Deferred[bytes]:
             range_id, segment = request.range_id, request.segment
-            info = _find(copy, segment)
+            info = find_copy(copy, segment)
             if info is not None and info.state is CopyState.SEALED:
                 return succeed(self._status(copy, segment, CopyOutcome.OK))
             if info is None:
@@ -328,7 +336,7 @@ class ReplicaServer:
 
     def fetch(self, request: FetchRequest) -> Deferred[bytes]:
         def fetch(copy: RangeLog) -> Deferred[bytes]:
-            info = _find(copy, request.segment)
+            info = find_copy(copy, request.segment)
             if info is None:
                 raise BrokerError(
                     Reason.UNREACHABLE,
@@ -368,7 +376,7 @@ class ReplicaServer:
         a sealed segment's records up to its sealed end are committed; of the active segment,
         those below the commit index its primary last sent.
         """
-        info = _find(copy, segment)
+        info = find_copy(copy, segment)
         meta = next((m for m in self._control.segments(range_id) if m.base_offset == segment), None)
         if info is None or meta is None:
             return segment
@@ -376,16 +384,18 @@ class ReplicaServer:
             return info.next_offset
         if not same_epoch(copy, meta):
             return segment
-        known = copy.end_offset if info.state is CopyState.ACTIVE else info.next_offset
+        appending = info.state is CopyState.ACTIVE
         if meta.state is SegmentState.SEALED:
             assert meta.record_count is not None
+            known = copy.end_offset if appending else info.next_offset
             return min(known, segment + meta.record_count)
-        return known if info.state is CopyState.ACTIVE else segment
+        # The active segment: only a copy still appending to it has heard its commit index.
+        return copy.end_offset if appending else segment
 
     # -- answers ----------------------------------------------------------------------------
 
     def _status(self, copy: RangeLog, segment: int, outcome: CopyOutcome) -> bytes:
-        info = _find(copy, segment)
+        info = find_copy(copy, segment)
         end_offset = info.next_offset if info is not None else segment
         end_position = info.byte_size if info is not None else 0
         if info is not None and info.state is CopyState.ACTIVE:
@@ -410,8 +420,15 @@ def _whole_batches(chunks: list[BatchSlice], segment: int, end: int) -> bytes:
     return b"".join(parts)
 
 
-def _find(copy: RangeLog, segment: int) -> SegmentInfo | None:
+def find_copy(copy: RangeLog, segment: int) -> SegmentInfo | None:
+    """This node's copy of the segment at ``segment``, if it holds one."""
     return next((s for s in copy.segments() if s.base_offset == segment), None)
+
+
+def holds_whole(copy: RangeLog, segment: int, end: int) -> bool:
+    """Whether this node's copy of the segment at ``segment`` is readable up to ``end``."""
+    info = find_copy(copy, segment)
+    return info is not None and info.damage is None and info.next_offset >= end
 
 
 def _expect(failure: Failure, kind: type[Exception]) -> Exception:

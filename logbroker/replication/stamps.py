@@ -20,6 +20,7 @@ from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.records import ProducerStamp
 from logbroker.replication.codec import PeerOp
+from logbroker.replication.replica import holds_whole
 from logbroker.replication.replica_codec import FetchRequest, encode_fetch
 from logbroker.replication.takeover import ClaimContext
 from logbroker.storage import RangeLog
@@ -77,13 +78,9 @@ def _recent_segments(
 
 
 def _held_whole(copy: RangeLog, meta: SegmentMeta) -> bool:
-    info = next((s for s in copy.segments() if s.base_offset == meta.base_offset), None)
-    if info is None or info.damage is not None:
-        return False
-    if meta.state is SegmentState.ACTIVE:
-        return True
-    assert meta.record_count is not None
-    return info.next_offset >= meta.base_offset + meta.record_count
+    # The active segment: this node's copy is complete after its claim.
+    end = meta.base_offset + (meta.record_count or 0)
+    return holds_whole(copy, meta.base_offset, end)
 
 
 async def _segment_stamps(
