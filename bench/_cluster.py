@@ -15,7 +15,6 @@ import os
 import secrets
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -26,14 +25,14 @@ from typing import Any
 
 import attrs
 from _common import (
-    ADMIN,
     APP,
     HOST,
-    LISTENING,
+    READY_SECONDS,
     RUN_GRACE_SECONDS,
-    TWISTD,
     CpuMeter,
+    Node,
     free_ports,
+    running_node,
     stop,
     tail,
 )
@@ -43,12 +42,9 @@ from logbroker import wire
 from logbroker.benchmark import ProduceLoad, ProduceReport, _ProduceDriver, connect
 from logbroker.broker.keyspace import key_slot
 from logbroker.client import BrokerRefused
-from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
 
 NODES = 3
-#: How long a process, the cluster or a topic may take to be ready.
-READY_SECONDS = 60.0
 
 
 # -- etcd ---------------------------------------------------------------------------------
@@ -147,68 +143,6 @@ def running_etcd(size: int = NODES) -> Iterator[Etcd]:
 
 
 # -- brokers ------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class Node:
-    name: str
-    process: subprocess.Popen[bytes]
-    port: int
-    log: str
-    data: str
-
-    def client(self, account: tuple[str, str] = ADMIN) -> BlockingClient:
-        return BlockingClient.connect(HOST, self.port, *account, timeout=30)
-
-
-@contextlib.contextmanager
-def running_node(
-    name: str, directory: str, settings: Mapping[str, str], profile: str | None = None
-) -> Iterator[Node]:
-    """``twistd -n logbroker`` in env mode test on free loopback ports, its output in a file;
-    only ``settings`` of this process's ``SVC_`` variables reach it. With ``profile`` (a file),
-    it runs under cProfile, which profiles its main (reactor) thread and writes the statistics
-    to that file when it stops."""
-    os.makedirs(directory)
-    log = os.path.join(directory, "twistd.log")
-    data = os.path.join(directory, "data")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.upper().startswith("SVC_") and key != "MIX_ENV"
-    }
-    env.update(
-        SVC_ENV="test",
-        SVC_DATA_DIR=data,
-        SVC_BIND_HOST=HOST,
-        SVC_TCP_PORT="0",
-        SVC_DASHBOARD_PORT="0",
-        **settings,
-    )
-    command = [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker"]
-    if profile is not None:
-        command = [sys.executable, "-m", "cProfile", "-o", os.path.abspath(profile), *command]
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            command,
-            cwd=directory,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + READY_SECONDS
-        while True:
-            match = LISTENING.search(tail(log, 400))
-            if match is not None:
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{tail(log)}")
-            time.sleep(0.05)
-        yield Node(name, process, int(match.group(2)), log, data)
-    finally:
-        stop(process, 30)
 
 
 @contextlib.contextmanager

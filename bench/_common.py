@@ -1,5 +1,5 @@
 """What the benchmark scripts in this directory share: argument types, output, scratch
-directories, stopping the processes they start, and metering CPU and latency."""
+directories, starting and stopping brokers, and metering CPU and latency."""
 
 from __future__ import annotations
 
@@ -8,16 +8,21 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 if TYPE_CHECKING:
     from logbroker.benchmark import ProduceReport
+    from logbroker.client.blocking import BlockingClient
 
 DEFAULT_WORK_ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".work")
 HOST = "127.0.0.1"
@@ -31,6 +36,26 @@ LISTENING = re.compile(r"listening for clients on (\S+):(\d+)")
 RUN_GRACE_SECONDS = 30
 #: ``SVC_MAX_FRAME_SIZE``'s default: a produce request must fit in one frame.
 MAX_FRAME = 16 * 1024 * 1024
+#: How long a process, a cluster or a topic may take to be ready.
+READY_SECONDS = 60.0
+
+
+def unwind_on_sigterm() -> None:
+    """From now on a SIGTERM unwinds through the caller's cleanup (outside the reactor: setup
+    and teardown; while the reactor runs, its own handler stops it, which unwinds the same
+    way)."""
+    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+
+
+def _raise_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+def announce_start(json_output: bool) -> None:
+    """Print the time and the load average at the start (unless the output is JSON)."""
+    if not json_output:
+        started = datetime.now(UTC)
+        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {loadavg()}", flush=True)
 
 
 def positive_int(text: str) -> int:
@@ -243,3 +268,70 @@ def produce_line(prefix: str, result: dict[str, Any]) -> str:
     if "aof_rewrites" in result:
         line += f"  aof_rewrites={result['aof_rewrites']}"
     return line
+
+
+# -- brokers ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Node:
+    name: str
+    process: subprocess.Popen[bytes]
+    port: int
+    log: str
+    data: str
+
+    def client(self, account: tuple[str, str] = ADMIN) -> BlockingClient:
+        from logbroker.client.blocking import BlockingClient
+
+        return BlockingClient.connect(HOST, self.port, *account, timeout=30)
+
+
+@contextlib.contextmanager
+def running_node(
+    name: str, directory: str, settings: Mapping[str, str], profile: str | None = None
+) -> Iterator[Node]:
+    """``twistd -n logbroker`` in env mode test on free loopback ports, its output in a file;
+    only ``settings`` of this process's ``SVC_`` variables reach it. With ``profile`` (a file),
+    it runs under cProfile, which profiles its main (reactor) thread and writes the statistics
+    to that file when it stops."""
+    os.makedirs(directory)
+    log = os.path.join(directory, "twistd.log")
+    data = os.path.join(directory, "data")
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.upper().startswith("SVC_") and key != "MIX_ENV"
+    }
+    env.update(
+        SVC_ENV="test",
+        SVC_DATA_DIR=data,
+        SVC_BIND_HOST=HOST,
+        SVC_TCP_PORT="0",
+        SVC_DASHBOARD_PORT="0",
+        **settings,
+    )
+    command = [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker"]
+    if profile is not None:
+        command = [sys.executable, "-m", "cProfile", "-o", os.path.abspath(profile), *command]
+    with open(log, "wb") as output:
+        process = subprocess.Popen(
+            command,
+            cwd=directory,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + READY_SECONDS
+        while True:
+            match = LISTENING.search(tail(log, 400))
+            if match is not None:
+                break
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{name} did not start:\n{tail(log)}")
+            time.sleep(0.05)
+        yield Node(name, process, int(match.group(2)), log, data)
+    finally:
+        stop(process, 30)

@@ -68,29 +68,26 @@ import argparse
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
 from typing import Any
 
 import _redis
 import attrs
 from _common import (
-    ADMIN,
     APP,
     HOST,
-    LISTENING,
     MAX_FRAME,
     RUN_GRACE_SECONDS,
-    TWISTD,
     CpuMeter,
+    Node,
     add_load_options,
     add_work_directory_option,
+    announce_start,
     batch_sizes,
     emit,
     free_ports,
@@ -98,8 +95,10 @@ from _common import (
     positive_float,
     produce_line,
     produce_result,
+    running_node,
     stop,
     tail,
+    unwind_on_sigterm,
     work_directory,
 )
 from twisted.internet import task
@@ -114,7 +113,6 @@ from logbroker.benchmark import (
     produce_frame,
     run_consume,
 )
-from logbroker.client.blocking import BlockingClient
 
 TARGET_RATIO = 4.0
 TARGET_CONSUME_MB_S = 250.0
@@ -233,58 +231,17 @@ def _check_durability(redis: Redis) -> None:
             raise RuntimeError(f"redis-server runs with {reply!r}, expected {name!r} {value!r}")
 
 
-class Broker:
-    def __init__(self, name: str, process: subprocess.Popen[bytes], port: int, log: str) -> None:
-        self.name = name
-        self.process = process
-        self.port = port
-        self.log = log
-
-    def create_topic(self, topic: str) -> None:
-        with BlockingClient.connect(HOST, self.port, *ADMIN) as client:
-            client.create_topic(topic)
-
-
 @contextlib.contextmanager
-def running_broker(name: str, directory: str, group_commit: bool) -> Iterator[Broker]:
-    """``twistd -n logbroker`` in env mode test on a free loopback port, its output in a file."""
-    os.makedirs(directory)
-    log = os.path.join(directory, "twistd.log")
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.upper().startswith("SVC_") and key != "MIX_ENV"
-    }
-    env.update(
-        SVC_ENV="test",
-        SVC_DATA_DIR=os.path.join(directory, "data"),
-        SVC_BIND_HOST=HOST,
-        SVC_TCP_PORT="0",
-        SVC_DASHBOARD_PORT="0",
-        SVC_PEER_PORT="0",
-        SVC_GROUP_COMMIT="true" if group_commit else "false",
-    )
-    with open(log, "wb") as output:
-        process = subprocess.Popen(
-            [TWISTD, "-n", "--pidfile=", "--logfile=-", "logbroker"],
-            cwd=directory,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            match = LISTENING.search(tail(log, 200))
-            if match is not None:
-                break
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"{name} did not start:\n{tail(log)}")
-            time.sleep(0.05)
-        yield Broker(name, process, int(match.group(2)), log)
-    finally:
-        stop(process)
+def running_broker(name: str, directory: str, group_commit: bool) -> Iterator[Node]:
+    """One broker (``running_node``) with group commit on or off."""
+    settings = {"SVC_PEER_PORT": "0", "SVC_GROUP_COMMIT": "true" if group_commit else "false"}
+    with running_node(name, directory, settings) as node:
+        yield node
+
+
+def create_topic(broker: Node, topic: str) -> None:
+    with broker.client() as client:
+        client.create_topic(topic)
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -302,7 +259,7 @@ async def redis_produce(
 
 
 async def broker_produce(
-    reactor: Any, broker: Broker, load: ProduceLoad
+    reactor: Any, broker: Node, load: ProduceLoad
 ) -> tuple[ProduceReport, dict[str, float]]:
     """``load`` against logbroker: what ``logbroker.benchmark.run_produce`` does, with the CPU
     meter started once the connections are authenticated."""
@@ -327,7 +284,7 @@ class Run:
         self,
         args: argparse.Namespace,
         redis: Redis,
-        brokers: dict[str, Broker],
+        brokers: dict[str, Node],
     ) -> None:
         self.args = args
         self.redis = redis
@@ -363,7 +320,7 @@ class Run:
             self.redis.call("DEL", name)
             return report, cpu
         broker = self.brokers[system]
-        broker.create_topic(name)
+        create_topic(broker, name)
         return await broker_produce(reactor, broker, load)
 
     async def produce_rounds(self, reactor: Any) -> None:
@@ -516,9 +473,9 @@ class Run:
             )
         return results
 
-    async def fill(self, reactor: Any, broker: Broker, topic: str, size: int) -> ProduceReport:
+    async def fill(self, reactor: Any, broker: Node, topic: str, size: int) -> ProduceReport:
         """Produce about ``--consume-mb`` MB of ``size``-byte values into a new ``topic``."""
-        broker.create_topic(topic)
+        create_topic(broker, topic)
         target = self.args.consume_mb * 1e6
         written = 0.0
         records = 0
@@ -616,19 +573,11 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _raise_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    # Outside the reactor (setup, teardown) a SIGTERM unwinds through the cleanup below; while
-    # the reactor runs, its own handler stops it, which unwinds the same way.
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
+    unwind_on_sigterm()
     executable = ensure_redis_server(args.redis_server)
-    started = datetime.now(UTC)
-    if not args.json:
-        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {loadavg()}", flush=True)
+    announce_start(args.json)
     modes = {"both": [GC_ON, GC_OFF], "on": [GC_ON], "off": [GC_OFF]}[args.group_commit]
     with contextlib.ExitStack() as stack:
         workdir = stack.enter_context(work_directory(args.dir, "bench-redis-"))

@@ -80,20 +80,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import statistics
 import sys
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import attrs
 from _cluster import (
     NODES,
     Etcd,
-    Node,
     combined,
     drive,
     forwarded_fraction,
@@ -101,19 +98,22 @@ from _cluster import (
     request_records,
     running_cluster,
     running_etcd,
-    running_node,
     wait_until_produces,
 )
 from _common import (
     MAX_FRAME,
+    Node,
     add_load_options,
     add_work_directory_option,
+    announce_start,
     emit,
     loadavg,
     positive_int,
     produce_line,
     produce_result,
+    running_node,
     tail,
+    unwind_on_sigterm,
     work_directory,
 )
 from twisted.internet import task
@@ -486,18 +486,10 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
-def _raise_on_sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    # Outside the reactor (setup, teardown) a SIGTERM unwinds through the cleanup below; while
-    # the reactor runs, its own handler stops it, which unwinds the same way.
-    signal.signal(signal.SIGTERM, _raise_on_sigterm)
-    started = datetime.now(UTC)
-    if not args.json:
-        print(f"{started:%Y-%m-%d %H:%M:%S} UTC, load average at start: {loadavg()}", flush=True)
+    unwind_on_sigterm()
+    announce_start(args.json)
     settings = {"SVC_GROUP_COMMIT": "true"}
     if args.ranges is not None:
         settings["SVC_TOPIC_RANGES"] = str(args.ranges)
