@@ -18,17 +18,17 @@ from twisted.internet.interfaces import IReactorTime
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import LocalRanges, RangeHandle
 from logbroker.cluster.forwarding import ForwardedRange, RangeServer, RemoteWaits
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.controlplane import ControlPlane
-from logbroker.replication.codec import PeerOp, PeerReason
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
+from logbroker.peer.requester import Loopback, PeerRequester
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.healing import Healer
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.primary import ReplicationSettings
-from logbroker.replication.protocol import PeerError
 from logbroker.replication.replica import ReplicaServer
-from logbroker.replication.requester import Loopback, PeerRequester
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import OpenLogs
 

@@ -26,7 +26,7 @@ once; a silent peer is dropped after the peer settings' ``dead_after_s``.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TypeVar
 
 import attrs
 from twisted.internet.defer import CancelledError, Deferred, fail, maybeDeferred, succeed
@@ -38,16 +38,13 @@ from logbroker._deferreds import detached
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
 from logbroker.errors import CLIENT_REASON, Reason
-from logbroker.records import ProducerStamp, Record
-from logbroker.replication.codec import (
+from logbroker.peer.frames import MalformedPeerMessage, PeerCodecError, PeerOp, PeerReason
+from logbroker.peer.link import PeerError
+from logbroker.peer.range_ops import (
     AppendRequest,
     AppendResult,
     BoundsRequest,
     BoundsResult,
-    MalformedPeerMessage,
-    PeerCodecError,
-    PeerOp,
-    PeerReason,
     ReadRequest,
     ReadResult,
     decode_append_request,
@@ -66,10 +63,8 @@ from logbroker.replication.codec import (
     pack_records,
     unpack_records,
 )
-from logbroker.replication.protocol import PeerError
-
-if TYPE_CHECKING:
-    from logbroker.replication.protocol import PeerConnections
+from logbroker.peer.requester import PeerRequester
+from logbroker.records import ProducerStamp, Record
 
 log = Logger()
 
@@ -90,19 +85,6 @@ FORWARDED_REASONS: frozenset[Reason] = frozenset(
         Reason.SEQUENCE_TOO_OLD,
     }
 )
-
-
-class PeerRequester(Protocol):
-    """Sends one request to a peer node (``PeerConnections`` is one): the Deferred fires with
-    the ok payload, or fails with ``PeerError`` (``unreachable`` at once without a link)."""
-
-    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]: ...
-
-
-if TYPE_CHECKING:
-
-    def _connections_are_a_requester(connections: PeerConnections) -> PeerRequester:
-        return connections
 
 
 class ForwardedRange:

@@ -16,7 +16,6 @@ reads by a share computed from a partial view.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -24,30 +23,27 @@ from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import LocalGroups
-from logbroker.cluster.placement import (
-    PlacementError,
-    PlacementNode,
-    PlacementRule,
-    place,
-)
 from logbroker.errors import Reason
-from logbroker.replication.codec import (
+from logbroker.peer.frames import PeerOp
+from logbroker.peer.range_ops import (
     GroupRequest,
     GroupVerb,
-    PeerOp,
     decode_group_request,
     decode_group_share,
     encode_group_request,
     encode_group_share,
 )
+from logbroker.peer.requester import PeerRequester
+from logbroker.placement import (
+    PlacementError,
+    PlacementNode,
+    PlacementRule,
+    place,
+)
 
 log = Logger()
 
 _ONE = PlacementRule(1)
-
-
-class PeerRequester(Protocol):
-    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]: ...
 
 
 class ClusterGroups:

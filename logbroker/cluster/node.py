@@ -24,17 +24,17 @@ from logbroker.broker.groups import LocalGroups
 from logbroker.cluster.assembly import assemble_ranges
 from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.cluster.membership import Membership, NodeRecord
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.cluster.view import MembershipView
 from logbroker.config import BrokerConfig, EnvMode
 from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics
-from logbroker.replication.codec import PeerOp
-from logbroker.replication.handshake import PeerIdentity
+from logbroker.peer.connections import PeerConnections, PeerServerFactory
+from logbroker.peer.frames import PeerOp
+from logbroker.peer.handshake import PeerIdentity
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.primary import ReplicationSettings
-from logbroker.replication.protocol import PeerConnections, PeerServerFactory
 from logbroker.storage import OpenLogs
 
 log = Logger()

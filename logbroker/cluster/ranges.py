@@ -28,7 +28,6 @@ from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
-from logbroker.cluster.placement import PlacementNode, PlacementRule, place, segment_key
 from logbroker.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -36,6 +35,7 @@ from logbroker.controlplane import (
     SegmentState,
 )
 from logbroker.errors import Reason
+from logbroker.placement import PlacementNode, PlacementRule, place, segment_key
 from logbroker.records import ProducerStamp, Record
 
 log = Logger()

@@ -13,8 +13,8 @@ from typing import Protocol
 import attrs
 
 from logbroker.cluster.membership import Membership, NodeRecord
-from logbroker.cluster.placement import PlacementNode, PlacementRule, domain_violations
 from logbroker.controlplane import ControlPlane, ControlPlaneClosedError, SegmentState
+from logbroker.placement import PlacementNode, PlacementRule, domain_violations
 
 
 class ControlPlaneKind(StrEnum):

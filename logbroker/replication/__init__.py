@@ -1,7 +1,8 @@
-"""Replication between the brokers of a cluster: the peer port (4042).
+"""Quorum replication of each range's segments (decision 0008).
 
-``codec`` is the sans-IO peer codec (its docstring documents the byte layout), ``handshake`` the
-sans-IO handshake of one side, ``protocol`` the thin Twisted adapter: ``PeerProtocol``, the
-accepting side's ``PeerServerFactory`` and ``PeerConnections``, one reconnecting outbound link
-per peer node.
+A segment's primary streams its stored bytes to the segment's replicas (``primary``) and
+acknowledges a produce once a quorum holds it durably (``quorum``); replicas check epochs and
+contiguity (``replica``); a node comes to lead a segment by claiming it (``takeover``); healing
+brings the copies back to what the control plane says (``healing``). The replication ops travel
+over the peer link (``logbroker.peer``), laid out in ``replica_codec``.
 """

@@ -24,7 +24,7 @@ from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeRead, read_records
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
-from logbroker.replication.codec import PeerOp
+from logbroker.peer.frames import PeerOp
 from logbroker.replication.replica_codec import (
     CommittedRecords,
     FetchRequest,

@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Sequence
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
-from logbroker.cluster.placement import PlacementError, replace, segment_key
 from logbroker.controlplane import SegmentMeta, SegmentState
-from logbroker.replication.codec import PeerOp
+from logbroker.peer.frames import PeerOp
+from logbroker.placement import PlacementError, replace, segment_key
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica import same_epoch
 from logbroker.replication.replica_codec import FetchRequest, encode_fetch

@@ -34,8 +34,9 @@ from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError
 from logbroker.errors import Reason
+from logbroker.peer.frames import PeerOp
+from logbroker.peer.requester import PeerRequester
 from logbroker.records import ProducerStamp, Record
-from logbroker.replication.codec import PeerOp
 from logbroker.replication.quorum import (
     Backlog,
     Chunk,
@@ -52,7 +53,6 @@ from logbroker.replication.replica_codec import (
     decode_status,
     encode_replicate,
 )
-from logbroker.replication.requester import PeerRequester
 from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
 from logbroker.storage._format import scan_batches
 

@@ -38,7 +38,7 @@ from twisted.python.failure import Failure
 from logbroker.broker.errors import BrokerError
 from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.errors import Reason
-from logbroker.replication.codec import PeerOp
+from logbroker.peer.frames import PeerOp
 from logbroker.replication.replica_codec import (
     CommittedRecords,
     CopyOutcome,

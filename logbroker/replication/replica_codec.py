@@ -50,15 +50,12 @@ from enum import IntEnum
 import attrs
 from crc32c import crc32c
 
-from logbroker.replication.codec import (
-    MalformedPeerMessage,
-    _read_exactly,
-    _read_text,
-    _text,
-    _u32,
-    _u64,
-    encode_text,
-)
+from logbroker.peer.frames import MalformedPeerMessage, encode_text
+from logbroker.peer.frames import read_exactly as _read_exactly
+from logbroker.peer.frames import read_text as _read_text
+from logbroker.peer.frames import text_field as _text
+from logbroker.peer.frames import u32_field as _u32
+from logbroker.peer.frames import u64_field as _u64
 from logbroker.wire.primitives import Reader, Truncated
 
 

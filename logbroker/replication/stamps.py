@@ -18,8 +18,8 @@ from twisted.internet.defer import Deferred
 from logbroker.broker.errors import BrokerError
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
+from logbroker.peer.frames import PeerOp
 from logbroker.records import ProducerStamp
-from logbroker.replication.codec import PeerOp
 from logbroker.replication.replica import holds_whole
 from logbroker.replication.replica_codec import FetchRequest, encode_fetch
 from logbroker.replication.takeover import ClaimContext

@@ -35,13 +35,6 @@ from twisted.logger import Logger
 
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import RangeRead, read_records
-from logbroker.cluster.placement import (
-    PlacementError,
-    PlacementNode,
-    PlacementRule,
-    replace,
-    segment_key,
-)
 from logbroker.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -50,7 +43,15 @@ from logbroker.controlplane import (
     SegmentState,
 )
 from logbroker.errors import Reason
-from logbroker.replication.codec import PeerOp
+from logbroker.peer.frames import PeerOp
+from logbroker.peer.requester import PeerRequester
+from logbroker.placement import (
+    PlacementError,
+    PlacementNode,
+    PlacementRule,
+    replace,
+    segment_key,
+)
 from logbroker.replication.primary import ReplicationSettings, SegmentLeader
 from logbroker.replication.quorum import CopyEnd
 from logbroker.replication.replica_codec import (
@@ -66,7 +67,6 @@ from logbroker.replication.replica_codec import (
     encode_replicate,
     encode_seal,
 )
-from logbroker.replication.requester import PeerRequester
 from logbroker.storage import BatchSlice, OpenLogs
 from logbroker.storage._format import scan_batches
 

@@ -1,5 +1,5 @@
 """The protocol's primitive fields: big-endian integers, nullable strings and records; shared
-with the peer codec (``logbroker.replication.codec``), which frames its own messages from them.
+with the peer codec (``logbroker.peer.frames``), which frames its own messages from them.
 
 ``str = 0x00 (null) | 0x01 len:u32 bytes``: null and empty are distinct.
 ``record = str(key) value_len:u32 value timestamp_ms:u64 header_count:u32 (str(k) str(v))*``.

@@ -17,9 +17,9 @@ import pytest
 
 from logbroker.broker.keyspace import key_slot, split_keyspace
 from logbroker.client.blocking import BlockingClient, BrokerRefused
-from logbroker.cluster.placement import PlacementNode, PlacementRule, place, segment_key
+from logbroker.peer import frames as codec
+from logbroker.placement import PlacementNode, PlacementRule, place, segment_key
 from logbroker.records import Record
-from logbroker.replication import codec
 from tests.cluster import BrokerCluster, Node, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
 

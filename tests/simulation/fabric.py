@@ -19,8 +19,8 @@ from twisted.python.failure import Failure
 
 from logbroker.controlplane import ControlPlaneUnavailableError, KeyValueStore
 from logbroker.controlplane._kv import OnEvents, OnLost, WatchEvent, WatchHandle
-from logbroker.replication.codec import PeerOp, PeerReason
-from logbroker.replication.protocol import PeerError
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
 
 _T = TypeVar("_T")
 

@@ -21,11 +21,11 @@ from twisted.python.failure import Failure
 from logbroker.broker.ranges import RangeRead
 from logbroker.cluster.assembly import RangeParts, assemble_ranges
 from logbroker.cluster.membership import Membership, NodeRecord
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import EtcdControlPlane, Range, RangeState, SegmentState, Topic
 from logbroker.controlplane._memory_kv import MemoryKeyValueStore
 from logbroker.maintenance.periodic import PeriodicTask
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
 from logbroker.replication.primary import ReplicationSettings
 from logbroker.storage import DataDirectory, LogConfig, RangeLog

@@ -32,7 +32,6 @@ from logbroker.broker.errors import BrokerError
 from logbroker.broker.producers import Admission, ProducerTable
 from logbroker.broker.ranges import Bounds, LocalRange, LocalRanges, RangeHandle
 from logbroker.cluster.forwarding import ForwardedRange, RangeServer
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import (
     EtcdControlPlane,
@@ -44,19 +43,16 @@ from logbroker.controlplane import (
 )
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
+from logbroker.peer.connections import PeerConnections, PeerServerFactory
+from logbroker.peer.frames import PeerOp
+from logbroker.peer.handshake import PeerIdentity
+from logbroker.peer.link import PeerSettings, RequestHandler
+from logbroker.peer.requester import LocalOps, Loopback
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
-from logbroker.replication.codec import PeerOp
-from logbroker.replication.handshake import PeerIdentity
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.primary import ReplicationSettings
-from logbroker.replication.protocol import (
-    PeerConnections,
-    PeerServerFactory,
-    PeerSettings,
-    RequestHandler,
-)
 from logbroker.replication.replica import ReplicaServer
-from logbroker.replication.requester import LocalOps, Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig
 from logbroker.testing import ManualExecutor, MemoryFileSystem, MemoryKeyValueStore

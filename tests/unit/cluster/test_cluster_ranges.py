@@ -7,11 +7,11 @@ from twisted.internet.task import Clock
 
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import LocalRanges, RangeHandle
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import Record
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ManualExecutor, MemoryFileSystem

@@ -27,14 +27,13 @@ from logbroker.cluster.forwarding import (
 )
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
-from logbroker.records import ProducerStamp, Record
-from logbroker.replication.codec import (
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
+from logbroker.peer.range_ops import (
     AppendRequest,
     AppendResult,
     BoundsRequest,
     BoundsResult,
-    PeerOp,
-    PeerReason,
     ReadRequest,
     decode_append_request,
     decode_bounds_result,
@@ -45,7 +44,7 @@ from logbroker.replication.codec import (
     encode_read_request,
     pack_records,
 )
-from logbroker.replication.protocol import PeerError
+from logbroker.records import ProducerStamp, Record
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 from tests.unit.broker.helpers import MemoryRangeLogs

@@ -10,10 +10,10 @@ from twisted.internet.task import Clock
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import LocalGroups
 from logbroker.cluster.groups import ClusterGroups, group_handler
-from logbroker.cluster.placement import PlacementNode
 from logbroker.errors import Reason
-from logbroker.replication.codec import PeerOp
-from logbroker.replication.protocol import PeerError
+from logbroker.peer.frames import PeerOp
+from logbroker.peer.link import PeerError
+from logbroker.placement import PlacementNode
 from tests.unit.storage.helpers import failure_of, result_of
 
 RANGES = [f"t.{i}" for i in range(8)]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from logbroker.cluster.placement import PlacementRule
 from logbroker.cluster.view import ControlPlaneKind, MembershipView, SingleNodeView
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.placement import PlacementRule
 from logbroker.testing import MemoryFileSystem
 from tests.unit.cluster.test_membership import Cluster, record
 from tests.unit.controlplane.helpers import make_topic, started

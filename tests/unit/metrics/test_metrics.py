@@ -12,7 +12,6 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker import __version__
-from logbroker.cluster.placement import PlacementRule
 from logbroker.cluster.view import MembershipView, SingleNodeView
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import SegmentMeta, SegmentState
@@ -24,6 +23,7 @@ from logbroker.metrics import (
     MetricsSnapshot,
     ReactorLagProbe,
 )
+from logbroker.placement import PlacementRule
 from logbroker.records import Record
 from logbroker.storage import DamageReason, LogConfig
 from logbroker.testing import ManualExecutor, MemoryFileSystem

@@ -10,7 +10,6 @@ import attrs
 from twisted.internet.defer import Deferred, fail, maybeDeferred
 from twisted.internet.task import Clock
 
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import (
     EtcdControlPlane,
@@ -20,12 +19,13 @@ from logbroker.controlplane import (
     SegmentState,
     Topic,
 )
-from logbroker.replication.codec import PeerOp, PeerReason
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
+from logbroker.peer.requester import LocalOps, Loopback
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.primary import ReplicationSettings
-from logbroker.replication.protocol import PeerError
 from logbroker.replication.replica import ReplicaServer
-from logbroker.replication.requester import LocalOps, Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig
 from logbroker.testing import ManualExecutor, MemoryKeyValueStore

@@ -16,13 +16,13 @@ from logbroker import wire
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeHandle, RangeRead
 from logbroker.cluster.forwarding import ForwardedRange
-from logbroker.cluster.placement import PlacementRule
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import SegmentState
 from logbroker.errors import Reason
+from logbroker.peer.frames import PeerOp
+from logbroker.placement import PlacementRule
 from logbroker.records import Record
-from logbroker.replication.codec import PeerOp
 from logbroker.replication.copies import POLL_SECONDS, CommittedCopies
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica_codec import (

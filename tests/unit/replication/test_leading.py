@@ -8,7 +8,6 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
 from logbroker.broker.errors import BrokerError
-from logbroker.cluster.placement import PlacementNode, PlacementRule
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import (
     EtcdControlPlane,
@@ -19,12 +18,13 @@ from logbroker.controlplane import (
     Topic,
 )
 from logbroker.errors import Reason
-from logbroker.replication.codec import PeerOp, PeerReason
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
+from logbroker.peer.requester import Loopback
+from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.primary import ReplicationSettings
-from logbroker.replication.protocol import PeerError
 from logbroker.replication.replica import ReplicaServer
-from logbroker.replication.requester import Loopback
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig
 from logbroker.testing import MemoryKeyValueStore

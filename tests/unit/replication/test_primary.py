@@ -12,10 +12,10 @@ from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError
 from logbroker.errors import Reason
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
 from logbroker.records import Record
-from logbroker.replication.codec import PeerOp, PeerReason
 from logbroker.replication.primary import ReplicationSettings, SegmentLeader
-from logbroker.replication.protocol import PeerError
 from logbroker.replication.quorum import CopyEnd
 from logbroker.replication.replica_codec import (
     CopyOutcome,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from crc32c import crc32c
 
-from logbroker.replication.codec import MalformedPeerMessage, encode_text
+from logbroker.peer.frames import MalformedPeerMessage, encode_text
 from logbroker.replication.replica_codec import (
     CommittedRecords,
     CopyOutcome,

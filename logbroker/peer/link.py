@@ -1,4 +1,4 @@
-"""The peer port (4042): a thin Twisted protocol over the peer codec and handshake.
+"""One peer connection (port 4042): a thin Twisted protocol over the peer frames and handshake.
 
 A ``PeerProtocol`` is one connection between two nodes of a cluster. Its lifecycle
 (``LinkState``)::
@@ -6,8 +6,9 @@ A ``PeerProtocol`` is one connection between two nodes of a cluster. Its lifecyc
     HANDSHAKING --handshake established--> ESTABLISHED --lost, dead, bad bytes, close()--> CLOSED
     HANDSHAKING --refused (by either side), timed out, bad bytes, lost--> CLOSED
 
-In ``HANDSHAKING`` every message goes to the ``Handshake`` (``handshake.py``); a handshake not
-over within ``PeerSettings.handshake_timeout_s`` is refused (``timeout``). A refusal, either way,
+In ``HANDSHAKING`` every message goes to the ``Handshake`` (``logbroker.peer.handshake``); a
+handshake not over within ``PeerSettings.handshake_timeout_s`` is refused (``timeout``). A
+refusal, either way,
 is logged with its reason and the connection is closed; the ``Refuse`` goes out first when this
 side refused. In ``ESTABLISHED`` the connection carries pipelined requests:
 
@@ -30,15 +31,10 @@ side refused. In ``ESTABLISHED`` the connection carries pipelined requests:
   ``dead_after_s`` is aborted, so a dead peer is noticed within ``dead_after_s +
   ping_interval_s``.
 
-``PeerServerFactory`` builds the accepting side (one connection per peer node: a newer one from
-the same node replaces the older). ``PeerConnections`` keeps one outbound connection per peer
-node, each a ``ClientService`` that reconnects with backoff; its ``request`` answers
-``unreachable`` at once while there is no established connection to that node.
-
-Both take a ``PeerObserver`` and give it to each of their connections: a connection is
-``opened`` when its handshake succeeds and ``closed`` when such a connection ends, however it
-ends (so connections refused or lost during the handshake are never counted); every byte read
-and written, handshake included, goes to ``bytes`` as ``in`` or ``out``.
+Each connection reports to a ``PeerObserver``: it is ``opened`` when its handshake succeeds and
+``closed`` when such a connection ends, however it ends (so connections refused or lost during
+the handshake are never counted); every byte read and written, handshake included, goes to
+``bytes`` as ``in`` or ``out``. ``logbroker.peer.connections`` holds both ends' factories.
 """
 
 from __future__ import annotations
@@ -50,23 +46,19 @@ from enum import Enum, auto
 from typing import Any
 
 import attrs
-from twisted.application.internet import ClientService, backoffPolicy
-from twisted.application.service import Service
 from twisted.internet.defer import (
     CancelledError,
     Deferred,
     fail,
-    gatherResults,
     maybeDeferred,
-    succeed,
 )
-from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker._tcp import no_delay
-from logbroker.replication.codec import (
+from logbroker.peer.frames import (
     DEFAULT_MAX_PEER_FRAME_SIZE,
     PeerCodecError,
     PeerFrameDecoder,
@@ -80,12 +72,10 @@ from logbroker.replication.codec import (
     Response,
     encode,
 )
-from logbroker.replication.handshake import (
+from logbroker.peer.handshake import (
     Established,
     Handshake,
-    PeerIdentity,
     Refused,
-    Role,
 )
 
 log = Logger()
@@ -171,7 +161,7 @@ class _Unobserved:
         pass
 
 
-_UNOBSERVED: PeerObserver = _Unobserved()
+UNOBSERVED: PeerObserver = _Unobserved()
 
 
 class PeerProtocol(Protocol):
@@ -186,7 +176,7 @@ class PeerProtocol(Protocol):
         handler: RequestHandler | None = None,
         on_established: Callable[[PeerProtocol], None] = _ignore,
         on_ended: Callable[[PeerProtocol], None] = _ignore,
-        observer: PeerObserver = _UNOBSERVED,
+        observer: PeerObserver = UNOBSERVED,
     ) -> None:
         self.handshake = handshake
         self._clock = clock
@@ -623,183 +613,3 @@ class PeerProtocol(Protocol):
             self._requests_blocked = False
             self._update_reading()
             self._process()
-
-
-class PeerServerFactory(Factory):
-    """The accepting side of the peer port: serves each established peer's requests with
-    ``handler``, one connection per peer node (a newer connection from a node replaces its
-    older one, which is likely half-open from before the node reconnected)."""
-
-    def __init__(
-        self,
-        identity: PeerIdentity,
-        clock: IReactorTime,
-        handler: RequestHandler,
-        settings: PeerSettings | None = None,
-        observer: PeerObserver = _UNOBSERVED,
-    ) -> None:
-        self._identity = identity
-        self._clock = clock
-        self._handler = handler
-        self._settings = settings or PeerSettings()
-        self._observer = observer
-        #: Every open connection, established or not.
-        self.connections: set[PeerProtocol] = set()
-        self._by_peer: dict[str, PeerProtocol] = {}
-
-    def buildProtocol(self, addr: IAddress | None) -> PeerProtocol:
-        protocol = PeerProtocol(
-            Handshake(Role.LISTENER, self._identity),
-            self._clock,
-            self._settings,
-            handler=self._handler,
-            on_established=self._established,
-            on_ended=self._ended,
-            observer=self._observer,
-        )
-        protocol.factory = self
-        self.connections.add(protocol)
-        return protocol
-
-    def _established(self, protocol: PeerProtocol) -> None:
-        peer = protocol.peer_node_id
-        assert peer is not None
-        older = self._by_peer.get(peer)
-        self._by_peer[peer] = protocol
-        if older is not None:
-            older.close()
-
-    def _ended(self, protocol: PeerProtocol) -> None:
-        self.connections.discard(protocol)
-        peer = protocol.peer_node_id
-        if peer is not None and self._by_peer.get(peer) is protocol:
-            del self._by_peer[peer]
-
-    def close_all(self) -> None:
-        for protocol in list(self.connections):
-            protocol.close()
-
-
-class _Link:
-    """The outbound connection to one peer node."""
-
-    def __init__(self, owner: PeerConnections, node_id: str) -> None:
-        self.node_id = node_id
-        self._owner = owner
-        #: The established connection, if there is one.
-        self.protocol: PeerProtocol | None = None
-        #: Connections in a row that ended before their handshake succeeded.
-        self.failed_handshakes = 0
-        self.service = ClientService(
-            owner._endpoint_for(node_id),
-            _DialerFactory(self),
-            retryPolicy=lambda attempt: owner._retry_policy(attempt + self.failed_handshakes),
-            clock=owner._clock,
-        )
-
-    def build(self) -> PeerProtocol:
-        owner = self._owner
-        return PeerProtocol(
-            Handshake(Role.DIALER, owner._identity, expected_peer=self.node_id),
-            owner._clock,
-            owner._settings,
-            on_established=self._established,
-            on_ended=self._ended,
-            observer=owner._observer,
-        )
-
-    def _established(self, protocol: PeerProtocol) -> None:
-        self.failed_handshakes = 0
-        self.protocol = protocol
-
-    def _ended(self, protocol: PeerProtocol) -> None:
-        if self.protocol is protocol:
-            self.protocol = None
-        if not isinstance(protocol.handshake.outcome, Established):
-            self.failed_handshakes += 1
-
-
-class _DialerFactory(Factory):
-    def __init__(self, link: _Link) -> None:
-        self._link = link
-
-    def buildProtocol(self, addr: IAddress | None) -> PeerProtocol:
-        protocol = self._link.build()
-        protocol.factory = self
-        return protocol
-
-
-class PeerConnections(Service):
-    """One outbound peer link per peer node, each kept up by a ``ClientService``.
-
-    ``endpoint_for(node_id)`` gives the endpoint to dial a node at (wrapped for TLS by the
-    caller when TLS is on). ``retry_policy`` maps failed attempts in a row to the seconds to wait
-    (default ``backoffPolicy()``). The handshake runs inside the connection rather than in
-    ``ClientService``'s ``prepareConnection``, which cannot take a connection that closes
-    before it was handed over (as a refused one does); so the backoff adds the handshakes that
-    failed in a row to the attempts ``ClientService`` counts, and a refusing peer is retried
-    ever more slowly rather than every second.
-    """
-
-    def __init__(
-        self,
-        identity: PeerIdentity,
-        clock: IReactorTime,
-        endpoint_for: Callable[[str], IStreamClientEndpoint],
-        settings: PeerSettings | None = None,
-        retry_policy: Callable[[int], float] | None = None,
-        observer: PeerObserver = _UNOBSERVED,
-    ) -> None:
-        self._identity = identity
-        self._clock = clock
-        self._endpoint_for = endpoint_for
-        self._settings = settings or PeerSettings()
-        self._retry_policy = retry_policy or backoffPolicy()
-        self._observer = observer
-        self._links: dict[str, _Link] = {}
-
-    @property
-    def peers(self) -> frozenset[str]:
-        return frozenset(self._links)
-
-    def add_peer(self, node_id: str) -> None:
-        """Keep a link to ``node_id`` (dialing at once if the service runs)."""
-        if node_id == self._identity.node_id:
-            raise ValueError(f"node {node_id!r} is this node")
-        if node_id in self._links:
-            return
-        link = _Link(self, node_id)
-        self._links[node_id] = link
-        if self.running:
-            link.service.startService()
-
-    def remove_peer(self, node_id: str) -> Deferred[None]:
-        """Stop keeping a link to ``node_id``; fires once its connection is closed."""
-        link = self._links.pop(node_id, None)
-        if link is None or not link.service.running:
-            return succeed(None)
-        return link.service.stopService()
-
-    def established(self, node_id: str) -> PeerProtocol | None:
-        """The established connection to ``node_id``, if there is one now."""
-        link = self._links.get(node_id)
-        return None if link is None else link.protocol
-
-    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
-        """Send a request to ``node_id``: fails with ``unreachable`` at once when there is no
-        established connection to it (never waits for one)."""
-        protocol = self.established(node_id)
-        if protocol is None:
-            known = "no established link" if node_id in self._links else "not a known peer"
-            return fail(PeerError(PeerReason.UNREACHABLE, f"node {node_id!r}: {known}"))
-        return protocol.request(op, payload)
-
-    def startService(self) -> None:
-        super().startService()  # type: ignore[no-untyped-call]
-        for link in self._links.values():
-            link.service.startService()
-
-    def stopService(self) -> Deferred[None]:
-        super().stopService()  # type: ignore[no-untyped-call]
-        stopping = [link.service.stopService() for link in self._links.values()]
-        return gatherResults(stopping).addCallback(lambda _: None)

@@ -1,4 +1,4 @@
-"""The peer codec (``logbroker.replication.codec``): exact bytes, round trips, refusals.
+"""The peer codecs (``logbroker.peer.frames``, ``logbroker.peer.range_ops``): exact bytes, round trips, refusals.
 
 The byte-level examples pin the layout the module docstring documents; the property tests check
 that every message and op payload round-trips, through any chunking of the stream, one byte at a
@@ -13,16 +13,11 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from logbroker.records import Record
-from logbroker.replication import codec
-from logbroker.replication.codec import (
+from logbroker.peer import range_ops
+from logbroker.peer.frames import (
     MAC_SIZE,
     NONCE_SIZE,
     PROTOCOL_VERSION,
-    AppendRequest,
-    AppendResult,
-    BoundsRequest,
-    BoundsResult,
     Hello,
     MalformedPeerMessage,
     PeerFrameDecoder,
@@ -33,23 +28,29 @@ from logbroker.replication.codec import (
     Ping,
     Pong,
     Proof,
-    ReadRequest,
-    ReadResult,
     Refuse,
     Request,
     Response,
     Welcome,
+    decode_body,
+    encode,
+    encode_body,
+)
+from logbroker.peer.range_ops import (
+    AppendRequest,
+    AppendResult,
+    BoundsRequest,
+    BoundsResult,
+    ReadRequest,
+    ReadResult,
     decode_append_request,
     decode_append_result,
-    decode_body,
     decode_bounds_request,
     decode_bounds_result,
     decode_read_request,
     decode_read_result,
-    encode,
     encode_append_request,
     encode_append_result,
-    encode_body,
     encode_bounds_request,
     encode_bounds_result,
     encode_read_request,
@@ -57,6 +58,7 @@ from logbroker.replication.codec import (
     pack_records,
     unpack_records,
 )
+from logbroker.records import Record
 
 u8s = st.integers(0, 0xFF)
 u16s = st.integers(0, 0xFFFF)
@@ -349,29 +351,29 @@ def test_messages_that_cannot_be_encoded_cannot_be_built(build: object) -> None:
 
 
 @given(
-    st.sampled_from(list(codec.GroupVerb)),
+    st.sampled_from(list(range_ops.GroupVerb)),
     st.text(max_size=40),
     st.text(max_size=40),
     st.text(max_size=40),
     st.lists(st.text(max_size=20), max_size=8).map(tuple),
 )
 def test_group_requests_round_trip(
-    verb: codec.GroupVerb, topic: str, group: str, member: str, range_ids: tuple[str, ...]
+    verb: range_ops.GroupVerb, topic: str, group: str, member: str, range_ids: tuple[str, ...]
 ) -> None:
     assume(all(c < "\ud800" or c > "\udfff" for c in topic + group + member + "".join(range_ids)))
-    request = codec.GroupRequest(verb, topic, group, member, range_ids)
+    request = range_ops.GroupRequest(verb, topic, group, member, range_ids)
 
-    assert codec.decode_group_request(codec.encode_group_request(request)) == request
+    assert range_ops.decode_group_request(range_ops.encode_group_request(request)) == request
 
 
 def test_a_group_request_s_bytes() -> None:
-    request = codec.GroupRequest(codec.GroupVerb.SHARE, "t", "g", "m", ("t.0", "t.1"))
+    request = range_ops.GroupRequest(range_ops.GroupVerb.SHARE, "t", "g", "m", ("t.0", "t.1"))
 
-    assert codec.encode_group_request(request) == (
+    assert range_ops.encode_group_request(request) == (
         b"\x01" + b"\x00\x01t" + b"\x00\x01g" + b"\x00\x01m" + b"\x00\x02" + b"\x00\x03t.0"
         b"\x00\x03t.1"
     )
-    assert codec.decode_group_share(codec.encode_group_share(["t.1"])) == ["t.1"]
+    assert range_ops.decode_group_share(range_ops.encode_group_share(["t.1"])) == ["t.1"]
 
 
 @pytest.mark.parametrize(
@@ -383,5 +385,5 @@ def test_a_group_request_s_bytes() -> None:
     ],
 )
 def test_a_malformed_group_request_is_refused(payload: bytes) -> None:
-    with pytest.raises(codec.MalformedPeerMessage):
-        codec.decode_group_request(payload)
+    with pytest.raises(MalformedPeerMessage):
+        range_ops.decode_group_request(payload)

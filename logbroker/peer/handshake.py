@@ -56,7 +56,7 @@ from enum import Enum, auto
 
 import attrs
 
-from logbroker.replication.codec import (
+from logbroker.peer.frames import (
     NONCE_SIZE,
     PROTOCOL_VERSION,
     Hello,

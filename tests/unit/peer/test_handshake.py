@@ -1,4 +1,4 @@
-"""The peer handshake (``logbroker.replication.handshake``) between two sans-IO sides."""
+"""The peer handshake (``logbroker.peer.handshake``) between two sans-IO sides."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from logbroker.replication.codec import (
+from logbroker.peer.frames import (
     PROTOCOL_VERSION,
     Hello,
     PeerMessage,
@@ -19,7 +19,7 @@ from logbroker.replication.codec import (
     decode_body,
     encode_body,
 )
-from logbroker.replication.handshake import (
+from logbroker.peer.handshake import (
     Established,
     Handshake,
     HandshakeState,

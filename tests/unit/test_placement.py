@@ -11,7 +11,8 @@ import pytest
 from hypothesis import assume, event, given, settings
 from hypothesis import strategies as st
 
-from logbroker.cluster.placement import (
+from logbroker.config import BrokerConfig, SpreadPolicy
+from logbroker.placement import (
     NoLiveReplicaError,
     NoQuorumError,
     Placement,
@@ -24,7 +25,6 @@ from logbroker.cluster.placement import (
     replace,
     segment_key,
 )
-from logbroker.config import BrokerConfig, SpreadPolicy
 
 HARD = SpreadPolicy.HARD
 SOFT = SpreadPolicy.SOFT

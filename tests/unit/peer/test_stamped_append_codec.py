@@ -1,4 +1,4 @@
-"""The peer protocol's stamped append (op 9, ``logbroker.replication.codec``): a range's share of
+"""The peer protocol's stamped append (op 9, ``logbroker.peer.frames``): a range's share of
 a ``produce_idempotent`` with its stamp, an op of its own beside the unchanged op 1."""
 
 from __future__ import annotations
@@ -7,14 +7,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logbroker.records import ProducerStamp
-from logbroker.replication.codec import (
+from logbroker.peer.frames import MalformedPeerMessage, PeerOp
+from logbroker.peer.range_ops import (
     AppendRequest,
-    MalformedPeerMessage,
-    PeerOp,
     decode_stamped_append_request,
     encode_append_request,
 )
+from logbroker.records import ProducerStamp
 
 u32s = st.integers(0, 0xFFFFFFFF)
 u64s = st.integers(0, 0xFFFFFFFFFFFFFFFF)

@@ -9,12 +9,12 @@ case for the local one.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred
 
-from logbroker.replication.codec import PeerOp, PeerReason
-from logbroker.replication.protocol import PeerError
+from logbroker.peer.frames import PeerOp, PeerReason
+from logbroker.peer.link import PeerError
 
 
 class PeerRequester(Protocol):
@@ -22,6 +22,13 @@ class PeerRequester(Protocol):
     ``PeerError`` (``unreachable`` at once without a link)."""
 
     def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]: ...
+
+
+if TYPE_CHECKING:
+    from logbroker.peer.connections import PeerConnections
+
+    def _connections_are_a_requester(connections: PeerConnections) -> PeerRequester:
+        return connections
 
 
 #: A node's own handler of one op: ``(payload) -> ok payload``.

@@ -1,4 +1,4 @@
-"""The peer protocol (``logbroker.replication.protocol``): one connection over a
+"""The peer protocol (``logbroker.peer.link``): one connection over a
 ``StringTransport`` or a connected pair (``twisted.test.iosim``), and ``PeerConnections`` over a
 fake endpoint. Time is a ``Clock``; nothing sleeps, nothing touches a socket."""
 
@@ -17,9 +17,9 @@ from twisted.python.failure import Failure
 from twisted.test.iosim import FakeTransport, IOPump, connect
 from zope.interface import implementer
 
-from logbroker.replication.codec import (
+from logbroker.peer.connections import PeerConnections, PeerServerFactory
+from logbroker.peer.frames import (
     PROTOCOL_VERSION,
-    AppendRequest,
     Hello,
     PeerFrameDecoder,
     PeerMessage,
@@ -32,22 +32,19 @@ from logbroker.replication.codec import (
     Request,
     Response,
     Welcome,
-    decode_append_request,
     encode,
-    encode_append_request,
 )
-from logbroker.replication.handshake import Handshake, PeerIdentity, Role, proof_mac
-from logbroker.replication.protocol import (
+from logbroker.peer.handshake import Handshake, PeerIdentity, Role, proof_mac
+from logbroker.peer.link import (
     CLOSE_GRACE_SECONDS,
     MAX_HANDSHAKE_BUFFER,
     LinkState,
-    PeerConnections,
     PeerError,
     PeerProtocol,
-    PeerServerFactory,
     PeerSettings,
     RequestHandler,
 )
+from logbroker.peer.range_ops import AppendRequest, decode_append_request, encode_append_request
 
 SECRET = b"cluster secret"
 SETTINGS = PeerSettings(
