@@ -3,7 +3,8 @@
 One ``ProducerTable`` per range, on its primary. For each producer id it remembers a window of
 the producer's latest sequences at this range (``wire.PRODUCER_WINDOW``, 32, of them: those above
 ``highest - window``, ``highest`` being the latest the range has seen) and what became of each:
-still being stored, or stored. A failed append is forgotten, so that its retry is stored anew.
+still being stored (or refused while its records could still be committed: in doubt), or
+stored. An append known to have failed is forgotten, so that its retry is stored anew.
 
 Why a window in sequence numbers is enough: a producer sends sequence ``s`` only once every
 produce up to ``s - window`` has finished (docs/protocol.md), so every produce it may still retry

@@ -3,8 +3,17 @@
 ``StampedAppends`` asks the range's ``ProducerTable`` about every stamped append: one already
 stored is answered at once, one still being stored waits for the first try's outcome, and a new
 one is stored (by whatever the range's handle stores with: its own log, or its replicas, the
-stamp going along into the stored batch) and the table told how it ended. Every handle that is a
-range's primary (``LocalRange``, the replicated range) appends through one.
+stamp going along into the stored batch) and the table told how it ended.
+
+A first try refused while its records may still be committed (``InDoubtError``: no quorum held
+them in time, but they are in the log and replicating) is answered as refused, but its stamp
+stays in flight until its fate is known: a retry meanwhile waits for it, and is acknowledged
+without storing anything if the records were committed. Only a stamp whose records are known
+not to be stored here (or whose fate this node no longer knows, having stopped leading the
+range: then the next leader's table, rebuilt from its copy, decides) is forgotten.
+
+Every handle that is a range's primary (``LocalRange``, the replicated range) appends through
+one.
 
 The table may have to be read back from the log first (``LocalRange`` after a restart): then it
 is, when the first stamped append comes, and every append waits for it, in the order they came,
@@ -18,8 +27,9 @@ from collections.abc import Callable, Sequence
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
 
-from logbroker.broker.errors import BrokerError
+from logbroker.broker.errors import BrokerError, InDoubtError
 from logbroker.broker.producers import Admission, ProducerTable
+from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
 
 #: Stores records, with the stamp of their produce if it has one, firing once they are durable
@@ -99,6 +109,9 @@ class StampedAppends:
         self, outcome: object, producers: ProducerTable, stamp: ProducerStamp
     ) -> Failure | None:
         """Tell the table how a stamped append ended, then the retries waiting for it."""
+        if isinstance(outcome, Failure) and isinstance(outcome.value, InDoubtError):
+            outcome.value.fate.addCallback(self._settled, producers, stamp)
+            return outcome
         retries = self._retries.pop(stamp)
         if isinstance(outcome, Failure):
             producers.failed(stamp)
@@ -109,6 +122,23 @@ class StampedAppends:
         for retry in retries:
             retry.callback(None)
         return None
+
+    def _settled(self, committed: bool, producers: ProducerTable, stamp: ProducerStamp) -> None:
+        """The fate of a first try refused in doubt: its retries get it."""
+        retries = self._retries.pop(stamp)
+        if committed:
+            producers.stored(stamp)
+            for retry in retries:
+                retry.callback(None)
+            return
+        producers.failed(stamp)
+        unknown = BrokerError(
+            Reason.NOT_PRIMARY,
+            f"whether the first try of producer {stamp.producer_id:#018x} sequence "
+            f"{stamp.sequence} was stored is known only to the range's next leader: retry",
+        )
+        for retry in retries:
+            retry.errback(unknown)
 
 
 def _nothing(_: object) -> None:

@@ -25,9 +25,9 @@ from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback, PeerRequester
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
+from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.healing import Healer
 from logbroker.replication.leading import LeadRanges
-from logbroker.replication.primary import ReplicationSettings
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import OpenLogs

@@ -34,7 +34,7 @@ from logbroker.peer.connections import PeerConnections, PeerServerFactory
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.handshake import PeerIdentity
 from logbroker.placement import PlacementNode, PlacementRule
-from logbroker.replication.primary import ReplicationSettings
+from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.storage import OpenLogs
 
 log = Logger()

@@ -39,7 +39,9 @@ where the copy's durable bytes end (``end_offset``, ``end_position``), and the o
 - ``ok``: done (the data is durable, the fence or seal recorded);
 - ``fenced``: refused, the copy is fenced at a later epoch (``epoch``): the sender is stale;
 - ``mismatch``: refused, the copy does not end where the data starts: send from its end;
-- ``short``: a seal the copy cannot take, since it holds fewer bytes: it must be fetched whole.
+- ``short``: a seal the copy cannot take, since it holds fewer bytes: it must be fetched whole;
+- ``unknown``: refused for now, the replica's view of the control plane does not show the
+  sender leading that epoch yet (it lags behind the claim): send again shortly.
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class CopyOutcome(IntEnum):
     FENCED = 1
     MISMATCH = 2
     SHORT = 3
+    UNKNOWN = 4
 
 
 @attrs.frozen

@@ -52,8 +52,9 @@ from logbroker.placement import (
     replace,
     segment_key,
 )
-from logbroker.replication.primary import ReplicationSettings, SegmentLeader
-from logbroker.replication.quorum import CopyEnd
+from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.quorum import CopyEnd
+from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica_codec import (
     CopyOutcome,
     CopyStatus,

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from logbroker.replication.primary import ReplicationSettings
+from logbroker.replication.core.leader import ReplicationSettings
 from tests.simulation.world import simulate
 
 SIMULATION_SEEDS = int(os.environ.get("LOGBROKER_SIMULATION_SEEDS", "2000"))

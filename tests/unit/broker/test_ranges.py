@@ -50,8 +50,8 @@ from logbroker.peer.link import PeerSettings, RequestHandler
 from logbroker.peer.requester import LocalOps, Loopback
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
+from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.leading import LeadRanges
-from logbroker.replication.primary import ReplicationSettings
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig

@@ -1,4 +1,5 @@
-"""The peer codecs (``logbroker.peer.frames``, ``logbroker.peer.range_ops``): exact bytes, round trips, refusals.
+"""The peer codecs (``logbroker.peer.frames``, ``logbroker.peer.range_ops``): exact bytes, round
+trips, refusals.
 
 The byte-level examples pin the layout the module docstring documents; the property tests check
 that every message and op payload round-trips, through any chunking of the stream, one byte at a

@@ -22,8 +22,8 @@ from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
+from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.leading import LeadRanges
-from logbroker.replication.primary import ReplicationSettings
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig

@@ -10,13 +10,14 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from logbroker.broker.errors import BrokerError
+from logbroker.broker.errors import BrokerError, InDoubtError
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.link import PeerError
 from logbroker.records import Record
-from logbroker.replication.primary import ReplicationSettings, SegmentLeader
-from logbroker.replication.quorum import CopyEnd
+from logbroker.replication.core.leader import ReplicationSettings, StepDown
+from logbroker.replication.core.quorum import CopyEnd
+from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica_codec import (
     CopyOutcome,
     CopyStatus,
@@ -91,6 +92,8 @@ def _leader(
     *,
     live: Callable[[str], bool] = lambda node: True,
     commits: list[int] | None = None,
+    holds_lease: Callable[[], bool] = lambda: True,
+    steps: list[StepDown] | None = None,
 ) -> tuple[SegmentLeader, RangeLog]:
     range_log = _open_log(clock)
     leader = SegmentLeader(
@@ -106,6 +109,8 @@ def _leader(
         settings=ReplicationSettings(replication_factor=3, ack_timeout_seconds=5.0),
         is_live=live,
         on_commit=(commits.append if commits is not None else lambda commit: None),
+        holds_lease=holds_lease,
+        on_step_down=(steps.append if steps is not None else lambda step: None),
     )
     return leader, range_log
 
@@ -285,3 +290,73 @@ def test_replicas_are_told_the_commit_once_nothing_else_goes_to_them(clock: Cloc
     ((notice, _),) = replicas.to("c")[1:]
     assert (notice.data, notice.commit) == (b"", 2)
     assert len(replicas.to("b")) == 2
+
+
+def test_a_produce_refused_in_doubt_learns_its_fate_when_the_quorum_answers(
+    clock: Clock,
+) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    outcome = _outcome(leader.append(_records()))
+    clock.advance(5.1)
+    (failure,) = outcome
+    assert isinstance(failure, Failure)
+    assert isinstance(failure.value, InDoubtError), "its records are still in the log"
+    fate = _outcome(failure.value.fate)
+    assert fate == []
+    replicas.answer("b")
+    assert fate == [True], "committed after all: a retry is answered as stored"
+
+
+def test_appends_in_doubt_are_settled_unknown_when_the_leader_stops(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    outcome = _outcome(leader.append(_records()))
+    clock.advance(5.1)
+    (failure,) = outcome
+    fate = _outcome(failure.value.fate)  # type: ignore[union-attr]
+    replicas.answer("b", CopyOutcome.FENCED, epoch=2)
+    assert fate == [False], "fenced: only the next leader knows"
+    assert leader.stopped
+
+
+def test_a_leader_without_its_lease_sends_nothing_and_stops(clock: Clock) -> None:
+    replicas = Replicas()
+    lease = {"held": True}
+    steps: list[StepDown] = []
+    leader, _ = _leader(clock, replicas, holds_lease=lambda: lease["held"], steps=steps)
+    first = _outcome(leader.append(_records()))
+    lease["held"] = False
+    clock.advance(0)  # the flush of this turn's appends
+    assert replicas.sent == [], "a node without its lease sends nothing it had queued"
+    assert leader.stopped
+    (failure,) = first
+    assert isinstance(failure, Failure)
+    assert failure.value.reason is Reason.UNREACHABLE  # type: ignore[union-attr]
+    assert [step.resign for step in steps] == [False]
+
+
+def test_a_leader_that_hears_no_quorum_for_a_lease_ttl_resigns(clock: Clock) -> None:
+    replicas = Replicas()
+    steps: list[StepDown] = []
+    leader, _ = _leader(clock, replicas, steps=steps)
+    heard = {"b": 0.0, "c": 0.0}
+    clock.advance(4.0)
+    heard["b"] = 4.0
+    leader.check_quorum(heard.get)
+    assert not leader.stopped, "b was heard from: with this node, a quorum"
+    clock.advance(5.5)
+    leader.check_quorum(heard.get)
+    assert leader.stopped
+    (step,) = steps
+    assert step.resign
+    assert step.reason is Reason.NOT_PRIMARY
+    assert "b, c" in step.message
+
+
+def test_a_leader_whose_replicas_are_dead_does_not_resign(clock: Clock) -> None:
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas, live=lambda node: node == "a")
+    clock.advance(10.0)
+    leader.check_quorum(lambda node: None)
+    assert not leader.stopped, "no quorum is alive anywhere: resigning helps no one"

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from logbroker.replication.quorum import (
+from logbroker.replication.core.quorum import (
     Backlog,
     Chunk,
     CommitTracker,
