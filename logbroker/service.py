@@ -70,6 +70,7 @@ from logbroker.storage import (
     DataDirectory,
     FileSystem,
     LogConfig,
+    OpenOnce,
     OsFileSystem,
     RangeLog,
     SegmentInfo,
@@ -117,6 +118,12 @@ class StorageService(Service):
         # Reads get threads of their own: a fetch never waits for a free writer thread.
         self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
         self.logs: dict[str, RangeLog] = {}
+        self._opener = OpenOnce(
+            self.logs,
+            lambda name: RangeLog.open(
+                self._data_dir.range_path(name), **self._log_arguments(name)
+            ),
+        )
         #: Told of every seal, with the range's name: the control plane records them.
         self.on_sealed: Callable[[str, SegmentInfo], None] = lambda name, info: None
 
@@ -141,15 +148,9 @@ class StorageService(Service):
         )
 
     def open_range(self, name: str) -> Deferred[RangeLog]:
-        """Open (creating if new) the log of range ``name`` while the broker runs."""
-
-        def opened(range_log: RangeLog) -> RangeLog:
-            self.logs[name] = range_log
-            return range_log
-
-        return RangeLog.open(
-            self._data_dir.range_path(name), **self._log_arguments(name)
-        ).addCallback(opened)
+        """Open (creating if new) the log of range ``name`` while the broker runs; once,
+        however many ask at once."""
+        return self._opener.open_range(name)
 
     def _log_arguments(self, name: str) -> dict[str, Any]:
         return {

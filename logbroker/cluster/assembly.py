@@ -9,7 +9,7 @@ active segment is led by its primary and replicated to a quorum (``LeadRanges``)
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import attrs
 from twisted.internet.defer import Deferred, fail
@@ -27,9 +27,11 @@ from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.healing import Healer
+from logbroker.replication.health import ReplicationHealth
 from logbroker.replication.leading import LeadRanges
-from logbroker.replication.replica import ReplicaServer
-from logbroker.replication.takeover import ClaimContext, SegmentClaims
+from logbroker.replication.replica import ReplicaOp, ReplicaServer
+from logbroker.replication.replica_sets import ReplicaSets
+from logbroker.replication.takeover import ClaimContext, SegmentClaims, ignore_leadership
 from logbroker.storage import OpenLogs
 
 #: ``(peer node id, op, payload) -> ok payload``: what the peer port serves.
@@ -37,15 +39,38 @@ PeerHandler = Callable[[str, PeerOp, bytes], Deferred[bytes]]
 
 
 @attrs.frozen
+class Replication:
+    """A node's replication, beside the ranges it serves."""
+
+    #: The ranges this node leads.
+    lead: LeadRanges
+    #: Brings this node's copies back to the control plane's word.
+    healer: Healer
+    #: Keeps the replica sets at the replication factor.
+    replica_sets: ReplicaSets
+    #: Counts the under-replicated segments of the cluster.
+    health: ReplicationHealth
+
+    def sweep(self, range_ids: Sequence[str]) -> None:
+        """Claim what this node should lead, and check its leaders hear a quorum (run every
+        half second)."""
+        self.lead.sweep(range_ids)
+
+    def heal(self, range_ids: Sequence[str]) -> Deferred[None]:
+        """Heal this node's copies, then the replica sets, then count what is still short
+        (run every second or so)."""
+        healed = self.healer.tick(range_ids)
+        healed.addCallback(lambda _: self.replica_sets.tick(range_ids))
+        return healed.addCallback(lambda _: self.health.refresh(range_ids))
+
+
+@attrs.frozen
 class RangeParts:
     ranges: ClusterRanges
     #: Serves the range and replication ops of the peer port.
     serve: PeerHandler
-    #: The ranges this node leads, with replication (``None`` at replication factor 1).
-    lead: LeadRanges | None
-    #: Brings this node's copies and the replica sets back to the control plane's word, run
-    #: periodically (``None`` at replication factor 1).
-    healer: Healer | None
+    #: ``None`` at replication factor 1.
+    replication: Replication | None
 
 
 def assemble_ranges(
@@ -63,9 +88,12 @@ def assemble_ranges(
     is_live: Callable[[str], bool],
     holds_chores: Callable[[], bool] = lambda: False,
     replace_after_seconds: float = 300.0,
+    heard_at: Callable[[str], float | None] = lambda node: None,
+    on_lead: Callable[[str, int, int, str], None] = ignore_leadership,
 ) -> RangeParts:
     """``live_nodes`` lists the live members for placement; ``is_live`` answers for one node,
-    cheaply (it is asked for every replica of every produce)."""
+    cheaply (it is asked for every replica of every produce); ``heard_at`` says when the peer
+    link last heard from a node; ``on_lead`` is told of every leadership this node begins."""
     waits = RemoteWaits(peers)
 
     def forward(primary: str, range_id: str) -> RangeHandle:
@@ -76,44 +104,48 @@ def assemble_ranges(
             node_id, control, LocalRanges(storage), forward, live_nodes, rule, holds_lease
         )
         serve = _serve(RangeServer(ranges.led_here(), clock), {})
-        return RangeParts(ranges, serve, None, None)
-    replicas = ReplicaServer(storage, control)
+        return RangeParts(ranges, serve, None)
+    replicas = ReplicaServer(node_id, storage, control)
+    ops = replicas.ops
     context = ClaimContext(
         node_id=node_id,
         control=control,
         storage=storage,
-        requester=Loopback(node_id, peers, replicas.ops),
+        requester=Loopback(node_id, peers, ops),
         clock=clock,
         settings=replication,
         rule=rule,
         live_nodes=live_nodes,
         is_live=is_live,
+        holds_lease=holds_lease,
+        heard_at=heard_at,
+        on_lead=on_lead,
     )
-    lead = LeadRanges(storage, SegmentClaims(context), roll_bytes)
+    copies = CommittedCopies(context)
+    lead = LeadRanges(storage, SegmentClaims(context), copies, roll_bytes)
     ranges = ClusterRanges(
-        node_id,
-        control,
-        lead,
-        forward,
-        live_nodes,
-        rule,
-        holds_lease,
-        copies=CommittedCopies(context),
+        node_id, control, lead, forward, live_nodes, rule, holds_lease, copies=copies
     )
-    healer = Healer(context, lead, replace_after_seconds, holds_chores)
-    serve = _serve(RangeServer(ranges.led_here(), clock), replicas.ops)
-    return RangeParts(ranges, serve, lead, healer)
+    healer = Healer(context)
+    health = ReplicationHealth(context, healer)
+    ops[PeerOp.COPY_HEALTH] = health.serve
+    parts = Replication(
+        lead=lead,
+        healer=healer,
+        replica_sets=ReplicaSets(context, lead, replace_after_seconds, holds_chores),
+        health=health,
+    )
+    serve = _serve(RangeServer(ranges.led_here(), clock), ops)
+    return RangeParts(ranges, serve, parts)
 
 
-def _serve(
-    range_server: RangeServer, replica_ops: dict[PeerOp, Callable[[bytes], Deferred[bytes]]]
-) -> PeerHandler:
+def _serve(range_server: RangeServer, replica_ops: dict[PeerOp, ReplicaOp]) -> PeerHandler:
     def serve(peer: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         replica_op = replica_ops.get(op)
         if replica_op is None:
             return range_server(peer, op, payload)
         try:
-            return replica_op(payload)
+            return replica_op(peer, payload)
         except BrokerError as error:
             return fail(error)
         except PeerError as error:

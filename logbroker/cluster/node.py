@@ -33,6 +33,7 @@ from logbroker.metrics import Metrics
 from logbroker.peer.connections import PeerConnections, PeerServerFactory
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.handshake import PeerIdentity
+from logbroker.peer.link import PeerSettings
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.storage import OpenLogs
@@ -137,7 +138,15 @@ def build_cluster(
         return HostnameEndpoint(reactor, found.host, found.peer_port)
 
     peer_metrics = _PeerMetrics(metrics)
-    peers = PeerConnections(identity, reactor, endpoint_for, observer=peer_metrics)
+    # Pings often enough that a leader can tell within a lease TTL whether it still hears its
+    # replicas (CheckQuorum), however idle the links are.
+    lease_seconds = cluster.node_lease_ms / 1000
+    peer_settings = PeerSettings(
+        ping_interval_s=lease_seconds / 5, dead_after_s=max(3 * lease_seconds, 15.0)
+    )
+    peers = PeerConnections(
+        identity, reactor, endpoint_for, settings=peer_settings, observer=peer_metrics
+    )
 
     def keep_links() -> None:
         live = {r.node_id for r in membership.live_nodes()} - {node_id}
@@ -169,10 +178,13 @@ def build_cluster(
         is_live=membership.is_alive,
         holds_chores=lambda: membership.holds_chores,
         replace_after_seconds=cluster.replica_replace_after_ms / 1000,
+        heard_at=peers.heard_at,
     )
     chores: list[PeriodicTask] = []
-    lead, healer = parts.lead, parts.healer
-    if lead is not None and healer is not None:
+    replication = parts.replication
+    if replication is not None:
+        # A node without its lease leads nothing, at once.
+        membership.on_lease_lost.append(replication.lead.stop)
 
         def range_ids() -> list[str]:
             return [r for topic in control.topics() for r in topic.range_ids]
@@ -181,7 +193,7 @@ def build_cluster(
             PeriodicTask(
                 "takeover_sweep",
                 TAKEOVER_SWEEP_SECONDS,
-                lambda: lead.sweep(range_ids()),
+                lambda: replication.sweep(range_ids()),
                 reactor,
                 metrics=metrics,
                 now=False,
@@ -189,7 +201,7 @@ def build_cluster(
             PeriodicTask(
                 "healing",
                 HEALING_SECONDS,
-                lambda: healer.tick(range_ids()),
+                lambda: replication.heal(range_ids()),
                 reactor,
                 metrics=metrics,
                 now=False,
@@ -209,10 +221,18 @@ def build_cluster(
         membership=membership,
         ranges=parts.ranges,
         chores=chores,
-        view=MembershipView(cluster.cluster_id, membership, control, rule),
+        view=MembershipView(
+            cluster.cluster_id,
+            membership,
+            control,
+            rule,
+            None if replication is None else replication.health,
+        ),
         peers=peers,
         groups=groups,
-        peer_factory=PeerServerFactory(identity, reactor, serve, observer=peer_metrics),
+        peer_factory=PeerServerFactory(
+            identity, reactor, serve, settings=peer_settings, observer=peer_metrics
+        ),
         store=store,
     )
 

@@ -47,6 +47,9 @@ class ClusterStatus:
     domain_violations: int
     #: Seconds since etcd last renewed this node's lease; None on one node or without a lease.
     lease_age_seconds: float | None
+    #: Segments with fewer whole copies on live nodes than the replication factor
+    #: (``svc_under_replicated_segments``); 0 without replication.
+    under_replicated: int = 0
 
 
 class ClusterView(Protocol):
@@ -96,6 +99,13 @@ class SingleNodeView:
         )
 
 
+class ReplicationCount(Protocol):
+    """The under-replicated count, as last counted (``ReplicationHealth``)."""
+
+    @property
+    def count(self) -> int: ...
+
+
 @attrs.frozen
 class MembershipView:
     """A node of an etcd cluster: the member list from ``membership``."""
@@ -104,6 +114,8 @@ class MembershipView:
     membership: Membership
     control: ControlPlane
     rule: PlacementRule
+    #: ``None`` at replication factor 1.
+    replication: ReplicationCount | None = None
 
     def status(self) -> ClusterStatus:
         replica_sets = _replica_sets(self.control)
@@ -123,4 +135,5 @@ class MembershipView:
             chores_holder=self.membership.chores_holder,
             domain_violations=domain_violations(replica_sets, placement_nodes, self.rule),
             lease_age_seconds=self.membership.lease_age(),
+            under_replicated=0 if self.replication is None else self.replication.count,
         )

@@ -11,9 +11,11 @@ from logbroker.controlplane._format import FORMAT_VERSION
 from logbroker.controlplane._interface import ControlPlane
 from logbroker.controlplane._kv import KeyValueStore
 from logbroker.controlplane._model import (
+    ANY_RECORD,
     GRANT_OPERATIONS,
     MAX_KEYSPACE_BITS,
     AclGrant,
+    AnyRecord,
     Range,
     RangeState,
     SegmentMeta,
@@ -47,11 +49,13 @@ from logbroker.controlplane.etcd import EtcdControlPlane
 from logbroker.controlplane.local import LocalControlPlane
 
 __all__ = [
+    "ANY_RECORD",
     "FORMAT_VERSION",
     "GRANT_OPERATIONS",
     "MAX_KEYSPACE_BITS",
     "AclGrant",
     "AlreadyExistsError",
+    "AnyRecord",
     "CompactedError",
     "ContendedError",
     "ControlPlane",

@@ -14,7 +14,15 @@ from typing import Protocol
 
 from twisted.internet.defer import Deferred
 
-from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._model import (
+    ANY_RECORD,
+    AclGrant,
+    AnyRecord,
+    Range,
+    SegmentMeta,
+    Topic,
+    User,
+)
 from logbroker.controlplane._state import MergeCursors
 
 
@@ -57,9 +65,14 @@ class ControlPlane(Protocol):
         """Create ``topic`` with ``ranges`` (listed in ``topic.range_ids``, tiling its
         keyspace); ``AlreadyExistsError`` if the topic or a range id exists."""
 
-    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
+    def put_segment(
+        self, meta: SegmentMeta, *, expected: SegmentMeta | AnyRecord | None = ANY_RECORD
+    ) -> Deferred[None]:
         """Record a segment or a change to it. ``NotFoundError`` for an unknown range;
-        ``InvalidChangeError`` for a lower epoch or a change to a sealed segment's counts."""
+        ``InvalidChangeError`` for a lower epoch, a change to a sealed segment's counts, or a
+        record that is not ``expected`` when the change takes effect (``None``: the segment
+        must not be recorded yet), compared where the record is kept (in etcd, on etcd's own
+        revision in the transaction that writes it), never against a cached copy."""
 
     def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
         """Forget a segment (retention); ``NotFoundError`` if it is not recorded."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from enum import StrEnum
+from enum import Enum, StrEnum
 
 import attrs
 
@@ -181,6 +181,18 @@ class SegmentMeta:
                 f"segment {self.range_id}@{self.base_offset} needs a tuple of distinct, "
                 f"non-empty node names as its replica set, not {value!r}"
             )
+
+
+class AnyRecord(Enum):
+    """``put_segment``'s ``expected`` when the change holds whatever the segment's record is
+    (subject to the epoch and seal rules): one node's own segments, which no other node
+    writes."""
+
+    ANY = "any"
+
+
+#: See ``AnyRecord``.
+ANY_RECORD = AnyRecord.ANY
 
 
 @attrs.frozen

@@ -13,7 +13,15 @@ from collections.abc import Sequence
 
 from twisted.internet.defer import Deferred
 
-from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
+from logbroker.controlplane._model import (
+    ANY_RECORD,
+    AclGrant,
+    AnyRecord,
+    Range,
+    SegmentMeta,
+    Topic,
+    User,
+)
 from logbroker.controlplane._state import (
     Change,
     CommitGroupPosition,
@@ -90,8 +98,10 @@ class StateControlPlane(ABC):
     def create_topic(self, topic: Topic, ranges: Sequence[Range]) -> Deferred[None]:
         return self._change(CreateTopic(topic, tuple(ranges)))
 
-    def put_segment(self, meta: SegmentMeta) -> Deferred[None]:
-        return self._change(PutSegment(meta))
+    def put_segment(
+        self, meta: SegmentMeta, *, expected: SegmentMeta | AnyRecord | None = ANY_RECORD
+    ) -> Deferred[None]:
+        return self._change(PutSegment(meta, expected))
 
     def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
         return self._change(DeleteSegment(range_id, base_offset))

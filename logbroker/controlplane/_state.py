@@ -14,7 +14,9 @@ from typing import TypeVar
 import attrs
 
 from logbroker.controlplane._model import (
+    ANY_RECORD,
     AclGrant,
+    AnyRecord,
     Range,
     RangeState,
     SegmentMeta,
@@ -99,11 +101,33 @@ class CreateTopic:
         )
 
 
+def swap_refusal(
+    old: SegmentMeta | None, meta: SegmentMeta, expected: SegmentMeta | AnyRecord | None
+) -> str | None:
+    """Why a change of a segment's record from ``old`` to ``meta`` is refused when it expects
+    the record to be ``expected`` (``None``: absent), if it is: a compare-and-swap, so that of
+    two nodes that read the same record and change it (two claims of the same epoch, two
+    openings of the same next segment), one wins and the other is told it lost."""
+    if expected is ANY_RECORD or old == expected:
+        return None
+    where = f"segment {meta.range_id}@{meta.base_offset}"
+    if expected is None:
+        return f"{where} exists already ({old!r}); another node recorded it first"
+    if old is None:
+        return f"{where} is not recorded; this change expected {expected!r}"
+    return (
+        f"{where} is now {old!r}, not {expected!r} as this change expected: another node "
+        "changed it first; read it again and decide anew"
+    )
+
+
 @attrs.frozen
 class PutSegment:
-    """Record a new segment or a change to one (sealing, a new epoch, a new replica set)."""
+    """Record a new segment or a change to one (sealing, a new epoch, a new replica set), if
+    its record is still ``expected`` (see ``swap_refusal``)."""
 
     meta: SegmentMeta
+    expected: SegmentMeta | AnyRecord | None = ANY_RECORD
 
     def apply(self, state: ControlState) -> ControlState:
         meta = self.meta
@@ -112,6 +136,9 @@ class PutSegment:
         segments = state.segments.get(meta.range_id, {})
         old = segments.get(meta.base_offset)
         where = f"segment {meta.range_id}@{meta.base_offset}"
+        refused = swap_refusal(old, meta, self.expected)
+        if refused is not None:
+            raise InvalidChangeError(refused)
         if old is not None:
             # These would let a stale primary back in or change what replicas trim to.
             if meta.epoch < old.epoch:

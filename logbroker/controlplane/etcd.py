@@ -28,9 +28,12 @@ are deleted by prefix, so a grant racing with the deletion cannot outlive the us
 When a compare fails, another node got there first: the change waits until the cache has seen
 what the store holds for the compared keys, is applied again to that state (which may now raise
 the typed error: ``AlreadyExistsError`` for the loser of a race to create a topic) and retried,
-up to ``MAX_ATTEMPTS`` times (then ``ContendedError``). A segment change is a compare-and-swap
-on the segment: if another node changed that segment meanwhile, it fails
-(``InvalidChangeError``) rather than overwrite it, so of two nodes bumping an epoch one wins.
+up to ``MAX_ATTEMPTS`` times (then ``ContendedError``). A segment change that names the record
+it expects (``put_segment(..., expected=)``) is a compare-and-swap on etcd's own revision of
+the segment's key: it is applied only if the cache holds exactly that record when the
+transaction is made, and the transaction compares the key's revision in etcd to the cache's; so
+if another node changed the segment meanwhile (even to the same epoch), the change fails
+(``InvalidChangeError``) rather than overwrite it, and of two nodes claiming an epoch one wins.
 A change's Deferred fires once the watch has brought its revision into the cache, so the node
 that made a change reads it at once.
 
@@ -87,7 +90,6 @@ from logbroker.controlplane.errors import (
     ControlPlaneClosedError,
     ControlPlaneError,
     ControlPlaneUnavailableError,
-    InvalidChangeError,
     OutcomeUnknownError,
     StateFileError,
 )
@@ -622,9 +624,6 @@ class EtcdControlPlane(StateControlPlane):
             # Another node changed what these changes depend on: wait until the cache shows
             # what the store held then, and decide again on that.
             await self._until(self._agrees(result.revision, compares, result.gets))
-            for change in made:
-                if isinstance(change, PutSegment):
-                    self._check_segment_unchanged(change.meta, compares)
         raise ContendedError(
             f"gave up on {type(changes[0]).__name__} under {self.prefix} after {MAX_ATTEMPTS} "
             "attempts: other nodes kept changing what it depends on; retry it"
@@ -658,18 +657,6 @@ class EtcdControlPlane(StateControlPlane):
         # It did: once the cache shows the keys as the store had them, this change is done.
         await self._until(self._agrees(again.revision, compares, again.gets))
         return attrs.evolve(again, succeeded=True, revision=0)
-
-    def _check_segment_unchanged(self, meta: SegmentMeta, compares: Sequence[Compare]) -> None:
-        """A segment change is a compare-and-swap: the loser of a race on one segment (two
-        nodes bumping its epoch) fails instead of overwriting the winner."""
-        key = self._keys.segment(meta.range_id, meta.base_offset)
-        expected = next(compare.operand for compare in compares if compare.key == key)
-        if self._revisions.get(key, 0) != expected:
-            now = self._read().segments.get(meta.range_id, {}).get(meta.base_offset)
-            raise InvalidChangeError(
-                f"segment {meta.range_id}@{meta.base_offset} was changed by another node "
-                f"meanwhile (now {now!r}); read it again and decide anew"
-            )
 
     def _reached(self, revision: int) -> Callable[[], bool]:
         return lambda: self._revision >= revision

@@ -107,6 +107,8 @@ class _Link:
         self.protocol: PeerProtocol | None = None
         #: Connections in a row that ended before their handshake succeeded.
         self.failed_handshakes = 0
+        #: When the link last heard from its peer over a connection now ended (or was made).
+        self.last_heard = owner._clock.seconds()
         self.service = ClientService(
             owner._endpoint_for(node_id),
             _DialerFactory(self),
@@ -132,6 +134,7 @@ class _Link:
     def _ended(self, protocol: PeerProtocol) -> None:
         if self.protocol is protocol:
             self.protocol = None
+            self.last_heard = max(self.last_heard, protocol.last_received)
         if not isinstance(protocol.handshake.outcome, Established):
             self.failed_handshakes += 1
 
@@ -201,6 +204,16 @@ class PeerConnections(Service):
         """The established connection to ``node_id``, if there is one now."""
         link = self._links.get(node_id)
         return None if link is None else link.protocol
+
+    def heard_at(self, node_id: str) -> float | None:
+        """When the link to ``node_id`` last heard from it: the established connection's last
+        receipt, or else when the link was last up (or made); ``None`` for an unknown peer."""
+        link = self._links.get(node_id)
+        if link is None:
+            return None
+        if link.protocol is not None:
+            return link.protocol.last_received
+        return link.last_heard
 
     def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         """Send a request to ``node_id``: fails with ``unreachable`` at once when there is no

@@ -1,4 +1,4 @@
-"""The peer protocol (port 4042), v1: a sans-IO codec of its frames. No Twisted, no sockets,
+"""The peer protocol (port 4042), v2: a sans-IO codec of its frames. No Twisted, no sockets,
 no logging.
 
 Brokers of one cluster talk over one long-lived connection per direction and peer: a handshake
@@ -26,7 +26,9 @@ Byte layout::
 
 Hello and Refuse keep this layout in every version of the protocol, so that two nodes of
 different versions can always tell each other why they part (``incompatible_version``); what
-follows the handshake may change with ``PROTOCOL_VERSION``. A request with an op this version
+follows the handshake may change with ``PROTOCOL_VERSION`` (2 since fetches carry the epoch
+the copy must be at, and replicas may answer ``unknown``; nodes of version 1 and 2 refuse each
+other: upgrade a cluster's nodes together). A request with an op this version
 does not know still decodes (its op is kept as a number), so that it can be answered
 ``unknown_op`` rather than end the connection.
 
@@ -51,7 +53,7 @@ from logbroker import wire
 from logbroker.wire import primitives as p
 from logbroker.wire.primitives import Reader, Truncated
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 NONCE_SIZE = 32
 MAC_SIZE = 32
 #: The peer port's default maximum frame: room for an append or a read of a full client frame
@@ -102,6 +104,8 @@ class PeerOp(IntEnum):
     STAMPED_APPEND = 9
     # The committed records of a copy, for reads while a range's primary cannot serve them.
     READ_COMMITTED = 10
+    # The sealed copies a node should hold and does not yet, for the under-replicated count.
+    COPY_HEALTH = 12
 
 
 class PeerCodecError(ValueError):

@@ -206,6 +206,11 @@ class PeerProtocol(Protocol):
         self._reading_paused = False
 
     @property
+    def last_received(self) -> float:
+        """When this connection last received anything (pongs included)."""
+        return self._last_received
+
+    @property
     def peer_node_id(self) -> str | None:
         """The peer's node id, once the handshake has established it."""
         outcome = self.handshake.outcome

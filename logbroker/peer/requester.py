@@ -31,8 +31,8 @@ if TYPE_CHECKING:
         return connections
 
 
-#: A node's own handler of one op: ``(payload) -> ok payload``.
-LocalOps = dict[PeerOp, Callable[[bytes], Deferred[bytes]]]
+#: A node's own handler of one op: ``(sending node id, payload) -> ok payload``.
+LocalOps = dict[PeerOp, Callable[[str, bytes], Deferred[bytes]]]
 
 
 class Loopback:
@@ -49,4 +49,4 @@ class Loopback:
         serve = self._ops.get(op)
         if serve is None:
             return fail(PeerError(PeerReason.UNKNOWN_OP, f"op {op} is not served locally"))
-        return maybeDeferred(serve, payload)
+        return maybeDeferred(serve, self._node_id, payload)

@@ -31,8 +31,9 @@ from logbroker.replication.replica_codec import (
     decode_committed,
     encode_fetch,
 )
-from logbroker.replication.takeover import ClaimContext, batch_slices
+from logbroker.replication.takeover import ClaimContext
 from logbroker.storage import BatchSlice
+from logbroker.storage._format import scan_batches
 
 log = Logger()
 
@@ -136,7 +137,9 @@ class CommittedCopies:
         """What each live holder of ``meta``'s segment answers, this node first; holders that
         cannot be reached are passed over."""
         ctx = self._context
-        request = encode_fetch(FetchRequest(meta.range_id, meta.base_offset, offset, 0, max_bytes))
+        request = encode_fetch(
+            FetchRequest(meta.range_id, meta.base_offset, meta.epoch, offset, 0, max_bytes)
+        )
         holders = sorted(
             (node for node in meta.replicas if node == ctx.node_id or ctx.is_live(node)),
             key=lambda node: node != ctx.node_id,
@@ -163,3 +166,10 @@ class CommittedCopies:
             f"{meta.range_id}@{meta.base_offset} ({', '.join(meta.replicas)}) answered for "
             f"offset {offset}",
         )
+
+
+def batch_slices(data: bytes) -> list[BatchSlice]:
+    """The whole batches another copy sent, as reads take them (each verified by its own
+    checksum; a damaged one ends the list)."""
+    view = memoryview(data)
+    return [BatchSlice(view, batch, True) for batch in scan_batches(view).batches]

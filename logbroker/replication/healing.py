@@ -1,35 +1,38 @@
-"""Healing: bring the copies back to what the control plane says, without the operator.
+"""Healing this node's copies: bring them back to what the control plane says, without the
+operator.
 
-Each node runs ``Healer.tick`` periodically. One tick does at most one piece of each kind of
-work, so a node that comes back after a long absence catches up without starving its clients:
+Each node runs ``Healer.tick`` periodically (``logbroker.replication.replica_sets`` does the
+same for the replica sets themselves). A tick looks at every segment of every range:
 
 - **Its own copies.** A sealed segment whose replica set names this node must be held here
-  whole: a copy still open is sealed to the recorded length (what lies past it was never
-  acknowledged); a copy that is missing, or shorter than the seal, is fetched whole from a live
-  replica that holds it and installed.
-- **Replica sets it leads.** The active segment of a range this node leads is rolled when its
-  replica set is short of the replication factor (it was placed while nodes were down) or names
-  a node dead for longer than ``replace_after``, and enough nodes are alive for a fuller set:
-  the next segment is placed on the live nodes.
-- **Dead replicas** (the chores lease holder only). A sealed segment whose replica set names a
-  node dead for longer than ``replace_after`` gets that node replaced (``placement.replace``) in
-  the control plane; the new member fetches the segment at its next tick. So the replication
-  factor is restored for data already written, not just for new segments.
+  whole, at the segment's epoch: a copy still open at that epoch and long enough is sealed in
+  place (what lies past the sealed length was never acknowledged); a copy that is missing,
+  short, damaged or of another epoch is fetched whole from a live replica that holds it (at the
+  segment's epoch) and installed, replacing whatever copies overlap it here. Fetches run in
+  parallel, across ranges, bounded by the bytes in flight (``max_fetch_bytes``; one at least),
+  and each one that ends starts the next: a node back from a long absence is whole again at
+  the speed of its disk and link, not at one segment a tick.
+- **Stale copies.** A copy of a segment sealed on a replica set without this node (it was
+  dropped from it, or the copy was left behind by a takeover) is served and believed by no one
+  (``core.replica.trusted``); once every member of the set holds the segment whole, it is
+  deleted.
+
+``missing`` lists, after each tick, the sealed segments this node should hold and does not yet
+(the ``copy_health`` peer op reports it to the others, for the under-replicated count).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.logger import Logger
 
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
-from logbroker.placement import PlacementError, replace, segment_key
-from logbroker.replication.leading import LeadRanges
-from logbroker.replication.replica import same_epoch
-from logbroker.replication.replica_codec import FetchRequest, encode_fetch
+from logbroker.replication.core import replica as rules
+from logbroker.replication.replica import copy_epoch, view_of
+from logbroker.replication.replica_codec import FetchRequest, decode_committed, encode_fetch
 from logbroker.replication.takeover import ClaimContext
 from logbroker.storage import CopyState, RangeLog, SegmentInfo, StorageError
 from logbroker.storage._format import scan_batches
@@ -37,127 +40,157 @@ from logbroker.storage._format import scan_batches
 log = Logger()
 
 #: The most bytes one fetch of a sealed copy asks for.
-_FETCH_BYTES = 1024 * 1024
+FETCH_BYTES = 1024 * 1024
+#: The bytes of whole sealed copies being fetched at once, by default.
+MAX_FETCH_BYTES = 64 * 1024 * 1024
+
+#: ``(range id, base offset)``: a segment.
+SegmentKey = tuple[str, int]
 
 
 class Healer:
-    def __init__(
-        self,
-        context: ClaimContext,
-        lead: LeadRanges,
-        replace_after_seconds: float,
-        holds_chores: Callable[[], bool],
-    ) -> None:
+    def __init__(self, context: ClaimContext, max_fetch_bytes: int = MAX_FETCH_BYTES) -> None:
         self._context = context
-        self._lead = lead
-        self._replace_after = replace_after_seconds
-        self._holds_chores = holds_chores
-        #: When each node was first seen dead (by this node), for ``replace_after``.
-        self._dead_since: dict[str, float] = {}
+        self._max_fetch_bytes = max_fetch_bytes
+        #: Sealed segments this node should hold whole and does not, as of the last tick.
+        self.missing: set[SegmentKey] = set()
+        #: Copies being healed (sealed in place or fetched), and the bytes being fetched.
+        self._healing: set[SegmentKey] = set()
+        self._fetching_bytes = 0
+        #: Fetches waiting for room in the budget, in the order found.
+        self._queue: list[SegmentMeta] = []
         #: Copies that could not be healed here yet (no live holder), not to be logged twice.
-        self._reported: set[tuple[str, int]] = set()
+        self._reported: set[SegmentKey] = set()
+
+    @property
+    def fetching_bytes(self) -> int:
+        return self._fetching_bytes
 
     def tick(self, range_ids: Sequence[str]) -> Deferred[None]:
         return Deferred.fromCoroutine(self._tick(range_ids))
 
     async def _tick(self, range_ids: Sequence[str]) -> None:
         ctx = self._context
-        segments = {range_id: ctx.control.segments(range_id) for range_id in range_ids}
-        self._note_deaths(node for metas in segments.values() for m in metas for node in m.replicas)
-        for range_id, metas in segments.items():
-            if await self._heal_own_copy(range_id, metas):
-                break
-        self._roll_weak_sets()
-        if self._holds_chores():
-            for metas in segments.values():
-                if await self._replace_dead_replica(metas):
-                    break
-
-    # -- who is dead, and for how long -------------------------------------------------------
-
-    def _note_deaths(self, nodes: Iterable[str]) -> None:
-        now = self._context.clock.seconds()
-        for node in set(nodes):
-            if self._context.is_live(node):
-                self._dead_since.pop(node, None)
-            else:
-                self._dead_since.setdefault(node, now)
-
-    def _long_dead(self, node: str) -> bool:
-        since = self._dead_since.get(node)
-        return since is not None and self._context.clock.seconds() - since >= self._replace_after
+        missing: set[SegmentKey] = set()
+        self._queue = []
+        for range_id in range_ids:
+            metas = ctx.control.segments(range_id)
+            if not any(ctx.node_id in meta.replicas for meta in metas):
+                copy = ctx.storage.logs.get(range_id)
+                if copy is not None:
+                    await self._drop_stale(copy, metas)
+                continue
+            copy = ctx.storage.logs.get(range_id)
+            if copy is None:
+                copy = await ctx.storage.open_range(range_id)
+            for meta in self._unhealed(copy, metas):
+                missing.add((meta.range_id, meta.base_offset))
+                self._heal(copy, meta)
+            await self._drop_stale(copy, metas)
+        self.missing = missing
+        self._start_fetches()
 
     # -- this node's copies -------------------------------------------------------------------
 
-    async def _heal_own_copy(self, range_id: str, metas: Sequence[SegmentMeta]) -> bool:
-        """Heal the first sealed segment of ``range_id`` this node should hold and does not (a
-        copy that cannot be healed yet is passed over); answers whether one was healed."""
-        ctx = self._context
-        wanted = [
-            m
-            for m in metas
-            if m.state is SegmentState.SEALED and ctx.node_id in m.replicas and m.record_count
-        ]
-        if not wanted:
-            return False
-        copy = ctx.storage.logs.get(range_id)
-        if copy is None:
-            copy = await ctx.storage.open_range(range_id)
-        held = {info.base_offset: info for info in copy.segments()}
-        for meta in wanted:
-            info = held.get(meta.base_offset)
-            if info is not None and info.state is CopyState.SEALED and info.damage is None:
+    def _unhealed(self, copy: RangeLog, metas: Sequence[SegmentMeta]) -> list[SegmentMeta]:
+        """The sealed segments naming this node that it does not hold whole and trusted."""
+        node_id = self._context.node_id
+        found = []
+        for meta in metas:
+            if meta.state is not SegmentState.SEALED or node_id not in meta.replicas:
                 continue
-            if await self._heal(copy, meta, info, metas):
-                return True
-        return False
+            if not meta.record_count:
+                continue
+            view = view_of(copy, meta.base_offset)
+            if view.state is CopyState.SEALED and rules.trusted(view, meta, node_id):
+                continue
+            found.append(meta)
+        return found
 
-    async def _heal(
-        self,
-        copy: RangeLog,
-        meta: SegmentMeta,
-        info: SegmentInfo | None,
-        metas: Sequence[SegmentMeta],
-    ) -> bool:
-        assert meta.record_count is not None
+    def _heal(self, copy: RangeLog, meta: SegmentMeta) -> None:
+        key = (meta.range_id, meta.base_offset)
+        if key in self._healing:
+            return
+        info = next((s for s in copy.segments() if s.base_offset == meta.base_offset), None)
         assert meta.byte_size is not None
-        where = f"{meta.range_id}@{meta.base_offset}"
         if (
             info is not None
             and info.damage is None
+            and info.state is not CopyState.SEALED
             and info.byte_size >= meta.byte_size
-            and same_epoch(copy, meta)
+            and copy_epoch(copy, meta.base_offset) == meta.epoch
         ):
-            try:
-                await copy.seal_copy(meta.base_offset, meta.record_count, meta.byte_size)
-                log.info("Sealed this node's copy of {segment} as recorded", segment=where)
-                return True
-            except StorageError as error:
-                log.warn(
-                    "Sealing the copy of {segment} failed: {error}", segment=where, error=error
-                )
+            self._healing.add(key)
+            self._seal_in_place(copy, meta).addBoth(self._healed, key, 0)
+            return
+        self._queue.append(meta)
+
+    def _seal_in_place(self, copy: RangeLog, meta: SegmentMeta) -> Deferred[object]:
+        assert meta.record_count is not None
+        assert meta.byte_size is not None
+        where = f"{meta.range_id}@{meta.base_offset}"
+
+        def sealed(_: object) -> None:
+            log.info("Sealed this node's copy of {segment} as recorded", segment=where)
+
+        def failed(failure: object) -> None:
+            # Fetched whole at the next tick instead.
+            log.warn("Sealing the copy of {segment} failed: {error}", segment=where, error=failure)
+
+        sealing = copy.seal_copy(meta.base_offset, meta.record_count, meta.byte_size)
+        return sealing.addCallbacks(sealed, failed)
+
+    def _start_fetches(self) -> None:
+        """Start the queued fetches the budget has room for (one at least)."""
+        queue, self._queue = self._queue, []
+        for index, meta in enumerate(queue):
+            key = (meta.range_id, meta.base_offset)
+            if key in self._healing:
+                continue
+            assert meta.byte_size is not None
+            size = meta.byte_size
+            if self._healing and self._fetching_bytes + size > self._max_fetch_bytes:
+                self._queue = queue[index:]
+                return
+            self._healing.add(key)
+            self._fetching_bytes += size
+            fetching = Deferred.fromCoroutine(self._fetch_and_install(meta))
+            fetching.addBoth(self._healed, key, size)
+
+    def _healed(self, outcome: object, key: SegmentKey, size: int) -> None:
+        self._healing.discard(key)
+        self._fetching_bytes -= size
+        if outcome is True:
+            self.missing.discard(key)
+        self._start_fetches()
+
+    async def _fetch_and_install(self, meta: SegmentMeta) -> bool:
+        ctx = self._context
+        assert meta.record_count is not None
         data = await self._fetch_whole(meta)
         if data is None:
             return False
+        copy = ctx.storage.logs[meta.range_id]
         try:
-            await self._make_room(copy, meta, metas)
+            await self._make_room(copy, meta)
             await copy.install_segment(meta.base_offset, data, meta.record_count)
         except StorageError as error:
             self._report(meta, f"the whole copy cannot be put in place here ({error})")
             return False
         self._reported.discard((meta.range_id, meta.base_offset))
         log.info(
-            "Fetched {segment} whole ({size} bytes) from a replica: this node's copy is complete",
-            segment=where,
+            "Fetched {range_id}@{segment} whole ({size} bytes) from a replica: this node's copy"
+            " is complete",
+            range_id=meta.range_id,
+            segment=meta.base_offset,
             size=len(data),
         )
         return True
 
-    async def _make_room(
-        self, copy: RangeLog, meta: SegmentMeta, metas: Sequence[SegmentMeta]
-    ) -> None:
+    async def _make_room(self, copy: RangeLog, meta: SegmentMeta) -> None:
         """Clear the way for the whole copy of ``meta``: delete every copy this node holds that
-        overlaps its offsets, its own (short, or written at another epoch) copy of it included.
+        overlaps its offsets, its own (short, damaged, or written at another epoch) copy of it
+        included.
 
         Another copy in the way holds only bytes nobody acknowledged past its own sealed end
         (an older primary's, written while this node was cut off; or a segment this node was
@@ -181,10 +214,14 @@ class Healer:
         if last is not None and last.base_offset < end:
             if last in in_the_way:
                 await copy.trim(last.base_offset, 0)
-            after = next((m for m in metas if m.base_offset == end), None)
+            after = next(
+                (m for m in self._context.control.segments(meta.range_id) if m.base_offset == end),
+                None,
+            )
             await copy.start_segment(end, after.epoch if after is not None else 0)
         for segment in in_the_way:
-            await copy.delete_segment(segment.base_offset)
+            if segment.base_offset in {s.base_offset for s in copy.segments()}:
+                await copy.delete_segment(segment.base_offset)
 
     async def _fetch_whole(self, meta: SegmentMeta) -> bytes | None:
         ctx = self._context
@@ -195,7 +232,9 @@ class Healer:
             offset = meta.base_offset
             try:
                 while offset < end:
-                    request = FetchRequest(meta.range_id, meta.base_offset, offset, 0, _FETCH_BYTES)
+                    request = FetchRequest(
+                        meta.range_id, meta.base_offset, meta.epoch, offset, 0, FETCH_BYTES
+                    )
                     data = await ctx.requester.request(holder, PeerOp.FETCH, encode_fetch(request))
                     scan = scan_batches(data, 0, offset)
                     if not scan.batches or scan.damage is not None:
@@ -228,61 +267,73 @@ class Healer:
                 why=why,
             )
 
-    # -- replica sets ---------------------------------------------------------------------------
+    # -- stale copies ---------------------------------------------------------------------------
 
-    def _roll_weak_sets(self) -> None:
+    async def _drop_stale(self, copy: RangeLog, metas: Sequence[SegmentMeta]) -> None:
+        """Delete this node's copies of segments sealed on replica sets without it, once every
+        member holds the segment whole."""
         ctx = self._context
-        live = sum(1 for node in ctx.live_nodes() if node.alive)
-        factor = ctx.settings.replication_factor
-        for handle in self._lead.leading():
-            leader = handle.leader
-            if leader is None or leader.written == leader.segment:
+        by_base = {meta.base_offset: meta for meta in metas}
+        for info in copy.segments():
+            meta = by_base.get(info.base_offset)
+            if meta is None or not _holds_bytes(info):
                 continue
-            members = [n for n in leader.replicas if not self._long_dead(n)]
-            if len(members) >= factor or live <= len(members):
+            if not rules.stale(view_of(copy, info.base_offset), meta, ctx.node_id):
                 continue
-            log.info(
-                "Rolling {range_id}: its active segment is on {replicas}, fewer than {factor}"
-                " live replicas; the next one is placed on the live nodes",
-                range_id=handle.range_id,
-                replicas=",".join(leader.replicas),
-                factor=factor,
-            )
-            handle.roll()
+            key = (meta.range_id, meta.base_offset)
+            if key in self._healing or not await self._members_hold_whole(meta):
+                continue
+            await self._delete(copy, info, meta)
 
-    async def _replace_dead_replica(self, metas: Sequence[SegmentMeta]) -> bool:
+    async def _members_hold_whole(self, meta: SegmentMeta) -> bool:
         ctx = self._context
-        for meta in metas:
-            if meta.state is not SegmentState.SEALED:
-                continue
-            if not any(self._long_dead(node) for node in meta.replicas):
-                continue
+        assert meta.record_count is not None
+        end = meta.base_offset + meta.record_count
+        probe = encode_fetch(
+            FetchRequest(meta.range_id, meta.base_offset, meta.epoch, meta.base_offset, 0, 0)
+        )
+        for member in meta.replicas:
             try:
-                placement = replace(
-                    segment_key(meta.range_id, meta.base_offset),
-                    meta.replicas,
-                    ctx.live_nodes(),
-                    ctx.rule,
+                answer = decode_committed(
+                    await ctx.requester.request(member, PeerOp.READ_COMMITTED, probe)
                 )
-            except PlacementError:
-                continue
-            if set(placement.replicas) == set(meta.replicas):
-                continue
-            updated = SegmentMeta(
-                meta.range_id,
-                meta.base_offset,
-                meta.state,
-                meta.record_count,
-                meta.byte_size,
-                placement.replicas,
-                meta.epoch,
-            )
-            await ctx.control.put_segment(updated)
-            log.info(
-                "Replaced the dead replicas of {range_id}@{segment}: now on {replicas}",
+            except Exception:
+                return False
+            if answer.end_offset < end:
+                return False
+        return True
+
+    async def _delete(self, copy: RangeLog, info: SegmentInfo, meta: SegmentMeta) -> None:
+        """Delete a stale copy; the range's last segment (its name keeps where the range
+        ends) is emptied instead, or, if it is sealed here, first followed by an empty one."""
+        last = copy.segments()[-1]
+        try:
+            if info.base_offset == last.base_offset:
+                if info.state is not CopyState.SEALED:
+                    await copy.trim(info.base_offset, 0)
+                    self._deleted(meta)
+                    return
+                await copy.start_segment(info.next_offset, 0)
+            await copy.delete_segment(info.base_offset)
+        except StorageError as error:
+            log.warn(
+                "Deleting the stale copy of {range_id}@{segment} failed: {error}",
                 range_id=meta.range_id,
                 segment=meta.base_offset,
-                replicas=",".join(placement.replicas),
+                error=str(error),
             )
-            return True
-        return False
+            return
+        self._deleted(meta)
+
+    def _deleted(self, meta: SegmentMeta) -> None:
+        log.info(
+            "Deleted this node's stale copy of {range_id}@{segment}: it is sealed on {replicas},"
+            " which hold it whole",
+            range_id=meta.range_id,
+            segment=meta.base_offset,
+            replicas=",".join(meta.replicas),
+        )
+
+
+def _holds_bytes(info: SegmentInfo) -> bool:
+    return info.byte_size > 0 or info.state is CopyState.SEALED

@@ -3,9 +3,17 @@
 ``LeadRanges`` is the replicated counterpart of ``LocalRanges``: ``ClusterRanges`` asks it for
 the handle of a range whose active segment names this node as primary, and opens (claims) the
 range through it when this node does not lead it yet. A ``ReplicatedRange`` answers appends once
-a quorum holds them, reads only what is committed, and wakes long polls as the commit index
-moves. When the active segment reaches the roll size it is sealed and the next one opened
+a quorum holds them, reads only what is committed (from this node's copy where it is trusted and
+whole, else from the other copies), and wakes long polls as the commit index moves. When the
+active segment reaches the roll size it is sealed and the next one opened
 (``SegmentClaims.roll``); appends made meanwhile wait for the new leader.
+
+The sweep (every half second) claims the ranges this node should lead and does not: those it is
+first for (it restarted, or another replica stepped aside to it) and those whose primary died
+where it is the first live replica. A range whose claim failed is tried again after a back-off
+that doubles up to ``MAX_CLAIM_BACKOFF``, so a range that cannot be led now costs nothing but an
+occasional try. The sweep also asks every leader whether it still hears a quorum (CheckQuorum):
+one that does not steps down and resigns, so that a replica that reaches a quorum takes over.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -24,25 +33,37 @@ from logbroker.broker.stamped import StampedAppends
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
-from logbroker.replication.copies import segment_read
+from logbroker.replication.copies import CommittedCopies, segment_read
+from logbroker.replication.core import replica as rules
+from logbroker.replication.core.leader import StepDown
 from logbroker.replication.primary import SegmentLeader
-from logbroker.replication.replica import holds_whole
+from logbroker.replication.replica import view_of
 from logbroker.replication.stamps import recent_range_stamps
 from logbroker.replication.takeover import SegmentClaims
 from logbroker.storage import OpenLogs, RangeLog
 
 log = Logger()
 
+#: The first wait before a failed claim of a range is tried again, and the longest.
+FIRST_CLAIM_BACKOFF = 0.5
+MAX_CLAIM_BACKOFF = 8.0
+
 
 class ReplicatedRange:
     """A range this node leads: ``leader`` leads its active segment."""
 
     def __init__(
-        self, range_id: str, range_log: RangeLog, claims: SegmentClaims, roll_bytes: int
+        self,
+        range_id: str,
+        range_log: RangeLog,
+        claims: SegmentClaims,
+        copies: CommittedCopies,
+        roll_bytes: int,
     ) -> None:
         self._range_id = range_id
         self._log = range_log
         self._claims = claims
+        self._copies = copies
         self._roll_bytes = roll_bytes
         self._reads = LocalRange(range_id, range_log)
         self._stamped = StampedAppends(ProducerTable())
@@ -53,6 +74,10 @@ class ReplicatedRange:
     @property
     def range_id(self) -> str:
         return self._range_id
+
+    @property
+    def range_log(self) -> RangeLog:
+        return self._log
 
     def leads(self, meta: SegmentMeta | None) -> bool:
         """Whether this node still leads the range, as the control plane has it now."""
@@ -116,7 +141,7 @@ class ReplicatedRange:
             self._roll(leader)
 
     def _roll(self, leader: SegmentLeader) -> None:
-        rolled = self._claims.roll(leader, self.committed)
+        rolled = self._claims.roll(leader, self.committed, self._stepped_down)
         # Fires once the roll is over, either way: appends waiting for it go on then (set
         # before the callback, which clears it, in case the roll is over at once).
         self._rolling = rolled
@@ -134,38 +159,65 @@ class ReplicatedRange:
         )
         leader.step_down(BrokerError(Reason.NOT_PRIMARY, f"rolling {self._range_id} failed"))
 
+    def _stepped_down(self, leader: SegmentLeader, step: StepDown) -> None:
+        """A leader of this range stopped; one that gave up for want of a quorum resigns."""
+        if not step.resign:
+            return
+        self._claims.resign(leader, step.message).addErrback(
+            lambda failure: log.warn(
+                "Resigning {range_id} failed: {error}",
+                range_id=self._range_id,
+                error=failure.getErrorMessage(),
+            )
+        )
+
     def bounds(self) -> Deferred[Bounds]:
         return self._reads.bounds()
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
         """Committed records from ``offset``, within one segment: from this node's copy where
-        it is complete, else from a replica's (a node holds only the segments whose replica
-        sets name it, and a copy may be short until healing fetches it)."""
+        it is trusted and whole, else from the other copies (a node holds only the segments
+        whose replica sets name it, and a copy may be short until healing fetches it)."""
         plan = segment_read(self._claims.segments(self._range_id), offset, max_records)
-        found, offset, max_records = plan.segment, plan.offset, plan.max_records
+        found = plan.segment
         if found is None:
             return plan.nothing()
         # The active segment is the one this node leads: its copy is the complete one.
         end = found.base_offset + (found.record_count or 0)
-        if found.state is SegmentState.ACTIVE or holds_whole(self._log, found.base_offset, end):
-            return self._reads.read(offset, max_records, max_bytes)
-        return self._claims.read_copy(found, offset, max_records, max_bytes)
+        node_id = self._claims.context.node_id
+        if found.state is SegmentState.ACTIVE or rules.holds_whole(
+            view_of(self._log, found.base_offset), found, node_id, end
+        ):
+            return self._reads.read(plan.offset, plan.max_records, max_bytes)
+        return self._copies.read(self._range_id, plan.offset, plan.max_records, max_bytes)
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
         return self._reads.wait(offset, wait_ms)
+
+
+@attrs.define
+class _Backoff:
+    #: When the range may be claimed again, and how long the next wait is.
+    until: float
+    delay: float
 
 
 class LeadRanges:
     """The ``RangeDirectory`` of the ranges this node leads (``ClusterRanges`` asks it only for
     ranges whose active segment names this node first)."""
 
-    def __init__(self, storage: OpenLogs, claims: SegmentClaims, roll_bytes: int) -> None:
+    def __init__(
+        self, storage: OpenLogs, claims: SegmentClaims, copies: CommittedCopies, roll_bytes: int
+    ) -> None:
         self._storage = storage
         self._claims = claims
+        self._copies = copies
         self._roll_bytes = roll_bytes
         self._handles: dict[str, ReplicatedRange] = {}
         #: Claims under way, one per range, and who waits for each.
         self._claiming: dict[str, list[Deferred[None]]] = {}
+        #: Ranges whose last claim failed: not claimed again before ``until``.
+        self._backoff: dict[str, _Backoff] = {}
 
     def handle(self, range_id: str) -> ReplicatedRange:
         handle = self._handles.get(range_id)
@@ -183,7 +235,7 @@ class LeadRanges:
     def open(self, range_ids: Sequence[str]) -> Deferred[None]:
         """Claim the ranges (at start-up, or for a new topic), as far as it goes now: a range
         that cannot be claimed yet (no quorum answers while the cluster starts) is claimed at
-        its first use or by the takeover sweep, so it does not fail the whole."""
+        its first use or by the sweep, so it does not fail the whole."""
         claims = [
             self._claim(range_id).addErrback(self._claim_failed, range_id) for range_id in range_ids
         ]
@@ -195,21 +247,32 @@ class LeadRanges:
         if waiting is not None:
             waiting.append(waiter)
             return waiter
+        now = self._claims.context.clock.seconds()
+        backoff = self._backoff.get(range_id)
+        if backoff is not None and now < backoff.until:
+            return fail(
+                BrokerError(
+                    Reason.UNREACHABLE,
+                    f"range {range_id} could not be claimed a moment ago; it is tried again in "
+                    f"{backoff.until - now:.1f} s",
+                )
+            )
         self._claiming[range_id] = [waiter]
         opened = self._storage.logs.get(range_id)
         ready = succeed(opened) if opened is not None else self._storage.open_range(range_id)
 
         def claim(range_log: RangeLog) -> Deferred[SegmentLeader]:
             handle = self._handles.get(range_id)
-            if handle is None or handle._log is not range_log:
+            if handle is None or handle.range_log is not range_log:
                 handle = self._handles[range_id] = ReplicatedRange(
-                    range_id, range_log, self._claims, self._roll_bytes
+                    range_id, range_log, self._claims, self._copies, self._roll_bytes
                 )
             if handle.leader is not None:
                 handle.leader.step_down(
                     BrokerError(Reason.NOT_PRIMARY, f"{range_id} is being claimed anew")
                 )
-            return self._claims.claim(range_id, handle.committed).addCallback(self._claimed, handle)
+            claiming = self._claims.claim(range_id, handle.committed, handle._stepped_down)
+            return claiming.addCallback(self._claimed, handle)
 
         ready.addCallback(claim).addBoth(self._settled, range_id)
         return waiter
@@ -234,10 +297,18 @@ class LeadRanges:
             )
             return failure
 
-        stamps = recent_range_stamps(self._claims.context, handle._log, handle.range_id)
+        stamps = recent_range_stamps(self._claims.context, handle.range_log, handle.range_id)
         return stamps.addCallbacks(rebuilt, unread)
 
     def _settled(self, outcome: object, range_id: str) -> None:
+        now = self._claims.context.clock.seconds()
+        if isinstance(outcome, Failure):
+            previous = self._backoff.get(range_id)
+            delay = FIRST_CLAIM_BACKOFF if previous is None else previous.delay * 2
+            delay = min(delay, MAX_CLAIM_BACKOFF)
+            self._backoff[range_id] = _Backoff(now + delay, delay)
+        else:
+            self._backoff.pop(range_id, None)
         for waiter in self._claiming.pop(range_id):
             if isinstance(outcome, Failure):
                 waiter.errback(outcome)
@@ -245,24 +316,43 @@ class LeadRanges:
                 waiter.callback(None)
 
     def sweep(self, range_ids: Sequence[str]) -> None:
-        """Claim the ranges among ``range_ids`` whose primary died, where this node is next
-        in line (run periodically: no request needs to come first)."""
+        """Claim the ranges among ``range_ids`` this node should lead and does not, and check
+        that every leader still hears a quorum (run periodically: no request needs to come
+        first)."""
+        ctx = self._claims.context
+        if not ctx.holds_lease():
+            self.stop()
+            return
+        for leading in self.leading():
+            if leading.leader is not None:
+                leading.leader.check_quorum(ctx.heard_at)
         for range_id in range_ids:
             meta = self._claims.active(range_id)
             if meta is None or range_id in self._claiming:
                 continue
-            if self._claims.should_take_over(meta):
-                log.info(
-                    "The primary of {range_id}@{segment}, {primary}, is dead: taking it over",
-                    range_id=range_id,
-                    segment=meta.base_offset,
-                    primary=meta.replicas[0],
-                )
+            handle = self._handles.get(range_id)
+            if handle is not None and handle.leads(meta):
+                continue
+            first = meta.replicas[0] == ctx.node_id
+            if first or self._claims.should_take_over(meta):
+                if not self._may_claim(range_id):
+                    continue
+                if not first:
+                    log.info(
+                        "The primary of {range_id}@{segment}, {primary}, is dead: taking it over",
+                        range_id=range_id,
+                        segment=meta.base_offset,
+                        primary=meta.replicas[0],
+                    )
                 self._claim(range_id).addErrback(self._claim_failed, range_id)
+
+    def _may_claim(self, range_id: str) -> bool:
+        backoff = self._backoff.get(range_id)
+        return backoff is None or self._claims.context.clock.seconds() >= backoff.until
 
     def _claim_failed(self, failure: Failure, range_id: str) -> None:
         log.warn(
-            "Taking {range_id} over failed: {error}",
+            "Claiming {range_id} failed: {error}",
             range_id=range_id,
             error=failure.getErrorMessage(),
         )
@@ -270,7 +360,7 @@ class LeadRanges:
     def stop(self) -> None:
         """Stop leading every range (the node stops, or lost its lease)."""
         for handle in self._handles.values():
-            if handle.leader is not None:
+            if handle.leader is not None and not handle.leader.stopped:
                 handle.leader.step_down(
                     BrokerError(Reason.UNREACHABLE, "this node stopped leading its ranges")
                 )

@@ -1,29 +1,18 @@
-"""A node's copies of the segments it replicates: the replica side of the replication ops.
+"""A node's copies of the segments it replicates: the replica side of the replication ops,
+driven by the rules in ``logbroker.replication.core.replica``.
 
 ``ReplicaServer`` answers what a segment's primary (or a node taking a segment over) asks of
 this node's copy: take these bytes (``replicate``), refuse older epochs from now on (``fence``),
 match this seal (``seal``), and send bytes from your copy (``fetch``), or only the records it
 knows are committed (``read_committed``, for reads while a range's primary cannot serve them).
 Every answer but those two is a ``CopyStatus``: the copy's epoch and durable end, and the
-outcome.
+outcome. Each op is given the node that sent it (the peer link authenticated it; a node's
+requests to itself come through ``Loopback`` with its own id).
 
-The rules that make a quorum's acknowledgement mean something:
-
-- **Epochs only go up.** A request carrying an older epoch than the copy's is refused
-  (``fenced``), so once a node taking over has fenced a quorum, the old primary can get nothing
-  more durable on a quorum. A fence of a segment this node has no copy of yet creates an empty
-  copy, so the epoch is on disk before anything of the old primary can arrive.
-- **Contiguity.** Bytes are taken only where the copy ends (same offset and byte position);
-  otherwise the answer is ``mismatch`` with where the copy's bytes end (written, if not all
-  durable yet), and the primary sends from there. A resend of bytes the copy holds (after a
-  lost answer) is answered so too, and stores nothing twice.
-- **An older epoch's tail goes.** Bytes a copy holds past where a newer epoch's primary starts
-  sending were written under an older epoch and never reached a quorum (the node that took over
-  started from the longest end of a quorum, which holds every acknowledged record): they are
-  cut back before the new bytes are stored. Rot is never cut (the storage engine refuses).
-
-Requests for one range are taken one at a time while a fence, a cut, a new segment or a seal
-is under way; appends themselves are pipelined (the log orders and group-commits them).
+A fence of a segment this node has no copy of yet creates an empty copy, so the epoch is on
+disk before anything of the old primary can arrive. Requests for one range are taken one at a
+time while a fence, a cut, a new segment or a seal is under way; appends themselves are
+pipelined (the log orders and group-commits them).
 """
 
 from __future__ import annotations
@@ -39,6 +28,8 @@ from logbroker.broker.errors import BrokerError
 from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp
+from logbroker.replication.core import replica as rules
+from logbroker.replication.core.replica import CopyView, Step
 from logbroker.replication.replica_codec import (
     CommittedRecords,
     CopyOutcome,
@@ -67,6 +58,9 @@ from logbroker.storage import (
 
 log = Logger()
 
+#: ``(sending node id, payload) -> ok payload``: a node's handler of one replication op.
+ReplicaOp = Callable[[str, bytes], Deferred[bytes]]
+
 
 class _Tail:
     """Where a copy's bytes end once what it was sent is written (durable or not)."""
@@ -79,10 +73,46 @@ class _Tail:
         self.position = position
 
 
+def find_copy(copy: RangeLog, segment: int) -> SegmentInfo | None:
+    """This node's copy of the segment at ``segment``, if it holds one."""
+    return next((s for s in copy.segments() if s.base_offset == segment), None)
+
+
+def copy_epoch(copy: RangeLog, segment: int) -> int | None:
+    """The epoch of this node's copy of ``segment`` (``None``: unknown, or no copy)."""
+    try:
+        return copy.segment_epoch(segment)
+    except (FencedError, StorageError):
+        return None
+
+
+def view_of(copy: RangeLog, segment: int) -> CopyView:
+    """What the rules need to know of this node's copy of ``segment``."""
+    info = find_copy(copy, segment)
+    if info is None:
+        return CopyView(None, None)
+    active = info.state is CopyState.ACTIVE
+    return CopyView(
+        info.state,
+        copy_epoch(copy, segment),
+        damaged=info.damage is not None,
+        next_offset=info.next_offset,
+        tail_offset=copy.next_offset if active else info.next_offset,
+        tail_position=copy.active_bytes if active else info.byte_size,
+        durable_offset=copy.durable_offset if active else info.next_offset,
+    )
+
+
+def record_of(control: ControlPlane, range_id: str, segment: int) -> SegmentMeta | None:
+    """The control plane's record of segment ``segment`` of ``range_id``, as this node sees it."""
+    return next((m for m in control.segments(range_id) if m.base_offset == segment), None)
+
+
 class ReplicaServer:
     """Serves the replication ops for this node's copies (``ops`` maps each to its handler)."""
 
-    def __init__(self, storage: OpenLogs, control: ControlPlane) -> None:
+    def __init__(self, node_id: str, storage: OpenLogs, control: ControlPlane) -> None:
+        self._node_id = node_id
         self._storage = storage
         self._control = control
         #: Per range: where its active copy's bytes end, including appends not yet durable.
@@ -91,13 +121,17 @@ class ReplicaServer:
         self._busy: dict[str, Deferred[None]] = {}
 
     @property
-    def ops(self) -> dict[PeerOp, Callable[[bytes], Deferred[bytes]]]:
+    def ops(self) -> dict[PeerOp, ReplicaOp]:
         return {
-            PeerOp.REPLICATE: lambda payload: self.replicate(decode_replicate(payload)),
-            PeerOp.FENCE: lambda payload: self.fence(decode_fence(payload)),
-            PeerOp.SEAL: lambda payload: self.seal(decode_seal(payload)),
-            PeerOp.FETCH: lambda payload: self.fetch(decode_fetch(payload)),
-            PeerOp.READ_COMMITTED: lambda payload: self.read_committed(decode_fetch(payload)),
+            PeerOp.REPLICATE: lambda sender, payload: self.replicate(
+                sender, decode_replicate(payload)
+            ),
+            PeerOp.FENCE: lambda sender, payload: self.fence(decode_fence(payload)),
+            PeerOp.SEAL: lambda sender, payload: self.seal(decode_seal(payload)),
+            PeerOp.FETCH: lambda sender, payload: self.fetch(decode_fetch(payload)),
+            PeerOp.READ_COMMITTED: lambda sender, payload: self.read_committed(
+                decode_fetch(payload)
+            ),
         }
 
     # -- one request at a time per range while the copy changes shape --------------------------
@@ -134,52 +168,51 @@ class ReplicaServer:
             return succeed(opened)
         return self._storage.open_range(range_id)
 
-    # -- the ops --------------------------------------------------------------------------------
-
-    def replicate(self, request: ReplicateRequest) -> Deferred[bytes]:
-        return self._when_idle(request.range_id, lambda copy: self._replicate(copy, request))
-
-    def _replicate(self, copy: RangeLog, request: ReplicateRequest) -> Deferred[bytes]:
-        range_id, segment = request.range_id, request.segment
-        info = find_copy(copy, segment)
-        if not request.data:
-            return succeed(self._commit_notice(copy, info, request))
-        if info is None or info.state is not CopyState.ACTIVE:
-            if info is not None and info.state is CopyState.SEALED:
-                # The segment is over: whoever still sends to it is stale.
-                return succeed(self._status(copy, segment, CopyOutcome.FENCED))
-            return self._exclusive_then(
-                range_id, self._start(copy, request), lambda: self._replicate(copy, request)
-            )
-        epoch = copy.segment_epoch(segment)
-        if request.epoch < epoch:
-            return succeed(self._status(copy, segment, CopyOutcome.FENCED))
+    def _view(self, copy: RangeLog, range_id: str, segment: int) -> CopyView:
+        view = view_of(copy, segment)
+        if view.state is not CopyState.ACTIVE:
+            return view
         tail = self._tail(copy, range_id, segment)
-        if request.offset == tail.next_offset and request.position == tail.position:
-            return self._append(copy, request, tail)
-        if request.offset < tail.next_offset and request.epoch > epoch:
-            return self._exclusive_then(
-                range_id,
-                self._cut(copy, request),
-                lambda: self._replicate(copy, request),
-            )
-        return succeed(self._written_status(copy, tail, CopyOutcome.MISMATCH))
+        return CopyView(
+            view.state,
+            view.epoch,
+            damaged=view.damaged,
+            next_offset=view.next_offset,
+            tail_offset=tail.next_offset,
+            tail_position=tail.position,
+            durable_offset=view.durable_offset,
+        )
 
-    def _commit_notice(
-        self, copy: RangeLog, info: SegmentInfo | None, request: ReplicateRequest
-    ) -> bytes:
-        """A replicate request without data: the primary has nothing more to send for now,
-        only how far the range is committed. A copy appending to the segment at the primary's
-        epoch holds a prefix of what that primary wrote, so its records up to there are
-        committed; any other copy has nothing to note."""
-        segment = request.segment
-        if info is not None and info.state is CopyState.ACTIVE:
-            epoch = copy.segment_epoch(segment)
-            if request.epoch < epoch:
-                return self._status(copy, segment, CopyOutcome.FENCED)
-            if request.epoch == epoch:
-                copy.commit(min(request.commit, copy.durable_offset))
-        return self._status(copy, segment, CopyOutcome.OK)
+    # -- replicate ------------------------------------------------------------------------------
+
+    def replicate(self, sender: str, request: ReplicateRequest) -> Deferred[bytes]:
+        return self._when_idle(
+            request.range_id, lambda copy: self._replicate(copy, sender, request)
+        )
+
+    def _replicate(self, copy: RangeLog, sender: str, request: ReplicateRequest) -> Deferred[bytes]:
+        range_id, segment = request.range_id, request.segment
+        record = record_of(self._control, range_id, segment)
+        decision = rules.replicate_step(
+            self._view(copy, range_id, segment), request, sender, record
+        )
+        again: Callable[[], Deferred[bytes]] = lambda: self._replicate(copy, sender, request)  # noqa: E731
+        if decision.step is Step.ANSWER:
+            return succeed(self._status(copy, segment, decision.outcome))
+        if decision.step is Step.UNAVAILABLE:
+            raise BrokerError(
+                Reason.UNREACHABLE,
+                f"this node's copy of {range_id}@{segment} has an unknown epoch (its marker is "
+                "unreadable): it takes nothing until it is fenced again",
+            )
+        if decision.step is Step.NOTE_COMMIT:
+            copy.commit(min(request.commit, copy.durable_offset))
+            return succeed(self._status(copy, segment, CopyOutcome.OK))
+        if decision.step is Step.START:
+            return self._exclusive_then(range_id, self._start(copy, request), again)
+        if decision.step is Step.CUT:
+            return self._exclusive_then(range_id, self._cut(copy, request), again)
+        return self._append(copy, request, decision.epoch)
 
     def _exclusive_then(
         self, range_id: str, work: Deferred[Any], then: Callable[[], Deferred[bytes]]
@@ -215,17 +248,10 @@ class ReplicaServer:
         active = next((s for s in copy.segments() if s.state is CopyState.ACTIVE), None)
         if active is None or active.base_offset >= before:
             return succeed(None)
-        recorded = next(
-            (
-                meta
-                for meta in self._control.segments(range_id)
-                if meta.base_offset == active.base_offset
-            ),
-            None,
-        )
+        recorded = record_of(self._control, range_id, active.base_offset)
         if recorded is None or recorded.state is not SegmentState.SEALED:
             return succeed(None)
-        if not same_epoch(copy, recorded):
+        if copy_epoch(copy, active.base_offset) != recorded.epoch:
             # Written under another epoch than the one it was sealed at: its bytes may not be
             # the sealed ones. Left closed, for healing to fetch whole.
             return succeed(None)
@@ -257,9 +283,10 @@ class ReplicaServer:
             tail = self._tails[range_id] = _Tail(segment, copy.next_offset, copy.active_bytes)
         return tail
 
-    def _append(self, copy: RangeLog, request: ReplicateRequest, tail: _Tail) -> Deferred[bytes]:
+    def _append(self, copy: RangeLog, request: ReplicateRequest, epoch: int) -> Deferred[bytes]:
+        tail = self._tail(copy, request.range_id, request.segment)
         try:
-            durable = copy.append_raw(request.offset, request.data, request.epoch)
+            durable = copy.append_raw(request.offset, request.data, epoch)
         except StorageError as error:
             return succeed(self._refused(copy, request, error))
         tail.next_offset = copy.next_offset
@@ -282,6 +309,8 @@ class ReplicaServer:
             Reason.UNREACHABLE,
             f"this node's copy of {request.range_id}@{request.segment} refused the bytes: {error}",
         )
+
+    # -- fence and seal -------------------------------------------------------------------------
 
     def fence(self, request: FenceRequest) -> Deferred[bytes]:
         def fence(copy: RangeLog) -> Deferred[bytes]:
@@ -310,14 +339,14 @@ class ReplicaServer:
     def seal(self, request: SealRequest) -> Deferred[bytes]:
         def seal(copy: RangeLog) -> Deferred[bytes]:
             range_id, segment = request.range_id, request.segment
-            info = find_copy(copy, segment)
-            if info is not None and info.state is CopyState.SEALED:
+            view = view_of(copy, segment)
+            if view.state is CopyState.SEALED:
                 return succeed(self._status(copy, segment, CopyOutcome.OK))
-            if info is None:
+            if view.state is None or view.epoch is None:
                 return succeed(self._status(copy, segment, CopyOutcome.SHORT))
-            if request.epoch < copy.segment_epoch(segment):
+            if rules.older_epoch(request.epoch, view.epoch):
                 return succeed(self._status(copy, segment, CopyOutcome.FENCED))
-            if request.epoch > copy.segment_epoch(segment):
+            if request.epoch != view.epoch:
                 # This copy was not fenced at the sealing epoch: its bytes may be another
                 # primary's. It is fetched whole instead.
                 return succeed(self._status(copy, segment, CopyOutcome.SHORT))
@@ -334,15 +363,30 @@ class ReplicaServer:
 
         return self._when_idle(request.range_id, seal)
 
+    # -- reads of this node's copy ----------------------------------------------------------
+
     def fetch(self, request: FetchRequest) -> Deferred[bytes]:
+        """Whatever the copy holds from ``request.offset``: only a copy at ``request.epoch``
+        whose node is in the segment's replica set is served."""
+
         def fetch(copy: RangeLog) -> Deferred[bytes]:
-            info = find_copy(copy, request.segment)
-            if info is None:
+            view = view_of(copy, request.segment)
+            record = record_of(self._control, request.range_id, request.segment)
+            where = f"{request.range_id}@{request.segment}"
+            if view.state is None:
+                raise BrokerError(Reason.UNREACHABLE, f"this node holds no copy of {where}")
+            if view.epoch != request.epoch or view.damaged:
                 raise BrokerError(
-                    Reason.UNREACHABLE,
-                    f"this node holds no copy of {request.range_id}@{request.segment}",
+                    Reason.NOT_PRIMARY,
+                    f"this node's copy of {where} is at epoch {view.epoch}"
+                    f"{' and damaged' if view.damaged else ''}, not at {request.epoch}",
                 )
-            if request.offset >= info.next_offset:
+            if record is not None and self._node_id not in record.replicas:
+                raise BrokerError(
+                    Reason.NOT_PRIMARY,
+                    f"this node is not in the replica set of {where}: its copy is stale",
+                )
+            if request.offset >= view.next_offset:
                 return succeed(b"")
             return copy.read_raw_async(request.offset, request.max_bytes)
 
@@ -354,7 +398,7 @@ class ReplicaServer:
         serve them. Never a record the copy does not know is committed."""
 
         def read(copy: RangeLog) -> Deferred[bytes]:
-            end = self._committed_end(copy, request.range_id, request.segment)
+            end = self.committed_end(copy, request.range_id, request.segment)
             if request.max_bytes == 0 or request.offset >= end:
                 return succeed(encode_committed(CommittedRecords(end, b"")))
 
@@ -366,46 +410,23 @@ class ReplicaServer:
 
         return self._when_idle(request.range_id, read)
 
-    def _committed_end(self, copy: RangeLog, range_id: str, segment: int) -> int:
-        """Where this copy's records of ``segment`` that are known to be committed end.
-
-        A copy sealed here holds its segment whole. Any other copy counts only if it was fenced
-        at the segment's epoch: each segment is written by one primary (a claim of a segment
-        that holds records seals it), so such a copy is a prefix of what that primary wrote,
-        while a copy left at an older epoch may hold bytes nobody acknowledged. Of such a copy,
-        a sealed segment's records up to its sealed end are committed; of the active segment,
-        those below the commit index its primary last sent.
-        """
-        info = find_copy(copy, segment)
-        meta = next((m for m in self._control.segments(range_id) if m.base_offset == segment), None)
-        if info is None or meta is None:
+    def committed_end(self, copy: RangeLog, range_id: str, segment: int) -> int:
+        """Where this node's copy's records of ``segment`` known to be committed end."""
+        record = record_of(self._control, range_id, segment)
+        if record is None:
             return segment
-        if info.state is CopyState.SEALED:
-            return info.next_offset
-        if not same_epoch(copy, meta):
-            return segment
-        appending = info.state is CopyState.ACTIVE
-        if meta.state is SegmentState.SEALED:
-            assert meta.record_count is not None
-            known = copy.end_offset if appending else info.next_offset
-            return min(known, segment + meta.record_count)
-        # The active segment: only a copy still appending to it has heard its commit index.
-        return copy.end_offset if appending else segment
+        view = view_of(copy, segment)
+        return rules.committed_end(view, record, self._node_id, copy.end_offset)
 
     # -- answers ----------------------------------------------------------------------------
 
     def _status(self, copy: RangeLog, segment: int, outcome: CopyOutcome) -> bytes:
-        info = find_copy(copy, segment)
-        end_offset = info.next_offset if info is not None else segment
-        end_position = info.byte_size if info is not None else 0
-        if info is not None and info.state is CopyState.ACTIVE:
-            end_offset, end_position = copy.durable_offset, copy.active_bytes
-        epoch = copy.segment_epoch(segment) if info is not None else 0
+        view = view_of(copy, segment)
+        end_offset, end_position = view.durable_offset, view.tail_position
+        if view.state is None:
+            end_offset, end_position = segment, 0
+        epoch = view.epoch or 0
         return encode_status(CopyStatus(outcome, epoch, end_offset, end_position))
-
-    def _written_status(self, copy: RangeLog, tail: _Tail, outcome: CopyOutcome) -> bytes:
-        epoch = copy.segment_epoch(tail.segment)
-        return encode_status(CopyStatus(outcome, epoch, tail.next_offset, tail.position))
 
 
 def _whole_batches(chunks: list[BatchSlice], segment: int, end: int) -> bytes:
@@ -420,30 +441,8 @@ def _whole_batches(chunks: list[BatchSlice], segment: int, end: int) -> bytes:
     return b"".join(parts)
 
 
-def find_copy(copy: RangeLog, segment: int) -> SegmentInfo | None:
-    """This node's copy of the segment at ``segment``, if it holds one."""
-    return next((s for s in copy.segments() if s.base_offset == segment), None)
-
-
-def holds_whole(copy: RangeLog, segment: int, end: int) -> bool:
-    """Whether this node's copy of the segment at ``segment`` is readable up to ``end``."""
-    info = find_copy(copy, segment)
-    return info is not None and info.damage is None and info.next_offset >= end
-
-
 def _expect(failure: Failure, kind: type[Exception]) -> Exception:
     """The failure's error if it is a ``kind``; otherwise the failure goes on as it is."""
     if not isinstance(failure.value, kind):
         failure.raiseException()
     return failure.value
-
-
-def same_epoch(copy: RangeLog, meta: SegmentMeta) -> bool:
-    """Whether this copy of ``meta``'s segment was fenced at the epoch its record has: only
-    then are its bytes the ones the segment's primary of that epoch wrote, to be sealed in
-    place. A copy left at an older epoch (its node was down when the segment was taken over)
-    may hold bytes an older primary wrote and nobody acknowledged: it is fetched whole."""
-    try:
-        return copy.segment_epoch(meta.base_offset) == meta.epoch
-    except FencedError:
-        return False

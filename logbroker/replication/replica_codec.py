@@ -10,17 +10,25 @@ Request payloads and their ok payloads, by op (integers big-endian; ``text`` as 
                     ok      = copy_state
     op 7 seal       request = text(range_id) segment:u64 epoch:u64 record_count:u64 byte_size:u64
                     ok      = copy_state
-    op 8 fetch      request = text(range_id) segment:u64 offset:u64 position:u64 max_bytes:u32
+    op 8 fetch      request = text(range_id) segment:u64 epoch:u64 offset:u64 position:u64
+                              max_bytes:u32
                     ok      = data[rest]         whole batches from ``offset`` (empty at the end)
     op 10 read_committed
                     request = fetch's (``position`` unused, 0)
                     ok      = end_offset:u64 data[rest]
+    op 12 copy_health
+                    request = (empty)
+                    ok      = count:u32 (text(range_id) segment:u64)*
+                              the sealed segments whose replica sets name the answering node
+                              and that it does not hold whole yet
 
     copy_state = outcome:u8 epoch:u64 end_offset:u64 end_position:u64
 
 A fetch sends whatever the copy holds (a node taking a segment over needs the uncommitted tail
-too); ``read_committed`` sends only records the copy knows are committed (``end_offset``, the
-end of what it may send: its sealed end, or the commit index its primary last told it), of that
+too), but only from a copy at ``epoch`` whose node is in the segment's replica set (else it
+fails ``not_primary``: the copy is stale); ``read_committed`` sends only records the copy knows
+are committed (``end_offset``, the end of what it may send: its sealed end, or the commit index
+its primary last told it), and only of a copy in the replica set at the segment's epoch, of that
 one segment, for reads while the range's primary cannot serve them. With ``max_bytes`` 0 it
 sends only ``end_offset``.
 
@@ -47,6 +55,7 @@ where the copy's durable bytes end (``end_offset``, ``end_position``), and the o
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
 from enum import IntEnum
 
 import attrs
@@ -110,6 +119,9 @@ class SealRequest:
 class FetchRequest:
     range_id: str = attrs.field(validator=_text)
     segment: int = attrs.field(validator=_u64)
+    #: The epoch the copy must be at (``read_committed`` ignores it: the copy's node checks
+    #: its copy against its own view of the segment).
+    epoch: int = attrs.field(validator=_u64)
     offset: int = attrs.field(validator=_u64)
     position: int = attrs.field(validator=_u64)
     max_bytes: int = attrs.field(validator=_u32)
@@ -119,7 +131,7 @@ _STATUS = struct.Struct(">BQQQ")
 _REPLICATE_HEAD = struct.Struct(">QQQQQI")
 _FENCE = struct.Struct(">QQ")
 _SEAL = struct.Struct(">QQQQ")
-_FETCH = struct.Struct(">QQQI")
+_FETCH = struct.Struct(">QQQQI")
 
 
 def encode_status(status: CopyStatus) -> bytes:
@@ -187,6 +199,7 @@ def decode_seal(payload: bytes) -> SealRequest:
 
 
 _U64 = struct.Struct(">Q")
+_U32 = struct.Struct(">I")
 
 
 @attrs.frozen
@@ -211,13 +224,33 @@ def decode_committed(payload: bytes) -> CommittedRecords:
 
 
 def encode_fetch(request: FetchRequest) -> bytes:
-    tail = _FETCH.pack(request.segment, request.offset, request.position, request.max_bytes)
+    tail = _FETCH.pack(
+        request.segment, request.epoch, request.offset, request.position, request.max_bytes
+    )
     return encode_text(request.range_id) + tail
 
 
 def decode_fetch(payload: bytes) -> FetchRequest:
     return _read_exactly(
         payload,
-        lambda r: FetchRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u32()),
+        lambda r: FetchRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u64(), r.u32()),
         "fetch request",
     )
+
+
+def encode_missing(segments: Sequence[tuple[str, int]]) -> bytes:
+    """A ``copy_health`` answer: the segments, as ``(range id, base offset)``."""
+    return _U32.pack(len(segments)) + b"".join(
+        encode_text(range_id) + _U64.pack(base) for range_id, base in segments
+    )
+
+
+def decode_missing(payload: bytes) -> list[tuple[str, int]]:
+    def read(reader: Reader) -> list[tuple[str, int]]:
+        count = reader.u32()
+        # Each entry takes at least 10 bytes (an empty text and the offset).
+        if count * 10 > reader.remaining:
+            raise Truncated(f"{count} segments cannot fit in {reader.remaining} bytes")
+        return [(_read_text(reader), reader.u64()) for _ in range(count)]
+
+    return _read_exactly(payload, read, "copy_health answer")

@@ -20,7 +20,8 @@ from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp
 from logbroker.records import ProducerStamp
-from logbroker.replication.replica import holds_whole
+from logbroker.replication.core import replica as rules
+from logbroker.replication.replica import view_of
 from logbroker.replication.replica_codec import FetchRequest, encode_fetch
 from logbroker.replication.takeover import ClaimContext
 from logbroker.storage import RangeLog
@@ -43,7 +44,7 @@ def recent_range_stamps(
 
 async def _recent(context: ClaimContext, copy: RangeLog, range_id: str, max_bytes: int) -> Stamps:
     recent = _recent_segments(context.control.segments(range_id), copy.active_bytes, max_bytes)
-    if all(_held_whole(copy, meta) for meta, _ in recent):
+    if all(_held_whole(context, copy, meta) for meta, _ in recent):
         return await copy.recent_stamps(max_bytes)
     stamps: Stamps = []
     for meta, start in recent:
@@ -77,17 +78,18 @@ def _recent_segments(
     return recent
 
 
-def _held_whole(copy: RangeLog, meta: SegmentMeta) -> bool:
-    # The active segment: this node's copy is complete after its claim.
+def _held_whole(context: ClaimContext, copy: RangeLog, meta: SegmentMeta) -> bool:
+    """Whether this node's copy of ``meta``'s segment is to be believed whole (the active
+    segment's is, after this node's claim); a stale copy is not."""
     end = meta.base_offset + (meta.record_count or 0)
-    return holds_whole(copy, meta.base_offset, end)
+    return rules.holds_whole(view_of(copy, meta.base_offset), meta, context.node_id, end)
 
 
 async def _segment_stamps(
     context: ClaimContext, copy: RangeLog, meta: SegmentMeta, offset: int
 ) -> Stamps:
     """The stamps of ``meta``'s segment from ``offset``, read from one copy that holds it."""
-    if _held_whole(copy, meta):
+    if _held_whole(context, copy, meta):
         holders = [context.node_id]
     else:
         holders = [n for n in meta.replicas if n != context.node_id and context.is_live(n)]
@@ -110,7 +112,7 @@ async def _read_stamps(context: ClaimContext, node: str, meta: SegmentMeta, offs
         end = meta.base_offset + meta.record_count
     stamps: Stamps = []
     while end is None or offset < end:
-        request = FetchRequest(meta.range_id, meta.base_offset, offset, 0, _MAX_FETCH)
+        request = FetchRequest(meta.range_id, meta.base_offset, meta.epoch, offset, 0, _MAX_FETCH)
         data = await context.requester.request(node, PeerOp.FETCH, encode_fetch(request))
         batches = scan_batches(data).batches
         if not batches:

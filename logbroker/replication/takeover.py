@@ -1,27 +1,11 @@
-"""Taking a range's active segment over, and sealing it: how a node comes to lead a segment.
+"""Claiming a range's active segment, sealing it and opening the next: carried out here, decided
+in ``logbroker.replication.core.claims`` (whose docstring gives the rules).
 
-A node leads a segment only within one claim: the claim bumps the segment's epoch in the
-control plane (a compare-and-swap: of two nodes racing, one wins), puts the claiming node first
-in its replica set, and fences every replica at the new epoch, so that whoever led before can get
-nothing more durable on a quorum. A node claims:
-
-- when it is the segment's primary and does not lead it in this process (it restarted);
-- when the segment's primary is dead and it is the first live replica (failover).
-
-Fencing answers where each copy ends. Every acknowledged record is on a quorum, and any quorum
-shares a copy with the fenced quorum, so the longest end among a quorum of answers holds every
-acknowledged record (and maybe some that were never acknowledged: they are kept, harmlessly).
-The claiming node fetches what its own copy lacks of that end, then leads the segment from there
-(``SegmentLeader``), which brings a quorum to the same end. Then:
-
-- if the segment holds records, it is **sealed** at that end (record count and byte size
-  recorded in the control plane), the replicas are told to seal their copies (cutting what an
-  older epoch left past the end, never rot), and a new segment is opened on the live members
-  of the old replica set, completed by placement, with this node first;
-- if it holds none, this node goes on leading it at the new epoch.
-
-A roll (the active segment reached the roll size) seals and opens the next segment the same way,
-without a claim: the leader drains (everything written is committed) first.
+``SegmentClaims`` records claims, seals, openings and steps aside in the control plane, each a
+compare-and-swap against the record this node read; fences the replicas; completes this node's
+copy from the copy that ends longest; and starts the ``SegmentLeader``. A node without its
+membership lease claims nothing: every step checks the lease first, so a node resumed after a
+stall acts on none of the work it had queued.
 """
 
 from __future__ import annotations
@@ -34,7 +18,6 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from logbroker.broker.errors import BrokerError
-from logbroker.broker.ranges import RangeRead, read_records
 from logbroker.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -45,16 +28,13 @@ from logbroker.controlplane import (
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.requester import PeerRequester
-from logbroker.placement import (
-    PlacementError,
-    PlacementNode,
-    PlacementRule,
-    replace,
-    segment_key,
-)
-from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.placement import PlacementError, PlacementNode, PlacementRule
+from logbroker.replication.core import claims
+from logbroker.replication.core.claims import Ends, FencedOut, NoQuorum
+from logbroker.replication.core.leader import ReplicationSettings, StepDown
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.primary import SegmentLeader
+from logbroker.replication.replica import find_copy
 from logbroker.replication.replica_codec import (
     CopyOutcome,
     CopyStatus,
@@ -68,13 +48,14 @@ from logbroker.replication.replica_codec import (
     encode_replicate,
     encode_seal,
 )
-from logbroker.storage import BatchSlice, OpenLogs
+from logbroker.storage import OpenLogs
 from logbroker.storage._format import scan_batches
 
 log = Logger()
 
-#: The most bytes one fetch of another replica's copy asks for.
-_MAX_FETCH = 1024 * 1024
+
+def ignore_leadership(range_id: str, segment: int, epoch: int, node_id: str) -> None:
+    pass
 
 
 @attrs.frozen
@@ -91,6 +72,26 @@ class ClaimContext:
     rule: PlacementRule
     live_nodes: Callable[[], Iterable[PlacementNode]]
     is_live: Callable[[str], bool]
+    #: Whether this node holds its membership lease now.
+    holds_lease: Callable[[], bool] = lambda: True
+    #: When the peer link last heard from a node (``None``: never, or no link).
+    heard_at: Callable[[str], float | None] = lambda node: None
+    #: Told of every leadership this node begins: ``(range id, segment, epoch, node id)``.
+    on_lead: Callable[[str, int, int, str], None] = ignore_leadership
+
+    def heard_recently(self, node: str) -> bool:
+        """Whether the peer link heard from ``node`` within a lease TTL."""
+        heard = self.heard_at(node)
+        ttl = self.settings.ack_timeout_seconds
+        return heard is not None and self.clock.seconds() - heard < ttl
+
+
+class _OwnCopyRefused(BrokerError):
+    """This node's copy could not be brought to the longest end: it is damaged."""
+
+
+#: ``(leader, step) -> None``: told when a leader this node started stops.
+OnStepDown = Callable[[SegmentLeader, StepDown], None]
 
 
 class SegmentClaims:
@@ -106,47 +107,6 @@ class SegmentClaims:
     def segments(self, range_id: str) -> list[SegmentMeta]:
         return self._context.control.segments(range_id)
 
-    def read_copy(
-        self, meta: SegmentMeta, offset: int, max_records: int, max_bytes: int
-    ) -> Deferred[RangeRead]:
-        """Records of sealed segment ``meta`` from ``offset``, read from another replica's copy:
-        the first live one that holds them."""
-        ctx = self._context
-        holders = [node for node in meta.replicas if node != ctx.node_id and ctx.is_live(node)]
-
-        def read_chunks(at: int, size: int) -> Deferred[list[BatchSlice]]:
-            return Deferred.fromCoroutine(self._fetch_chunks(meta, holders, at, size))
-
-        return read_records(read_chunks, offset, max_records, max_bytes)
-
-    async def _fetch_chunks(
-        self, meta: SegmentMeta, holders: list[str], offset: int, max_bytes: int
-    ) -> list[BatchSlice]:
-        ctx = self._context
-        request = encode_fetch(
-            FetchRequest(meta.range_id, meta.base_offset, offset, 0, min(max_bytes, _MAX_FETCH))
-        )
-        for node in holders:
-            try:
-                data = await ctx.requester.request(node, PeerOp.FETCH, request)
-            except Exception as error:
-                log.debug(
-                    "Fetching {range_id}@{segment} from {node} failed: {error}",
-                    range_id=meta.range_id,
-                    segment=meta.base_offset,
-                    node=node,
-                    error=str(error),
-                )
-                continue
-            chunks = batch_slices(data)
-            if chunks:
-                return chunks
-        raise BrokerError(
-            Reason.UNREACHABLE,
-            f"no live replica of {meta.range_id}@{meta.base_offset} ({', '.join(meta.replicas)})"
-            f" answered with its records from offset {offset}",
-        )
-
     def active(self, range_id: str) -> SegmentMeta | None:
         segments = self._context.control.segments(range_id)
         return segments[-1] if segments else None
@@ -155,88 +115,118 @@ class SegmentClaims:
         """Whether this node should claim ``meta`` without being asked: its primary is dead
         and this node is the first live member of its replica set."""
         ctx = self._context
-        if ctx.node_id not in meta.replicas or meta.replicas[0] == ctx.node_id:
-            return False
-        if ctx.is_live(meta.replicas[0]):
-            return False
-        return next((n for n in meta.replicas if ctx.is_live(n)), None) == ctx.node_id
+        return claims.should_take_over(meta, ctx.node_id, ctx.is_live)
 
-    def claim(self, range_id: str, on_commit: Callable[[int], None]) -> Deferred[SegmentLeader]:
+    # -- claims -----------------------------------------------------------------------------
+
+    def claim(
+        self, range_id: str, on_commit: Callable[[int], None], on_step_down: OnStepDown
+    ) -> Deferred[SegmentLeader]:
         """Lead ``range_id``'s active segment (opening the next one first if the last is
-        sealed); fails with a ``BrokerError`` when another node won, or no quorum answered."""
-        return Deferred.fromCoroutine(self._claim(range_id, on_commit))
+        sealed); fails with a ``BrokerError`` when another node won, no quorum answered, or
+        this node stepped aside."""
+        return Deferred.fromCoroutine(self._claim(range_id, on_commit, on_step_down))
 
-    async def _claim(self, range_id: str, on_commit: Callable[[int], None]) -> SegmentLeader:
+    async def _claim(
+        self, range_id: str, on_commit: Callable[[int], None], on_step_down: OnStepDown
+    ) -> SegmentLeader:
         ctx = self._context
+        self._require_lease(range_id)
         meta = self.active(range_id)
         if meta is None:
             raise BrokerError(Reason.UNREACHABLE, f"range {range_id} has no segment yet")
         if meta.state is SegmentState.SEALED:
             # A roll that sealed the last segment stopped before opening the next one.
-            return await self._open_next(
-                meta, meta.base_offset + (meta.record_count or 0), on_commit
-            )
-        others = tuple(node for node in meta.replicas if node != ctx.node_id)
-        if len(others) == len(meta.replicas):
-            raise BrokerError(
-                Reason.NOT_PRIMARY, f"{ctx.node_id} holds no copy of {range_id}@{meta.base_offset}"
-            )
-        claimed = attrs.evolve(meta, epoch=meta.epoch + 1, replicas=(ctx.node_id, *others))
-        await self._record(claimed, "claim")
-        log.info(
-            "Claimed {range_id}@{segment} at epoch {epoch}",
-            range_id=range_id,
-            segment=meta.base_offset,
-            epoch=claimed.epoch,
-        )
-        ends = await self._fence(claimed)
+            return await self._open_next(meta, on_commit, on_step_down)
+        where = f"{range_id}@{meta.base_offset}"
+        own = find_copy(ctx.storage.logs[range_id], meta.base_offset)
+        if own is not None and own.damage is not None:
+            await self.step_aside(meta, "this node's copy of it is damaged")
+            raise BrokerError(Reason.NOT_PRIMARY, f"this node's copy of {where} is damaged")
+        claim = claims.claimed(meta, ctx.node_id)
+        if claim is None:
+            raise BrokerError(Reason.NOT_PRIMARY, f"{ctx.node_id} holds no copy of {where}")
+        await self._record(claim, "claim", expected=meta)
+        log.info("Claimed {segment} at epoch {epoch}", segment=where, epoch=claim.epoch)
+        self._require_lease(range_id)
+        ends = await self._fence(claim)
         log.debug(
-            "Fenced {range_id}@{segment} at epoch {epoch}: copies end at {ends}",
-            range_id=range_id,
-            segment=meta.base_offset,
-            epoch=claimed.epoch,
+            "Fenced {segment} at epoch {epoch}: copies end at {ends}",
+            segment=where,
+            epoch=claim.epoch,
             ends=", ".join(f"{node} {end.offset}" for node, end in sorted(ends.items())),
         )
-        own = await self._complete_own_copy(claimed, ends)
-        ends[ctx.node_id] = own
-        if own.offset == claimed.base_offset:
-            # Nothing a quorum holds: lead it on at the new epoch, but only on copies known to
-            # be empty. A replica that did not answer may hold bytes an older primary wrote at
-            # these offsets (never acknowledged); it leaves the set, so that no copy of this
-            # segment ever mixes two primaries' bytes.
-            claimed = await self._keep_answered(claimed, set(ends))
-            return self._leader(claimed, ends, on_commit)
-        leader = self._leader(claimed, ends, on_commit)
-        await leader.wait_committed(own.offset)
-        return await self.roll(leader, on_commit)
-
-    async def _keep_answered(self, meta: SegmentMeta, answered: set[str]) -> SegmentMeta:
-        ctx = self._context
-        if answered >= set(meta.replicas):
-            return meta
-        silent = set(meta.replicas) - answered
-        candidates = [node for node in ctx.live_nodes() if node.node_id not in silent]
-        kept = tuple(node for node in meta.replicas if node in answered)
+        holder, best = claims.seal_point(ends)
         try:
-            placement = replace(
-                segment_key(meta.range_id, meta.base_offset), kept, candidates, ctx.rule
+            ends[ctx.node_id] = await self._complete_own_copy(
+                claim, ends[ctx.node_id], holder, best
             )
+        except _OwnCopyRefused as refused:
+            await self.step_aside(claim, str(refused))
+            raise
+        self._require_lease(range_id)
+        own_end = ends[ctx.node_id]
+        if own_end.offset == claim.base_offset:
+            # Nothing a quorum holds: lead it on at the new epoch, on the copies that answered.
+            claim = await self._keep_answered(claim, ends)
+            return self._leader(claim, ends, on_commit, on_step_down)
+        leader = self._leader(claim, ends, on_commit, on_step_down)
+        await leader.wait_committed(own_end.offset)
+        return await self.roll(leader, on_commit, on_step_down)
+
+    async def _keep_answered(self, meta: SegmentMeta, ends: dict[str, CopyEnd]) -> SegmentMeta:
+        ctx = self._context
+        if set(ends) >= set(meta.replicas):
+            return meta
+        try:
+            kept = claims.kept_answered(meta, ends, ctx.live_nodes(), ctx.rule)
         except PlacementError as error:
             raise BrokerError(error.reason, str(error)) from error
-        updated = attrs.evolve(meta, replicas=placement.replicas)
-        await self._record(updated, "re-placement")
+        if kept == meta:
+            return meta
+        await self._record(kept, "re-placement", expected=meta)
         log.info(
             "Re-placed empty {range_id}@{segment} on {replicas} (without {silent})",
             range_id=meta.range_id,
             segment=meta.base_offset,
-            replicas=",".join(placement.replicas),
-            silent=",".join(sorted(silent)),
+            replicas=",".join(kept.replicas),
+            silent=",".join(sorted(set(meta.replicas) - set(ends))),
         )
-        return updated
+        return kept
 
-    async def _record(self, meta: SegmentMeta, what: str) -> None:
+    def step_aside(self, meta: SegmentMeta, why: str) -> Deferred[None]:
+        """Move this node to the end of ``meta``'s replica set (if the record is still
+        ``meta``), so that the next member leads it."""
+        return Deferred.fromCoroutine(self._step_aside(meta, why))
+
+    async def _step_aside(self, meta: SegmentMeta, why: str) -> None:
+        aside = claims.stepped_aside(meta, self._context.node_id)
+        await self._record(aside, "step aside", expected=meta)
+        log.warn(
+            "Stepped aside from {range_id}@{segment} ({why}): its replica set is now {replicas}",
+            range_id=meta.range_id,
+            segment=meta.base_offset,
+            why=why,
+            replicas=",".join(aside.replicas),
+        )
+
+    def resign(self, leader: SegmentLeader, why: str) -> Deferred[None]:
+        """Step aside from the segment ``leader`` led, if the control plane still has this
+        node leading it at that epoch."""
+        meta = self.active(leader.range_id)
+        ctx = self._context
+        if (
+            meta is None
+            or meta.base_offset != leader.segment
+            or meta.epoch != leader.epoch
+            or meta.replicas[0] != ctx.node_id
+        ):
+            return Deferred.fromCoroutine(_nothing())
+        return self.step_aside(meta, why)
+
+    async def _record(self, meta: SegmentMeta, what: str, *, expected: SegmentMeta | None) -> None:
         try:
-            await self._context.control.put_segment(meta)
+            await self._context.control.put_segment(meta, expected=expected)
         except InvalidChangeError as error:
             raise BrokerError(
                 Reason.NOT_PRIMARY,
@@ -248,9 +238,16 @@ class SegmentClaims:
                 f"the {what} of {meta.range_id}@{meta.base_offset} could not be recorded: {error}",
             ) from error
 
+    def _require_lease(self, range_id: str) -> None:
+        if not self._context.holds_lease():
+            raise BrokerError(
+                Reason.UNREACHABLE,
+                f"this node holds no membership lease, so it claims nothing ({range_id})",
+            )
+
     async def _fence(self, meta: SegmentMeta) -> dict[str, CopyEnd]:
         """Fence every replica at ``meta.epoch``; the ends of those that answered, once a
-        quorum has (``no_quorum`` otherwise)."""
+        quorum has (``no_quorum`` otherwise, stepping aside if this node seems cut off)."""
         ctx = self._context
         request = encode_fence(FenceRequest(meta.range_id, meta.base_offset, meta.epoch))
         asked = [
@@ -260,36 +257,45 @@ class SegmentClaims:
             for node in meta.replicas
         ]
         answers = await DeferredList(asked, consumeErrors=True)
-        ends: dict[str, CopyEnd] = {}
-        for node, (ok, answer) in zip(meta.replicas, answers, strict=True):
-            if not ok:
-                continue
-            status: CopyStatus = answer
-            if status.outcome is CopyOutcome.FENCED:
-                raise BrokerError(
-                    Reason.NOT_PRIMARY,
-                    f"{meta.range_id}@{meta.base_offset}: {node} is fenced at epoch "
-                    f"{status.epoch}, past this claim's {meta.epoch}",
-                )
-            if status.outcome is CopyOutcome.OK:
-                ends[node] = CopyEnd(status.end_offset, status.end_position)
-        if ctx.node_id not in ends or len(ends) < ctx.settings.quorum:
+        statuses: dict[str, CopyStatus | None] = {
+            node: answer if ok else None
+            for node, (ok, answer) in zip(meta.replicas, answers, strict=True)
+        }
+        outcome = claims.fence_outcome(meta, statuses, ctx.node_id, ctx.settings.quorum)
+        where = f"{meta.range_id}@{meta.base_offset}"
+        if isinstance(outcome, FencedOut):
             raise BrokerError(
-                Reason.NO_QUORUM,
-                f"{meta.range_id}@{meta.base_offset}: {len(ends)} of {len(meta.replicas)} "
-                f"replicas answered the fence, fewer than the quorum of {ctx.settings.quorum}",
+                Reason.NOT_PRIMARY,
+                f"{where}: {outcome.node} is fenced at epoch {outcome.epoch}, past this claim's "
+                f"{meta.epoch}",
             )
-        return ends
+        if isinstance(outcome, NoQuorum):
+            refusal = BrokerError(
+                Reason.NO_QUORUM,
+                f"{where}: {outcome.answered} of {len(meta.replicas)} replicas answered the "
+                f"fence, fewer than the quorum of {ctx.settings.quorum}",
+            )
+            if claims.steps_aside_after(
+                outcome, meta, ctx.settings.quorum, ctx.is_live, ctx.heard_recently
+            ):
+                await self.step_aside(
+                    meta, f"it cannot reach {', '.join(outcome.silent)}, which are alive"
+                )
+            raise refusal
+        assert isinstance(outcome, Ends)
+        return dict(outcome.ends)
 
-    async def _complete_own_copy(self, meta: SegmentMeta, ends: dict[str, CopyEnd]) -> CopyEnd:
+    async def _complete_own_copy(
+        self, meta: SegmentMeta, own: CopyEnd, holder: str, best: CopyEnd
+    ) -> CopyEnd:
         """Fetch what this node's copy lacks of the longest end, from the copy that has it."""
         ctx = self._context
-        own = ends[ctx.node_id]
-        holder, best = max(ends.items(), key=lambda item: item[1].offset)
+        where = f"{meta.range_id}@{meta.base_offset}"
         while own.offset < best.offset:
             fetch = FetchRequest(
                 meta.range_id,
                 meta.base_offset,
+                meta.epoch,
                 own.offset,
                 own.position,
                 ctx.settings.max_message_bytes,
@@ -299,8 +305,7 @@ class SegmentClaims:
             if not scan.batches or scan.damage is not None:
                 raise BrokerError(
                     Reason.UNREACHABLE,
-                    f"{meta.range_id}@{meta.base_offset}: {holder} sent no whole batch from "
-                    f"offset {own.offset}",
+                    f"{where}: {holder} sent no whole batch from offset {own.offset}",
                 )
             replicate = ReplicateRequest(
                 meta.range_id,
@@ -311,62 +316,83 @@ class SegmentClaims:
                 0,
                 data[: scan.end],
             )
-            answer = decode_status(
-                await ctx.requester.request(
-                    ctx.node_id, PeerOp.REPLICATE, encode_replicate(replicate)
+            try:
+                answer = decode_status(
+                    await ctx.requester.request(
+                        ctx.node_id, PeerOp.REPLICATE, encode_replicate(replicate)
+                    )
                 )
-            )
+            except BrokerError as error:
+                raise _OwnCopyRefused(
+                    Reason.NOT_PRIMARY, f"this node's copy of {where} refused: {error}"
+                ) from error
             if answer.outcome is not CopyOutcome.OK:
-                raise BrokerError(
-                    Reason.UNREACHABLE,
-                    f"{meta.range_id}@{meta.base_offset}: this node's copy refused what "
-                    f"{holder} sent ({answer.outcome.name.lower()})",
+                raise _OwnCopyRefused(
+                    Reason.NOT_PRIMARY,
+                    f"this node's copy of {where} refused what {holder} sent "
+                    f"({answer.outcome.name.lower()})",
                 )
             own = CopyEnd(answer.end_offset, answer.end_position)
         return own
 
     def _leader(
-        self, meta: SegmentMeta, ends: dict[str, CopyEnd], on_commit: Callable[[int], None]
+        self,
+        meta: SegmentMeta,
+        ends: dict[str, CopyEnd],
+        on_commit: Callable[[int], None],
+        on_step_down: OnStepDown,
     ) -> SegmentLeader:
         ctx = self._context
-        copy = ctx.storage.logs[meta.range_id]
-        return SegmentLeader(
+        ctx.on_lead(meta.range_id, meta.base_offset, meta.epoch, ctx.node_id)
+
+        def stepped_down(step: StepDown) -> None:
+            on_step_down(leader, step)
+
+        leader = SegmentLeader(
             node_id=ctx.node_id,
             range_id=meta.range_id,
             segment=meta.base_offset,
             epoch=meta.epoch,
             replicas=meta.replicas,
-            range_log=copy,
+            range_log=ctx.storage.logs[meta.range_id],
             copies=ends,
             requester=ctx.requester,
             clock=ctx.clock,
             settings=ctx.settings,
             is_live=ctx.is_live,
             on_commit=on_commit,
+            holds_lease=ctx.holds_lease,
+            on_step_down=stepped_down,
         )
+        return leader
+
+    # -- rolls ------------------------------------------------------------------------------
 
     def roll(
-        self, leader: SegmentLeader, on_commit: Callable[[int], None]
+        self, leader: SegmentLeader, on_commit: Callable[[int], None], on_step_down: OnStepDown
     ) -> Deferred[SegmentLeader]:
         """Seal ``leader``'s segment once everything written is committed, then open the next
         and lead it; the old leader stops."""
-        return Deferred.fromCoroutine(self._roll(leader, on_commit))
+        return Deferred.fromCoroutine(self._roll(leader, on_commit, on_step_down))
 
-    async def _roll(self, leader: SegmentLeader, on_commit: Callable[[int], None]) -> SegmentLeader:
+    async def _roll(
+        self, leader: SegmentLeader, on_commit: Callable[[int], None], on_step_down: OnStepDown
+    ) -> SegmentLeader:
         await leader.wait_committed(leader.written)
+        self._require_lease(leader.range_id)
         meta = self.active(leader.range_id)
-        if meta is None or meta.base_offset != leader.segment or meta.epoch != leader.epoch:
+        if (
+            meta is None
+            or meta.base_offset != leader.segment
+            or meta.epoch != leader.epoch
+            or meta.replicas[0] != self._context.node_id
+        ):
             raise BrokerError(
                 Reason.NOT_PRIMARY,
                 f"{leader.range_id}@{leader.segment} changed under its leader (now {meta!r})",
             )
-        sealed = attrs.evolve(
-            meta,
-            state=SegmentState.SEALED,
-            record_count=leader.written - leader.segment,
-            byte_size=leader.position,
-        )
-        await self._record(sealed, "seal")
+        sealed = claims.sealed(meta, leader.written, leader.position)
+        await self._record(sealed, "seal", expected=meta)
         leader.step_down(
             BrokerError(Reason.NOT_PRIMARY, f"{leader.range_id}@{leader.segment} is sealed")
         )
@@ -378,7 +404,7 @@ class SegmentClaims:
             size=sealed.byte_size,
         )
         await self._seal_copies(sealed)
-        return await self._open_next(sealed, leader.written, on_commit)
+        return await self._open_next(sealed, on_commit, on_step_down)
 
     async def _seal_copies(self, sealed: SegmentMeta) -> None:
         """Tell every replica to seal its copy; this node's own must be sealed before the next
@@ -407,23 +433,20 @@ class SegmentClaims:
             )
 
     async def _open_next(
-        self, sealed: SegmentMeta, base: int, on_commit: Callable[[int], None]
+        self, sealed: SegmentMeta, on_commit: Callable[[int], None], on_step_down: OnStepDown
     ) -> SegmentLeader:
         ctx = self._context
-        keep = (ctx.node_id, *(node for node in sealed.replicas if node != ctx.node_id))
+        self._require_lease(sealed.range_id)
         try:
-            placement = replace(
-                segment_key(sealed.range_id, base), keep, ctx.live_nodes(), ctx.rule
-            )
+            meta = claims.next_segment(sealed, ctx.node_id, ctx.live_nodes(), ctx.rule)
         except PlacementError as error:
             raise BrokerError(error.reason, str(error)) from error
-        replicas = placement.replicas
-        if replicas[0] != ctx.node_id:
+        if meta is None:
             raise BrokerError(
                 Reason.NOT_PRIMARY, f"{ctx.node_id} is not alive in its own membership view"
             )
-        meta = SegmentMeta(sealed.range_id, base, SegmentState.ACTIVE, None, None, replicas, 0)
-        await self._record(meta, "opening")
+        await self._record(meta, "opening", expected=None)
+        base = meta.base_offset
         fence = encode_fence(FenceRequest(meta.range_id, base, meta.epoch))
         answer = decode_status(await ctx.requester.request(ctx.node_id, PeerOp.FENCE, fence))
         if answer.outcome is not CopyOutcome.OK:
@@ -435,13 +458,10 @@ class SegmentClaims:
             "Opened {range_id}@{segment} on {replicas}",
             range_id=meta.range_id,
             segment=base,
-            replicas=",".join(replicas),
+            replicas=",".join(meta.replicas),
         )
-        return self._leader(meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit)
+        return self._leader(meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit, on_step_down)
 
 
-def batch_slices(data: bytes) -> list[BatchSlice]:
-    """The whole batches another replica sent, as reads take them (each verified by its own
-    checksum; a damaged one ends the list)."""
-    view = memoryview(data)
-    return [BatchSlice(view, batch, True) for batch in scan_batches(view).batches]
+async def _nothing() -> None:
+    return None

@@ -39,7 +39,7 @@ from logbroker.storage.log import (
     RangeLog,
     Written,
 )
-from logbroker.storage.store import DataDirectory, OpenLogs
+from logbroker.storage.store import DataDirectory, OpenLogs, OpenOnce
 
 __all__ = [
     "BATCH_ENCODER",
@@ -66,6 +66,7 @@ __all__ = [
     "NotContiguousError",
     "OffsetOutOfRangeError",
     "OpenLogs",
+    "OpenOnce",
     "OsFileSystem",
     "OverloadedError",
     "RangeLog",

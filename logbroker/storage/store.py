@@ -20,8 +20,9 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from logbroker.storage._format import FORMAT_VERSION
 from logbroker.storage._fs import FileSystem
@@ -50,6 +51,42 @@ class OpenLogs(Protocol):
     def logs(self) -> Mapping[str, RangeLog]: ...
 
     def open_range(self, name: str) -> Deferred[RangeLog]: ...
+
+
+class OpenOnce:
+    """Opens each range's log at most once, however many ask for it at once: two logs on one
+    directory would each write as if it were alone. Every ``OpenLogs`` opens through one.
+    ``logs`` gets each log once it is open; ``open_log`` opens one."""
+
+    def __init__(
+        self, logs: dict[str, RangeLog], open_log: Callable[[str], Deferred[RangeLog]]
+    ) -> None:
+        self._logs = logs
+        self._open_log = open_log
+        self._opening: dict[str, list[Deferred[RangeLog]]] = {}
+
+    def open_range(self, name: str) -> Deferred[RangeLog]:
+        opened = self._logs.get(name)
+        if opened is not None:
+            return succeed(opened)
+        waiter: Deferred[RangeLog] = Deferred()
+        waiting = self._opening.get(name)
+        if waiting is not None:
+            waiting.append(waiter)
+            return waiter
+        self._opening[name] = [waiter]
+
+        def done(outcome: RangeLog | Failure) -> None:
+            if not isinstance(outcome, Failure):
+                self._logs[name] = outcome
+            for waiting_one in self._opening.pop(name):
+                if isinstance(outcome, Failure):
+                    waiting_one.errback(outcome)
+                else:
+                    waiting_one.callback(outcome)
+
+        self._open_log(name).addBoth(done)
+        return waiter
 
 
 def _marker(version: int) -> bytes:

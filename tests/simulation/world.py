@@ -28,7 +28,7 @@ from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
 from logbroker.replication.core.leader import ReplicationSettings
-from logbroker.storage import DataDirectory, LogConfig, RangeLog
+from logbroker.storage import DataDirectory, LogConfig, OpenOnce, RangeLog
 from logbroker.testing import MemoryFileSystem
 from logbroker.wire.primitives import Reader
 from tests.simulation.fabric import EtcdLink, Network, NodeClock, SimClock, SlowDisk
@@ -64,6 +64,7 @@ class _Storage:
             name: RangeLog.recover(self._data.range_path(name), **self._arguments())
             for name in self._data.range_names()
         }
+        self._opener = OpenOnce(self.logs, self._open)
 
     def _arguments(self) -> dict[str, Any]:
         return {
@@ -74,12 +75,13 @@ class _Storage:
             "config": self._config,
         }
 
-    def open_range(self, name: str) -> Deferred[RangeLog]:
-        def opened(range_log: RangeLog) -> RangeLog:
-            self.logs[name] = range_log
-            return range_log
+        self._opener = OpenOnce(self.logs, self._open)
 
-        return RangeLog.open(self._data.range_path(name), **self._arguments()).addCallback(opened)
+    def open_range(self, name: str) -> Deferred[RangeLog]:
+        return self._opener.open_range(name)
+
+    def _open(self, name: str) -> Deferred[RangeLog]:
+        return RangeLog.open(self._data.range_path(name), **self._arguments())
 
 
 class SimNode:
@@ -126,12 +128,12 @@ class SimNode:
         world.network.attach(self.node_id, clock, parts.serve)
         self.up = True
         self.ready = False
-        lead, healer = parts.lead, parts.healer
-        assert lead is not None
-        assert healer is not None
+        replication = parts.replication
+        assert replication is not None
+        membership.on_lease_lost.append(replication.lead.stop)
         self.chores = [
-            PeriodicTask("sweep", 0.5, lambda: lead.sweep(RANGES), clock, now=False),
-            PeriodicTask("healing", 0.5, lambda: healer.tick(RANGES), clock, now=False),
+            PeriodicTask("sweep", 0.5, lambda: replication.sweep(RANGES), clock, now=False),
+            PeriodicTask("healing", 0.5, lambda: replication.heal(RANGES), clock, now=False),
         ]
 
         def started(_: object) -> Deferred[None]:

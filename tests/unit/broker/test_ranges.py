@@ -50,6 +50,7 @@ from logbroker.peer.link import PeerSettings, RequestHandler
 from logbroker.peer.requester import LocalOps, Loopback
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
+from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica import ReplicaServer
@@ -189,8 +190,19 @@ class _Replicas:
     def __init__(self) -> None:
         self.ops: dict[str, LocalOps] = {}
 
+    def sent_by(self, sender: str) -> _SentBy:
+        return _SentBy(self, sender)
+
+
+class _SentBy:
+    """The requests one node sends."""
+
+    def __init__(self, replicas: _Replicas, sender: str) -> None:
+        self._replicas = replicas
+        self._sender = sender
+
     def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
-        return maybeDeferred(self.ops[node_id][op], payload)
+        return maybeDeferred(self._replicas.ops[node_id][op], self._sender, payload)
 
 
 def replicated_world(config: LogConfig) -> World:
@@ -212,19 +224,21 @@ def replicated_world(config: LogConfig) -> World:
     }
     peers = _Replicas()
     for node, storage in storages.items():
-        peers.ops[node] = ReplicaServer(storage, control).ops
+        peers.ops[node] = ReplicaServer(node, storage, control).ops
     context = ClaimContext(
         node_id="a",
         control=control,
         storage=storages["a"],
-        requester=Loopback("a", peers, peers.ops["a"]),
+        requester=Loopback("a", peers.sent_by("a"), peers.ops["a"]),
         clock=clock,
         settings=ReplicationSettings(replication_factor=3),
         rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
         live_nodes=lambda: [PlacementNode(node, {}, True) for node in "abc"],
         is_live=lambda node: True,
     )
-    lead = LeadRanges(context.storage, SegmentClaims(context), replicated.roll_bytes)
+    lead = LeadRanges(
+        context.storage, SegmentClaims(context), CommittedCopies(context), replicated.roll_bytes
+    )
 
     def settle() -> None:
         run_until_idle(clock, executors.values())

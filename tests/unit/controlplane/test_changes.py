@@ -210,6 +210,30 @@ async def test_segment_changes_that_would_lose_data_are_refused(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_segment_change_expecting_a_record_is_a_compare_and_swap(
+    backend: Backend, control: ControlPlane
+) -> None:
+    topic, ranges = make_topic("orders")
+    await done(backend, control.create_topic(topic, ranges))
+    first = active("orders.0", 0, epoch=1)
+    await done(backend, control.put_segment(first, expected=None))
+    exists = rejected(control.put_segment(first, expected=None), InvalidChangeError)
+    assert "exists already" in str(exists)
+
+    claimed = attrs.evolve(first, epoch=2, replicas=("node-2", "node-1"))
+    await done(backend, control.put_segment(claimed, expected=first))
+    # A second claim of the same epoch, from what was read before the first: a lost race.
+    rival = attrs.evolve(first, epoch=2, replicas=("node-3", "node-1"))
+    lost = rejected(control.put_segment(rival, expected=first), InvalidChangeError)
+    assert "another node changed it first" in str(lost)
+    missing = rejected(
+        control.put_segment(active("orders.0", 100), expected=first), InvalidChangeError
+    )
+    assert "is not recorded" in str(missing)
+    assert control.segments("orders.0") == [claimed]
+
+
+@pytest_twisted.ensureDeferred
 async def test_users_are_created_updated_and_deleted(
     backend: Backend, control: ControlPlane
 ) -> None:

@@ -141,20 +141,60 @@ def test_of_two_nodes_bumping_a_segment_s_epoch_exactly_one_wins(cluster: Cluste
     a, b = cluster.node(), cluster.node()
     topic, ranges = make_topic("orders")
     result_of(a.create_topic(topic, ranges))
-    result_of(a.put_segment(active("orders.0", 0, epoch=1)))
+    read = active("orders.0", 0, epoch=1)
+    result_of(a.put_segment(read))
     mine = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-2",))
     theirs = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-3",))
     cluster.store.hold()
 
-    first = b.put_segment(theirs)
-    second = a.put_segment(mine)
+    first = b.put_segment(theirs, expected=read)
+    second = a.put_segment(mine, expected=read)
     cluster.store.release()
 
     result_of(first)
     lost = failure_of(second)
     lost.trap(InvalidChangeError)
-    assert "was changed by another node meanwhile" in str(lost.value)
+    assert "another node changed it first" in str(lost.value)
     assert a.segments("orders.0") == b.segments("orders.0") == [theirs]
+
+
+def test_a_claim_queued_behind_other_changes_loses_to_a_rival_of_the_same_epoch(
+    cluster: Cluster,
+) -> None:
+    """The claim is checked against the record when its transaction is made, after the
+    rival's claim reached this node's cache, and compared on etcd's revision of the key: an
+    equal epoch is a lost race, never an overwrite."""
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    read = active("orders.0", 0, epoch=1)
+    result_of(a.put_segment(read))
+    mine = attrs.evolve(read, epoch=2, replicas=("node-2",))
+    theirs = attrs.evolve(read, epoch=2, replicas=("node-3",))
+    cluster.store.hold()
+    rival = b.put_segment(theirs, expected=read)
+    ahead = a.create_user(make_user("alice", "produce"))
+    queued = a.put_segment(mine, expected=read)
+    # b's claim lands, and reaches a's cache, before a's claim (queued behind a's user) goes.
+    cluster.store.release()
+    result_of(ahead)
+    result_of(rival)
+    lost = failure_of(queued)
+    lost.trap(InvalidChangeError)
+    assert a.segments("orders.0") == b.segments("orders.0") == [theirs]
+
+
+def test_opening_a_segment_that_exists_is_a_lost_race(cluster: Cluster) -> None:
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    cluster.store.hold()
+    first = a.put_segment(active("orders.0", 100), expected=None)
+    second = b.put_segment(attrs.evolve(active("orders.0", 100), replicas=("x",)), expected=None)
+    cluster.store.release()
+    result_of(first)
+    failure_of(second).trap(InvalidChangeError)
+    assert b.segments("orders.0") == [active("orders.0", 100)]
 
 
 def test_a_lower_epoch_racing_a_higher_one_loses(cluster: Cluster) -> None:

@@ -23,6 +23,7 @@ from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.link import PeerError
 from logbroker.peer.requester import LocalOps, Loopback
 from logbroker.placement import PlacementNode, PlacementRule
+from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica import ReplicaServer
@@ -42,10 +43,25 @@ class Peers:
         self.ops: dict[str, LocalOps] = {}
         self.dead: set[str] = set()
 
+    def sent_by(self, sender: str) -> _SentBy:
+        return _SentBy(self, sender)
+
     def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
-        if node_id in self.dead:
+        """A request from outside the nodes (the test itself)."""
+        return self.sent_by("test").request(node_id, op, payload)
+
+
+class _SentBy:
+    """The requests one node sends."""
+
+    def __init__(self, peers: Peers, sender: str) -> None:
+        self._peers = peers
+        self._sender = sender
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        if node_id in self._peers.dead:
             return fail(PeerError(PeerReason.UNREACHABLE, f"{node_id} is down"))
-        return maybeDeferred(self.ops[node_id][op], payload)
+        return maybeDeferred(self._peers.ops[node_id][op], self._sender, payload)
 
 
 @attrs.define
@@ -65,7 +81,7 @@ class Cluster:
             node_id=node,
             control=self.control,
             storage=self.storages[node],
-            requester=Loopback(node, self.peers, self.peers.ops[node]),
+            requester=Loopback(node, self.peers.sent_by(node), self.peers.ops[node]),
             clock=self.clock,
             settings=ReplicationSettings(replication_factor=3),
             rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
@@ -76,7 +92,9 @@ class Cluster:
     def lead(self, node: str) -> LeadRanges:
         """Node ``node`` claims the range, and leads it once the claim is done."""
         context = self.context(node)
-        lead = LeadRanges(context.storage, SegmentClaims(context), CONFIG.roll_bytes)
+        lead = LeadRanges(
+            context.storage, SegmentClaims(context), CommittedCopies(context), CONFIG.roll_bytes
+        )
         claiming = lead.open([RANGE])
         self.settle()
         result_of(claiming)
@@ -104,5 +122,5 @@ def cluster(nodes: str = "abc") -> Cluster:
     }
     peers = Peers()
     for node in nodes:
-        peers.ops[node] = ReplicaServer(storages[node], control).ops
+        peers.ops[node] = ReplicaServer(node, storages[node], control).ops
     return Cluster(control, clock, storages, executors, peers, nodes)

@@ -51,7 +51,9 @@ def produce(world: Cluster, lead: LeadRanges, *batches: Sequence[bytes]) -> None
 def ranges_of(world: Cluster, node: str, holds_lease: bool = True) -> ClusterRanges:
     """``node``'s range directory, as a broker assembles it (``cluster.assembly``)."""
     context = world.context(node)
-    lead = LeadRanges(context.storage, SegmentClaims(context), CONFIG.roll_bytes)
+    lead = LeadRanges(
+        context.storage, SegmentClaims(context), CommittedCopies(context), CONFIG.roll_bytes
+    )
     return ClusterRanges(
         node,
         world.control,
@@ -65,7 +67,7 @@ def ranges_of(world: Cluster, node: str, holds_lease: bool = True) -> ClusterRan
 
 
 def read_committed(world: Cluster, node: str, offset: int, max_bytes: int) -> CommittedRecords:
-    request = encode_fetch(FetchRequest(RANGE, 0, offset, 0, max_bytes))
+    request = encode_fetch(FetchRequest(RANGE, 0, 0, offset, 0, max_bytes))
     answered = world.peers.request(node, PeerOp.READ_COMMITTED, request)
     world.settle()
     return decode_committed(result_of(answered))
@@ -168,7 +170,7 @@ def test_a_copy_left_at_an_older_epoch_serves_nothing_until_it_is_healed() -> No
 def test_a_segment_the_copy_does_not_hold_serves_nothing() -> None:
     world = cluster()
     produce(world, world.lead("a"), [b"1"])
-    request = encode_fetch(FetchRequest(RANGE, 99, 99, 0, 100))
+    request = encode_fetch(FetchRequest(RANGE, 99, 0, 99, 0, 100))
     answered = world.peers.request("b", PeerOp.READ_COMMITTED, request)
     world.settle()
     assert decode_committed(result_of(answered)) == CommittedRecords(99, b"")

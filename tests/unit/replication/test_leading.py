@@ -22,6 +22,7 @@ from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
+from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica import ReplicaServer
@@ -51,7 +52,7 @@ def _lead_ranges_without_replicas() -> LeadRanges:
         meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
         result_of(control.put_segment(meta))
     storage = MemoryLogs(config=LogConfig(replicated=True, auto_roll=False))
-    own = ReplicaServer(storage, control).ops
+    own = ReplicaServer("a", storage, control).ops
     context = ClaimContext(
         node_id="a",
         control=control,
@@ -63,7 +64,7 @@ def _lead_ranges_without_replicas() -> LeadRanges:
         live_nodes=lambda: [PlacementNode(node, {}, True) for node in "abc"],
         is_live=lambda node: True,
     )
-    return LeadRanges(storage, SegmentClaims(context), 1 << 20)
+    return LeadRanges(storage, SegmentClaims(context), CommittedCopies(context), 1 << 20)
 
 
 def test_opening_ranges_that_cannot_be_claimed_yet_does_not_fail_start_up(

@@ -57,7 +57,7 @@ def test_replicated_data_damaged_on_the_way_is_refused() -> None:
     [
         (FenceRequest("r1", 10, 2), encode_fence, decode_fence),
         (SealRequest("r1", 10, 2, 40, 9000), encode_seal, decode_seal),
-        (FetchRequest("r1", 10, 20, 512, 1 << 20), encode_fetch, decode_fetch),
+        (FetchRequest("r1", 10, 3, 20, 512, 1 << 20), encode_fetch, decode_fetch),
     ],
 )
 def test_requests_round_trip_and_refuse_trailing_bytes(request_, encode, decode) -> None:  # type: ignore[no-untyped-def]

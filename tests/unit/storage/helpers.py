@@ -9,7 +9,15 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from logbroker.storage import Executor, Flush, IntegrityEvent, LogConfig, RangeLog, Record
+from logbroker.storage import (
+    Executor,
+    Flush,
+    IntegrityEvent,
+    LogConfig,
+    OpenOnce,
+    RangeLog,
+    Record,
+)
 from logbroker.storage._format import scan_batches
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 
@@ -58,12 +66,12 @@ class MemoryLogs:
         self._on_integrity_event = on_integrity_event
         self._on_flushed = on_flushed
         self.logs: dict[str, RangeLog] = {}
+        self._opener = OpenOnce(self.logs, self._open)
 
     def open_range(self, name: str) -> Deferred[RangeLog]:
-        def opened(range_log: RangeLog) -> RangeLog:
-            self.logs[name] = range_log
-            return range_log
+        return self._opener.open_range(name)
 
+    def _open(self, name: str) -> Deferred[RangeLog]:
         return RangeLog.open(
             f"/data/ranges/{name}",
             fs=self.fs,
@@ -72,7 +80,7 @@ class MemoryLogs:
             config=self._config,
             on_integrity_event=self._on_integrity_event,
             on_flushed=self._on_flushed,
-        ).addCallback(opened)
+        )
 
 
 def run_until_idle(clock: Clock, executors: Iterable[ManualExecutor]) -> None:

@@ -1,0 +1,180 @@
+"""What a replica does with its copy of a segment, decided: the pure rules behind
+``logbroker.replication.replica.ReplicaServer`` (which carries them out on the range's log) and
+behind every read of a copy. No I/O, no clock, no Deferreds.
+
+The rules that make a quorum's acknowledgement mean something:
+
+- **Only the claimer writes.** A segment's bytes are taken only from the node that claimed the
+  segment's current epoch: the first member of its replica set at that epoch in the control
+  plane (``authority``). An older epoch, or a node no longer first, is ``fenced``; a newer
+  epoch than this node's view shows is ``unknown`` for now (its view lags behind the claim).
+- **Epochs only go up.** A copy fenced at an epoch refuses every older one (``older_epoch``),
+  so once a node taking over has fenced a quorum, the old primary can get nothing more
+  durable on a quorum.
+- **Contiguity.** Bytes are taken only where the copy ends (offset and byte position); else
+  the answer says where it ends, and the primary sends from there. A resend of bytes the copy
+  holds (after a lost answer) is answered so too, and stores nothing twice.
+- **An older epoch's tail goes.** Bytes a copy holds past where a newer epoch's primary starts
+  sending were written under an older epoch and never reached a quorum: they are cut back first
+  (``replicate_step``). Rot is never cut (the storage engine refuses).
+
+And the rule for reading: **stale copies are never served.** A copy counts (for reads, fetches,
+reads of committed records, producer stamps) only if its node is in the segment's replica set
+and the copy is at the segment's epoch (``trusted``); of such a copy only records known to be
+committed are served (``committed_end``).
+"""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+
+import attrs
+
+from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.replication.replica_codec import CopyOutcome, ReplicateRequest
+from logbroker.storage import CopyState
+
+
+@attrs.frozen
+class CopyView:
+    """What a node knows of its copy of one segment: its state (``None``: no copy), the epoch it
+    is at (``None``: unknown, its marker unreadable), whether it is damaged, where its records
+    end, and, for the copy taking appends, where its bytes end once what it was sent is written
+    (``tail_offset``, ``tail_position``) and where they are durable (``durable_offset``)."""
+
+    state: CopyState | None
+    epoch: int | None
+    damaged: bool = False
+    next_offset: int = 0
+    tail_offset: int = 0
+    tail_position: int = 0
+    durable_offset: int = 0
+
+
+class Authority(Enum):
+    ACCEPT = auto()
+    FENCED = auto()
+    UNKNOWN = auto()
+
+
+def older_epoch(epoch: int, current: int) -> bool:
+    """Whether a request at ``epoch`` comes from before ``current``: it is refused."""
+    return epoch < current
+
+
+def authority(record: SegmentMeta | None, epoch: int, sender: str) -> Authority:
+    """Whether ``sender`` may write the segment at ``epoch``, as this node's view of the
+    control plane has the segment's ``record``."""
+    if record is None or older_epoch(record.epoch, epoch):
+        return Authority.UNKNOWN
+    if older_epoch(epoch, record.epoch) or record.replicas[0] != sender:
+        return Authority.FENCED
+    return Authority.ACCEPT
+
+
+class Step(Enum):
+    """The next thing to do with a replicate request's bytes."""
+
+    #: Answer with the copy's status: ``outcome`` says which.
+    ANSWER = auto()
+    #: Record the commit index the primary sent (a commit notice), then answer ``ok``.
+    NOTE_COMMIT = auto()
+    #: Start a copy of the segment at the request's epoch (closing the active one), then
+    #: decide again.
+    START = auto()
+    #: Record the request's epoch and cut the copy back to where the request starts, then
+    #: decide again.
+    CUT = auto()
+    #: Append the bytes at ``epoch``.
+    APPEND = auto()
+    #: The copy cannot take bytes now: its epoch is unknown (its marker unreadable) until it
+    #: is fenced again.
+    UNAVAILABLE = auto()
+
+
+@attrs.frozen
+class Decision:
+    step: Step
+    outcome: CopyOutcome = CopyOutcome.OK
+    #: The epoch an ``APPEND`` is stored at.
+    epoch: int = 0
+
+
+def replicate_step(
+    view: CopyView, request: ReplicateRequest, sender: str, record: SegmentMeta | None
+) -> Decision:
+    """What to do with ``request`` (from ``sender``) given this node's ``view`` of its copy and
+    its control plane's ``record`` of the segment."""
+    allowed = authority(record, request.epoch, sender)
+    if allowed is Authority.FENCED:
+        return Decision(Step.ANSWER, CopyOutcome.FENCED)
+    if allowed is Authority.UNKNOWN:
+        return Decision(Step.ANSWER, CopyOutcome.UNKNOWN)
+    if not request.data:
+        if view.state is CopyState.ACTIVE and view.epoch is not None:
+            if older_epoch(request.epoch, view.epoch):
+                return Decision(Step.ANSWER, CopyOutcome.FENCED)
+            if request.epoch == view.epoch:
+                return Decision(Step.NOTE_COMMIT)
+        return Decision(Step.ANSWER, CopyOutcome.OK)
+    if view.state is CopyState.SEALED:
+        # The segment is over here: whoever still sends to it is stale.
+        return Decision(Step.ANSWER, CopyOutcome.FENCED)
+    if view.state is not CopyState.ACTIVE:
+        return Decision(Step.START)
+    if view.epoch is None:
+        return Decision(Step.UNAVAILABLE)
+    if older_epoch(request.epoch, view.epoch):
+        return Decision(Step.ANSWER, CopyOutcome.FENCED)
+    if request.offset == view.tail_offset and request.position == view.tail_position:
+        return Decision(Step.APPEND, epoch=request.epoch)
+    if request.offset < view.tail_offset and request.epoch > view.epoch:
+        return Decision(Step.CUT)
+    return Decision(Step.ANSWER, CopyOutcome.MISMATCH)
+
+
+def trusted(view: CopyView, record: SegmentMeta, node_id: str) -> bool:
+    """Whether this node's copy of ``record``'s segment may be served or believed at all: the
+    node is in the segment's replica set, and the copy is undamaged and at the segment's epoch
+    (its bytes are then a prefix of what that epoch's one primary wrote)."""
+    return (
+        view.state is not None
+        and not view.damaged
+        and node_id in record.replicas
+        and view.epoch == record.epoch
+    )
+
+
+def committed_end(view: CopyView, record: SegmentMeta, node_id: str, commit: int) -> int:
+    """Where the records of this copy that are known to be committed end (the segment's base:
+    none). ``commit`` is the commit index the copy last heard from its primary.
+
+    Only a trusted copy counts. Of a sealed segment, its records up to the sealed end are
+    committed; of the active segment, those below the commit index its primary last sent (only
+    a copy still appending to it has heard it)."""
+    base = record.base_offset
+    if not trusted(view, record, node_id):
+        return base
+    appending = view.state is CopyState.ACTIVE
+    held = min(view.durable_offset, commit) if appending else view.next_offset
+    if record.state is SegmentState.SEALED:
+        assert record.record_count is not None
+        return min(held if appending else view.next_offset, base + record.record_count)
+    return held if appending else base
+
+
+def holds_whole(view: CopyView, record: SegmentMeta, node_id: str, end: int) -> bool:
+    """Whether this node's copy of ``record``'s segment can serve its records up to ``end``."""
+    return trusted(view, record, node_id) and view.next_offset >= end
+
+
+def stale(view: CopyView, record: SegmentMeta | None, node_id: str) -> bool:
+    """Whether this node's copy is of a segment it should not hold: sealed in the control plane
+    on a replica set without this node (it was dropped from it, or the copy was left behind by
+    a takeover). Such a copy is deleted once the replica set holds the segment whole."""
+    return (
+        view.state is not None
+        and record is not None
+        and record.state is SegmentState.SEALED
+        and node_id not in record.replicas
+    )

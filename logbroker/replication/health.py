@@ -1,0 +1,91 @@
+"""How many segments have fewer whole copies than the replication factor:
+``svc_under_replicated_segments``, ``logbroker cluster status`` and the dashboard's Cluster card.
+
+A segment is under-replicated when its replica set is shorter than the factor, names a node that
+is dead, or names a live node that does not hold it whole yet (a sealed segment it has to fetch).
+Every node knows the first two from the control plane and the member list; the third each node
+knows of itself (``Healer.missing``) and tells the others through the ``copy_health`` peer op.
+``ReplicationHealth.refresh`` (run periodically) asks every live node and recounts; the count is
+read synchronously between refreshes. 0 is the healthy state: every segment written is on the
+factor's number of nodes, whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.logger import Logger
+
+from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.peer.frames import PeerOp
+from logbroker.replication.healing import Healer, SegmentKey
+from logbroker.replication.replica_codec import decode_missing, encode_missing
+from logbroker.replication.takeover import ClaimContext
+
+log = Logger()
+
+
+def under_replicated(
+    segments: Iterable[SegmentMeta],
+    factor: int,
+    is_live: Callable[[str], bool],
+    missing: Mapping[str, set[SegmentKey]],
+) -> int:
+    """How many of ``segments`` have fewer than ``factor`` whole copies on live nodes;
+    ``missing`` says, for each node that answered, the sealed segments it lacks (a live node
+    that did not answer is taken to lack nothing it was not known to lack)."""
+    count = 0
+    for meta in segments:
+        if meta.state is SegmentState.SEALED and not meta.record_count:
+            continue  # it holds nothing: no copy to lose
+        key = (meta.range_id, meta.base_offset)
+        if (
+            len(meta.replicas) < factor
+            or not all(is_live(node) for node in meta.replicas)
+            or any(key in missing.get(node, ()) for node in meta.replicas)
+        ):
+            count += 1
+    return count
+
+
+class ReplicationHealth:
+    def __init__(self, context: ClaimContext, healer: Healer) -> None:
+        self._context = context
+        self._healer = healer
+        #: The last count, and what each node said it lacks.
+        self.count = 0
+        self.missing: dict[str, set[SegmentKey]] = {}
+
+    def serve(self, sender: str, payload: bytes) -> Deferred[bytes]:
+        """The ``copy_health`` op: the sealed copies this node lacks."""
+        return succeed(encode_missing(sorted(self._healer.missing)))
+
+    def refresh(self, range_ids: Sequence[str]) -> Deferred[None]:
+        """Ask every live node what it lacks, and count again."""
+        return Deferred.fromCoroutine(self._refresh(range_ids))
+
+    async def _refresh(self, range_ids: Sequence[str]) -> None:
+        ctx = self._context
+        peers = [
+            node.node_id for node in ctx.live_nodes() if node.alive and node.node_id != ctx.node_id
+        ]
+        asked = [
+            ctx.requester.request(node, PeerOp.COPY_HEALTH, b"")
+            .addCallback(decode_missing)
+            .addTimeout(ctx.settings.ack_timeout_seconds, ctx.clock)
+            for node in peers
+        ]
+        answers = await DeferredList(asked, consumeErrors=True)
+        missing = {ctx.node_id: set(self._healer.missing)}
+        for node, (ok, answer) in zip(peers, answers, strict=True):
+            if ok:
+                missing[node] = set(answer)
+            else:
+                # A node that cannot say is kept at what it said last.
+                missing[node] = self.missing.get(node, set())
+        self.missing = missing
+        segments = [meta for range_id in range_ids for meta in ctx.control.segments(range_id)]
+        self.count = under_replicated(
+            segments, ctx.settings.replication_factor, ctx.is_live, missing
+        )

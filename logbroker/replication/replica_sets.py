@@ -1,0 +1,152 @@
+"""Keeping every segment's replica set at the replication factor, without the operator.
+
+Run periodically on every node (``ReplicaSets.tick``):
+
+- **Active segments it leads.** A range this node leads whose active segment is on fewer
+  replicas than the factor (it was placed while nodes were down) or names a node dead for
+  longer than ``replace_after``, is rolled as soon as enough nodes are alive for a fuller set:
+  the next segment is placed on the live nodes.
+- **Sealed segments** (the chores lease holder only, so that one node decides). A sealed
+  segment on fewer replicas than the factor gets live nodes added (a node back from an outage
+  first: ``placement.replace`` keeps the members in order and adds the best live nodes), and
+  one naming a node dead for longer than ``replace_after`` gets that node replaced. The new
+  members fetch their copies at their next healing tick, so the replication factor is restored
+  for data already written, not just for new segments.
+
+Every change is a compare-and-swap on the record this node read, so it never overwrites what a
+claim or a seal did meanwhile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.logger import Logger
+
+from logbroker.controlplane import ControlPlaneError, SegmentMeta, SegmentState
+from logbroker.placement import PlacementError, replace, segment_key
+from logbroker.replication.core import claims
+from logbroker.replication.leading import LeadRanges
+from logbroker.replication.takeover import ClaimContext
+
+log = Logger()
+
+
+def restore_replication_factor(meta: SegmentMeta, context: ClaimContext) -> SegmentMeta | None:
+    """The sealed segment ``meta`` with its replica set completed with live nodes, if it is
+    short of the factor and live nodes can be added."""
+    if meta.state is not SegmentState.SEALED or not meta.record_count:
+        return None
+    try:
+        return claims.completed_set(meta, list(context.live_nodes()), context.rule)
+    except PlacementError:
+        return None
+
+
+class ReplicaSets:
+    def __init__(
+        self,
+        context: ClaimContext,
+        lead: LeadRanges,
+        replace_after_seconds: float,
+        holds_chores: Callable[[], bool],
+    ) -> None:
+        self._context = context
+        self._lead = lead
+        self._replace_after = replace_after_seconds
+        self._holds_chores = holds_chores
+        #: When each node was first seen dead (by this node), for ``replace_after``.
+        self._dead_since: dict[str, float] = {}
+
+    def tick(self, range_ids: Sequence[str]) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._tick(range_ids))
+
+    async def _tick(self, range_ids: Sequence[str]) -> None:
+        ctx = self._context
+        segments = {range_id: ctx.control.segments(range_id) for range_id in range_ids}
+        self._note_deaths(node for metas in segments.values() for m in metas for node in m.replicas)
+        self._roll_weak_sets()
+        if not self._holds_chores() or not ctx.holds_lease():
+            return
+        for metas in segments.values():
+            for meta in metas:
+                updated = self._repaired(meta)
+                if updated is None:
+                    continue
+                try:
+                    await ctx.control.put_segment(updated, expected=meta)
+                except ControlPlaneError as error:
+                    log.info(
+                        "Could not change the replica set of {range_id}@{segment} now: {error}",
+                        range_id=meta.range_id,
+                        segment=meta.base_offset,
+                        error=str(error),
+                    )
+                    continue
+                log.info(
+                    "The replica set of {range_id}@{segment} is now {replicas} (was {was})",
+                    range_id=meta.range_id,
+                    segment=meta.base_offset,
+                    replicas=",".join(updated.replicas),
+                    was=",".join(meta.replicas),
+                )
+
+    def _repaired(self, meta: SegmentMeta) -> SegmentMeta | None:
+        """``meta`` with its replica set brought back to the factor, if it needs it now."""
+        if meta.state is not SegmentState.SEALED or not meta.record_count:
+            return None
+        restored = restore_replication_factor(meta, self._context)
+        if restored is not None:
+            return restored
+        if not any(self._long_dead(node) for node in meta.replicas):
+            return None
+        try:
+            placement = replace(
+                segment_key(meta.range_id, meta.base_offset),
+                meta.replicas,
+                self._context.live_nodes(),
+                self._context.rule,
+            )
+        except PlacementError:
+            return None
+        if set(placement.replicas) == set(meta.replicas):
+            return None
+        return attrs.evolve(meta, replicas=placement.replicas)
+
+    # -- who is dead, and for how long -------------------------------------------------------
+
+    def _note_deaths(self, nodes: Iterable[str]) -> None:
+        now = self._context.clock.seconds()
+        for node in set(nodes):
+            if self._context.is_live(node):
+                self._dead_since.pop(node, None)
+            else:
+                self._dead_since.setdefault(node, now)
+
+    def _long_dead(self, node: str) -> bool:
+        since = self._dead_since.get(node)
+        return since is not None and self._context.clock.seconds() - since >= self._replace_after
+
+    # -- active segments this node leads -------------------------------------------------------
+
+    def _roll_weak_sets(self) -> None:
+        ctx = self._context
+        live = sum(1 for node in ctx.live_nodes() if node.alive)
+        factor = ctx.settings.replication_factor
+        for handle in self._lead.leading():
+            leader = handle.leader
+            if leader is None or leader.written == leader.segment:
+                continue
+            members = [n for n in leader.replicas if not self._long_dead(n)]
+            if len(members) >= factor or live <= len(members):
+                continue
+            log.info(
+                "Rolling {range_id}: its active segment is on {replicas}, fewer than {factor}"
+                " live replicas; the next one is placed on the live nodes",
+                range_id=handle.range_id,
+                replicas=",".join(leader.replicas),
+                factor=factor,
+            )
+            handle.roll()

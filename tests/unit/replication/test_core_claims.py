@@ -1,0 +1,122 @@
+"""The claim rules on their own (``logbroker.replication.core.claims``)."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from logbroker.config import SpreadPolicy
+from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.placement import NoQuorumError, PlacementNode, PlacementRule
+from logbroker.replication.core import claims
+from logbroker.replication.core.claims import Ends, FencedOut, NoQuorum
+from logbroker.replication.core.quorum import CopyEnd, quorum_size
+from logbroker.replication.replica_codec import CopyOutcome, CopyStatus
+
+RULE = PlacementRule(3, None, 1, SpreadPolicy.SOFT)
+
+
+def _active(replicas: str = "abc", epoch: int = 1, base: int = 0) -> SegmentMeta:
+    return SegmentMeta("r.0", base, SegmentState.ACTIVE, None, None, tuple(replicas), epoch)
+
+
+def _nodes(ids: str) -> list[PlacementNode]:
+    return [PlacementNode(node) for node in ids]
+
+
+def test_the_first_live_replica_takes_a_dead_primary_over() -> None:
+    meta = _active("abc")
+    live = {"b", "c"}.__contains__
+    assert claims.should_take_over(meta, "b", live)
+    assert not claims.should_take_over(meta, "c", live), "b comes first"
+    assert not claims.should_take_over(meta, "b", lambda node: True), "a is alive"
+    assert not claims.should_take_over(meta, "d", live), "d holds no copy"
+
+
+def test_a_claim_bumps_the_epoch_and_puts_the_claimer_first() -> None:
+    assert claims.claimed(_active("abc", epoch=4), "c") == _active("cab", epoch=5)
+    assert claims.claimed(_active("abc"), "d") is None
+
+
+def test_stepping_aside_moves_the_node_last_at_the_same_epoch() -> None:
+    assert claims.stepped_aside(_active("abc", epoch=3), "a") == _active("bca", epoch=3)
+
+
+def _status(end: int, outcome: CopyOutcome = CopyOutcome.OK, epoch: int = 2) -> CopyStatus:
+    return CopyStatus(outcome, epoch, end, end * 10)
+
+
+def test_a_fence_needs_a_quorum_with_the_claimer_among_it() -> None:
+    meta = _active("abc", epoch=2)
+    ends = claims.fence_outcome(meta, {"a": _status(5), "c": _status(7)}, "a", 2)
+    assert ends == Ends({"a": CopyEnd(5, 50), "c": CopyEnd(7, 70)})
+    assert claims.fence_outcome(meta, {"b": _status(5), "c": _status(7)}, "a", 2) == NoQuorum(
+        2, ("a",)
+    ), "the claimer's own copy must be among them"
+    assert claims.fence_outcome(meta, {"a": _status(5), "b": None}, "a", 2) == NoQuorum(
+        1, ("b", "c")
+    )
+    fenced = {"a": _status(5), "b": _status(0, CopyOutcome.FENCED, epoch=9)}
+    assert claims.fence_outcome(meta, fenced, "a", 2) == FencedOut("b", 9)
+
+
+@given(
+    st.integers(3, 5).flatmap(
+        lambda rf: st.tuples(
+            st.just(rf),
+            st.lists(st.integers(0, 100), min_size=rf, max_size=rf),
+            st.sets(st.integers(0, rf - 1), min_size=quorum_size(rf)),
+        )
+    )
+)
+def test_the_seal_point_of_any_quorum_holds_every_acknowledged_record(
+    case: tuple[int, list[int], set[int]],
+) -> None:
+    """Every acknowledged record is on a quorum; any quorum of answers shares a copy with it,
+    so the longest end among them is past every acknowledged record."""
+    rf, durable, answering = case
+    acknowledged = sorted(durable, reverse=True)[quorum_size(rf) - 1]
+    ends = {str(i): CopyEnd(durable[i], durable[i]) for i in answering}
+    _, end = claims.seal_point(ends)
+    assert end.offset >= acknowledged
+
+
+def test_a_claim_whose_fence_found_no_quorum_steps_aside_only_when_cut_off() -> None:
+    meta = _active("abc", epoch=2)
+    silent = NoQuorum(1, ("b", "c"))
+    alive = lambda node: True  # noqa: E731
+    assert claims.steps_aside_after(silent, meta, 2, alive, lambda node: False)
+    assert not claims.steps_aside_after(silent, meta, 2, alive, lambda node: node == "b"), (
+        "it heard from b lately: not cut off"
+    )
+    assert not claims.steps_aside_after(silent, meta, 2, "a".__contains__, lambda node: False), (
+        "b and c are dead: no quorum anywhere"
+    )
+
+
+def test_the_next_segment_keeps_the_live_members_with_the_leader_first() -> None:
+    sealed = claims.sealed(_active("bac", epoch=3, base=10), 25, 900)
+    assert (sealed.record_count, sealed.byte_size, sealed.state) == (15, 900, SegmentState.SEALED)
+    following = claims.next_segment(sealed, "a", _nodes("abc"), RULE)
+    assert following == SegmentMeta("r.0", 25, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+    assert claims.next_segment(sealed, "a", _nodes("bc"), RULE) is None, "a is not alive"
+    with pytest.raises(NoQuorumError):
+        claims.next_segment(sealed, "a", _nodes("a"), RULE)
+
+
+def test_an_empty_segment_is_led_on_only_on_the_copies_that_answered() -> None:
+    meta = _active("abc", epoch=2)
+    kept = claims.kept_answered(meta, ["a", "b"], _nodes("abcd"), RULE)
+    assert kept.replicas[:2] == ("a", "b")
+    assert "c" not in kept.replicas
+    assert claims.kept_answered(meta, "abc", _nodes("abc"), RULE) is meta
+
+
+def test_a_short_sealed_set_is_completed_with_live_nodes_keeping_its_members() -> None:
+    sealed = claims.sealed(_active("ab", epoch=2), 10, 100)
+    completed = claims.completed_set(sealed, _nodes("bc"), RULE)
+    assert completed == attrs.evolve(sealed, replicas=("a", "b", "c")), "a is down, kept"
+    assert claims.completed_set(completed, _nodes("abcd"), RULE) is None, "full already"
+    assert claims.completed_set(sealed, _nodes("ab"), RULE) is None, "no node to add"
