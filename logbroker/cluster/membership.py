@@ -129,7 +129,13 @@ class Membership(MultiService):
 
     @property
     def holds_lease(self) -> bool:
-        return self._lease != 0
+        """Whether this node may still hold its lease: one etcd renewed less than a TTL ago.
+        Read from the clock, not from the expiry timer: a process resumed after a stall runs
+        its due calls in whatever order, and none may act as if the lease were still held."""
+        renewed = self._renewed_at
+        return (
+            self._lease != 0 and renewed is not None and self._clock.seconds() < renewed + self._ttl
+        )
 
     @property
     def holds_chores(self) -> bool:

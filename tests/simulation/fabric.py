@@ -1,5 +1,6 @@
 """The simulated machine room: one ``Clock`` for everything, per-node clocks that a crash
-silences, disks that take time, an etcd whose answers and watch events arrive late, and a
+silences and a stall freezes, disks that take time, an etcd whose answers and watch events
+arrive late (and that a node can be cut off from, that fails requests and loses answers), and a
 network that drops, delays, duplicates and reorders peer messages and can be partitioned.
 
 Every choice is drawn from one seeded ``random.Random``, so a seed replays exactly.
@@ -17,7 +18,11 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall
 from twisted.python.failure import Failure
 
-from logbroker.controlplane import ControlPlaneUnavailableError, KeyValueStore
+from logbroker.controlplane import (
+    ControlPlaneUnavailableError,
+    KeyValueStore,
+    OutcomeUnknownError,
+)
 from logbroker.controlplane._kv import OnEvents, OnLost, WatchEvent, WatchHandle
 from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.link import PeerError
@@ -81,21 +86,39 @@ def _ignore(call: DelayedCall) -> None:
 class NodeClock:
     """One node incarnation's view of the shared clock. A crash cancels every call the
     incarnation scheduled and ignores what it schedules afterwards: a dead process runs
-    nothing."""
+    nothing. A stall (``freeze``) holds every call that comes due, and the peer requests and
+    etcd answers that arrive, until ``resume`` runs them all at once, in the order they came
+    due, as a process resumed after SIGSTOP does."""
 
     def __init__(self, clock: SimClock) -> None:
         self._clock = clock
         self._calls: set[IDelayedCall] = set()
         self.alive = True
+        self.frozen = False
+        self._held: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
 
     def seconds(self) -> float:
         return self._clock.seconds()
 
+    def freeze(self) -> None:
+        self.frozen = True
+
+    def resume(self) -> None:
+        self.frozen = False
+        held, self._held = self._held, []
+        for f, args, kw in held:
+            if self.alive:
+                f(*args, **kw)
+
     def callLater(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
         def run() -> None:
             self._calls.discard(call)
-            if self.alive:
-                f(*args, **kw)
+            if not self.alive:
+                return
+            if self.frozen:
+                self._held.append((f, args, kw))
+                return
+            f(*args, **kw)
 
         call = self._clock.callLater(delay, run)
         if self.alive:
@@ -109,6 +132,7 @@ class NodeClock:
 
     def kill(self) -> None:
         self.alive = False
+        self._held.clear()
         for call in list(self._calls):
             if call.active():
                 call.cancel()
@@ -148,15 +172,37 @@ class SlowDisk:
         return done
 
 
+class EtcdFaults:
+    """What goes wrong between the nodes and etcd, changed by the scenario: requests that fail
+    before reaching etcd, and answers lost after it acted (a transaction's loss is an unknown
+    outcome, as the gateway reports it)."""
+
+    def __init__(self) -> None:
+        self.errors = 0.0
+        self.lost_answers = 0.0
+
+    def calm(self) -> None:
+        self.errors = self.lost_answers = 0.0
+
+
 class EtcdLink:
     """A node incarnation's link to the shared etcd double: answers and watch events arrive
-    after a small random delay; once the node dies, nothing more arrives (its watches end)."""
+    after a small random delay; once the node dies, nothing more arrives (its watches end).
+    A cut link (``cut``) fails every request after a timeout without reaching etcd and ends
+    every watch, until ``mend``."""
 
-    def __init__(self, store: KeyValueStore, clock: NodeClock, rng: random.Random) -> None:
+    #: How long a request on a cut link takes to fail (the gateway's own timeout).
+    TIMEOUT = 1.0
+
+    def __init__(
+        self, store: KeyValueStore, clock: NodeClock, rng: random.Random, faults: EtcdFaults
+    ) -> None:
         self._store = store
         self._clock = clock
         self._rng = rng
-        self._watches: list[WatchHandle] = []
+        self._faults = faults
+        self._watches: list[tuple[WatchHandle, OnLost]] = []
+        self.cut = False
 
     def _late(self, answer: Deferred[_T]) -> Deferred[_T]:
         late: Deferred[_T] = Deferred()
@@ -171,7 +217,23 @@ class EtcdLink:
     def _call(self, name: str, *args: Any) -> Deferred[Any]:
         if not self._clock.alive:
             return fail(ControlPlaneUnavailableError("this node is down"))
-        return self._late(getattr(self._store, name)(*args))
+        if self.cut or self._rng.random() < self._faults.errors:
+            failed: Deferred[Any] = Deferred()
+            delay = self.TIMEOUT if self.cut else self._rng.uniform(0.0002, 0.003)
+            error = ControlPlaneUnavailableError(f"no etcd member answered {name}")
+            self._clock.callLater(delay, _fire, failed, Failure(error))
+            return failed
+        answered = getattr(self._store, name)(*args)
+        if self._rng.random() < self._faults.lost_answers:
+            lost: Deferred[Any] = Deferred()
+            error = (
+                OutcomeUnknownError(f"the answer to {name} was lost")
+                if name == "txn"
+                else ControlPlaneUnavailableError(f"the answer to {name} was lost")
+            )
+            answered.addBoth(lambda _: self._clock.callLater(0.5, _fire, lost, Failure(error)))
+            return lost
+        return self._late(answered)
 
     def range_prefix(self, prefix: bytes) -> Deferred[Any]:
         return self._call("range_prefix", prefix)
@@ -220,14 +282,35 @@ class EtcdLink:
         def lost(error: Exception) -> None:
             self._clock.callLater(in_order(0.001), on_lost, error)
 
+        if self.cut:
+            self._clock.callLater(
+                self.TIMEOUT, on_lost, ControlPlaneUnavailableError("no etcd member to watch")
+            )
+            return _NoWatch()
         handle = self._store.watch(prefix, start_revision, events, lost)
-        self._watches.append(handle)
+        self._watches.append((handle, lost))
         return handle
 
     def kill(self) -> None:
-        for handle in self._watches:
+        for handle, _ in self._watches:
             handle.cancel()
         self._watches.clear()
+
+    def sever(self) -> None:
+        """Cut this node off from etcd: its watches end, its requests fail."""
+        self.cut = True
+        watches, self._watches = self._watches, []
+        for handle, lost in watches:
+            handle.cancel()
+            lost(ControlPlaneUnavailableError("the link to etcd was cut"))
+
+    def mend(self) -> None:
+        self.cut = False
+
+
+class _NoWatch:
+    def cancel(self) -> None:
+        pass
 
 
 def _fire(deferred: Deferred[Any], result: object) -> None:
@@ -255,6 +338,9 @@ class Network:
         self._rng = rng
         self._serve: dict[str, tuple[NodeClock, Serve]] = {}
         self._cut: set[frozenset[str]] = set()
+        #: When each node last heard from each other over their link: now, while they can
+        #: (the links ping), else when they last could.
+        self._heard: dict[tuple[str, str], float] = {}
         #: Fault rates, changed by the scenario; zero when faults stop.
         self.loss = 0.0
         self.duplication = 0.0
@@ -277,6 +363,13 @@ class Network:
     def reachable(self, a: str, b: str) -> bool:
         target = self._serve.get(b)
         return target is not None and target[0].alive and frozenset((a, b)) not in self._cut
+
+    def heard_at(self, node: str, peer: str) -> float | None:
+        """When ``node``'s link last heard from ``peer`` (a frozen peer answers no pings)."""
+        target = self._serve.get(peer)
+        if self.reachable(node, peer) and target is not None and not target[0].frozen:
+            self._heard[node, peer] = self._clock.seconds()
+        return self._heard.get((node, peer))
 
     def requester(self, node: str, clock: NodeClock) -> _Requester:
         return _Requester(self, node, clock)
@@ -326,6 +419,21 @@ class Network:
     ) -> None:
         if not target_clock.alive or frozenset((sender, target)) in self._cut:
             return
+        # On the target's clock: a stalled node takes it once it resumes.
+        target_clock.callLater(
+            0, self._serve_one, sender, clock, serve, op, payload, answer, timeout
+        )
+
+    def _serve_one(
+        self,
+        sender: str,
+        clock: NodeClock,
+        serve: Serve,
+        op: PeerOp,
+        payload: bytes,
+        answer: Deferred[bytes],
+        timeout: IDelayedCall,
+    ) -> None:
         try:
             served = serve(sender, op, payload)
         except Exception:
@@ -345,7 +453,11 @@ class Network:
     def _answer(
         self, clock: NodeClock, answer: Deferred[bytes], timeout: IDelayedCall, result: object
     ) -> None:
-        if answer.called or not clock.alive:
+        # On the sender's clock: a stalled sender hears it once it resumes.
+        clock.callLater(0, self._heard_answer, answer, timeout, result)
+
+    def _heard_answer(self, answer: Deferred[bytes], timeout: IDelayedCall, result: object) -> None:
+        if answer.called:
             return
         if timeout.active():
             timeout.cancel()
@@ -365,3 +477,6 @@ class _Requester:
 
     def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         return self._network.send(self._node, self._clock, node_id, op, payload)
+
+    def heard_at(self, node_id: str) -> float | None:
+        return self._network.heard_at(self._node, node_id)

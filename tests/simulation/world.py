@@ -2,10 +2,13 @@
 
 Each node is what ``logbroker.cluster.assembly`` assembles for a running broker, over simulated
 parts (``fabric``): an in-memory file system that a crash cuts back to what was fsynced, a disk
-that takes time, an etcd double reached with delays, the real ``EtcdControlPlane`` and
-``Membership`` on it, and a lossy network. Clients produce unique values through random nodes
-while faults come and go; then the faults stop, crashed nodes restart, and the checker reads
-everything back.
+that takes time, an etcd double reached with delays (the real ``EtcdControlPlane`` and
+``Membership`` on it), and a lossy network. Producers send unique values through random nodes,
+each stamped, and retry the same stamp through other nodes when a try fails; consumers read
+the ranges through random nodes as they go; meanwhile nodes crash and restart, stall and resume
+with their queued work, are cut from each other or from etcd, etcd fails requests, loses
+answers and compacts its history. Then the faults stop, every node comes back, and the
+checker (``checks``) holds the cluster to its guarantees, on every node.
 """
 
 from __future__ import annotations
@@ -19,10 +22,10 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from logbroker.broker.ranges import RangeRead
-from logbroker.cluster.assembly import RangeParts, assemble_ranges
+from logbroker.cluster.assembly import RangeParts, Replication, assemble_ranges
 from logbroker.cluster.membership import Membership, NodeRecord
 from logbroker.config import SpreadPolicy
-from logbroker.controlplane import EtcdControlPlane, Range, RangeState, SegmentState, Topic
+from logbroker.controlplane import EtcdControlPlane, Range, RangeState, Topic
 from logbroker.controlplane._memory_kv import MemoryKeyValueStore
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.placement import PlacementNode, PlacementRule
@@ -31,7 +34,14 @@ from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.storage import DataDirectory, LogConfig, OpenOnce, RangeLog
 from logbroker.testing import MemoryFileSystem
 from logbroker.wire.primitives import Reader
-from tests.simulation.fabric import EtcdLink, Network, NodeClock, SimClock, SlowDisk
+from tests.simulation.fabric import (
+    EtcdFaults,
+    EtcdLink,
+    Network,
+    NodeClock,
+    SimClock,
+    SlowDisk,
+)
 
 NODES = ("n1", "n2", "n3")
 TOPIC = "sim"
@@ -39,15 +49,13 @@ RANGES = ("sim.0", "sim.1")
 PREFIX = "/logbroker/sim/"
 LEASE_MS = 2000
 ROLL_BYTES = 2048
-#: Simulated seconds a clean produce may take once the faults stop (a lease TTL to notice a
-#: dead primary, then a takeover), before liveness counts as broken.
-RECOVERY_BOUND = 20.0
 #: A replica dead this long is replaced (``SVC_REPLICA_REPLACE_AFTER_MS``): short, so that runs
 #: replace some.
 REPLACE_AFTER = 5.0
-#: Simulated seconds healing may take once the faults stop, before a copy a replica set names
-#: and lacks counts as not restored.
-HEALING_BOUND = 15.0
+#: How often a producer tries a value (the first try and its retries through other nodes).
+TRIES = 6
+#: How long a client waits for an answer before it counts the try as failed.
+CLIENT_TIMEOUT = 10.0
 
 
 class _Storage:
@@ -75,8 +83,6 @@ class _Storage:
             "config": self._config,
         }
 
-        self._opener = OpenOnce(self.logs, self._open)
-
     def open_range(self, name: str) -> Deferred[RangeLog]:
         return self._opener.open_range(name)
 
@@ -96,10 +102,16 @@ class SimNode:
         self.clock = NodeClock(world.clock)
         self.parts: RangeParts | None = None
 
+    @property
+    def replication(self) -> Replication:
+        assert self.parts is not None
+        assert self.parts.replication is not None
+        return self.parts.replication
+
     def start(self) -> None:
         world = self.world
         self.clock = clock = NodeClock(world.clock)
-        self.link = link = EtcdLink(world.etcd, clock, world.rng)
+        self.link = link = EtcdLink(world.etcd, clock, world.rng, world.etcd_faults)
         self.storage = _Storage(self.fs, clock, world.rng)
         self.control = control = EtcdControlPlane(link, prefix=PREFIX + "state/", clock=clock)
         record = NodeRecord(self.node_id, "sim", 1, 2, 3, {}, "sim")
@@ -110,11 +122,12 @@ class SimNode:
         def live_nodes() -> list[PlacementNode]:
             return [PlacementNode(r.node_id, r.attributes, True) for r in membership.live_nodes()]
 
+        peers = world.network.requester(self.node_id, clock)
         self.parts = parts = assemble_ranges(
             node_id=self.node_id,
             control=control,
             storage=self.storage,
-            peers=world.network.requester(self.node_id, clock),
+            peers=peers,
             clock=clock,
             rule=world.rule,
             live_nodes=live_nodes,
@@ -124,12 +137,13 @@ class SimNode:
             is_live=membership.is_alive,
             holds_chores=lambda: membership.holds_chores,
             replace_after_seconds=REPLACE_AFTER,
+            heard_at=peers.heard_at,
+            on_lead=world.leadership_began,
         )
         world.network.attach(self.node_id, clock, parts.serve)
         self.up = True
         self.ready = False
-        replication = parts.replication
-        assert replication is not None
+        replication = self.replication
         membership.on_lease_lost.append(replication.lead.stop)
         self.chores = [
             PeriodicTask("sweep", 0.5, lambda: replication.sweep(RANGES), clock, now=False),
@@ -158,14 +172,31 @@ class SimNode:
 
 
 @attrs.define
+class Produced:
+    """One value a producer sends, with its stamp, and what became of its tries."""
+
+    range_id: str
+    value: bytes
+    stamp: ProducerStamp
+    sent_at: float
+    acked_at: float | None = None
+    tries: int = 0
+
+
+@attrs.define
 class History:
-    #: Values acknowledged, by range.
-    acked: dict[str, list[bytes]] = attrs.field(factory=dict)
-    #: Values whose produce failed or was never answered: they may or may not be stored.
-    uncertain: set[bytes] = attrs.field(factory=set)
-    #: Why produces failed, for reading a failing seed.
+    produced: list[Produced] = attrs.field(factory=list)
+    #: What consumers read while the faults went on: ``(range id, offset) -> value``.
+    read: dict[tuple[str, int], bytes] = attrs.field(factory=dict)
+    #: Reads of one offset that saw two different values.
+    conflicts: list[str] = attrs.field(factory=list)
+    #: Why tries failed, for reading a failing seed.
     errors: list[str] = attrs.field(factory=list)
-    attempts: int = 0
+    #: Every leadership begun: ``(range id, segment, epoch) -> nodes``.
+    leaders: dict[tuple[str, int, int], set[str]] = attrs.field(factory=dict)
+
+    def acked(self, range_id: str) -> list[Produced]:
+        return [p for p in self.produced if p.range_id == range_id and p.acked_at is not None]
 
 
 class World:
@@ -174,6 +205,7 @@ class World:
         self.rng = random.Random(seed)
         self.clock = SimClock()
         self.etcd = MemoryKeyValueStore(self.clock)
+        self.etcd_faults = EtcdFaults()
         self.network = Network(self.clock, self.rng)
         self.settings = settings or ReplicationSettings(
             replication_factor=3,
@@ -187,6 +219,8 @@ class World:
         self.history = History()
         self.failures: list[str] = []
         self._sequence = 0
+        #: Until when producers retry and consumers read (the end of the faulty period).
+        self.busy_until = 0.0
 
     # -- running -----------------------------------------------------------------------------
 
@@ -196,6 +230,9 @@ class World:
 
     def note_failure(self, failure: Failure) -> None:
         self.failures.append(failure.getTraceback())
+
+    def leadership_began(self, range_id: str, segment: int, epoch: int, node_id: str) -> None:
+        self.history.leaders.setdefault((range_id, segment, epoch), set()).add(node_id)
 
     def boot(self) -> None:
         for node in self.nodes.values():
@@ -214,231 +251,210 @@ class World:
         created.addErrback(self.note_failure)
         self.run(2.0)
 
-    # -- the workload ------------------------------------------------------------------------
-
     def live(self) -> list[SimNode]:
-        return [node for node in self.nodes.values() if node.ready and node.parts is not None]
+        return [
+            node
+            for node in self.nodes.values()
+            if node.ready and node.parts is not None and not node.clock.frozen
+        ]
 
-    def produce(self, range_id: str, on_done: Callable[[bool], None] | None = None) -> None:
-        """One produce of a fresh value through a random live node."""
-        nodes = self.live()
+    # -- producers ---------------------------------------------------------------------------
+
+    def produce(self, range_id: str, on_done: Callable[[bool], None] | None = None) -> Produced:
+        """A fresh value, stamped, sent through a random live node and retried with the same
+        stamp through another node after each failed try (up to ``TRIES``)."""
+        self._sequence += 1
+        value = f"{range_id}/{self._sequence}".encode()
+        produced = Produced(range_id, value, ProducerStamp(self._sequence, 0), self.clock.seconds())
+        self.history.produced.append(produced)
+        self._try(produced, None, on_done)
+        return produced
+
+    def _try(
+        self, produced: Produced, last: SimNode | None, on_done: Callable[[bool], None] | None
+    ) -> None:
+        nodes = [node for node in self.live() if node is not last] or self.live()
         if not nodes:
+            self._failed(produced, last, "no live node", on_done)
             return
         node = self.rng.choice(nodes)
         assert node.parts is not None
-        self._sequence += 1
-        value = f"{range_id}/{self._sequence}".encode()
-        self.history.attempts += 1
+        produced.tries += 1
         answered = {"done": False}
 
         def acked(_: object) -> None:
             if not answered["done"]:
                 answered["done"] = True
-                self.history.acked.setdefault(range_id, []).append(value)
+                if produced.acked_at is None:
+                    produced.acked_at = self.clock.seconds()
                 if on_done is not None:
                     on_done(True)
 
         def failed(why: object) -> None:
             if not answered["done"]:
                 answered["done"] = True
-                self.history.uncertain.add(value)
                 reason = why.getErrorMessage() if isinstance(why, Failure) else "no answer"
-                self.history.errors.append(f"{node.node_id} {range_id}: {reason}")
-                if on_done is not None:
-                    on_done(False)
+                self._failed(produced, node, reason, on_done)
 
         try:
-            handle = node.parts.ranges.handle(range_id)
-            # Stamped, as the clients send produces: a request the network delivers twice is
-            # stored once.
-            record = Record(key=range_id.encode(), value=value, timestamp_ms=0)
-            stamp = ProducerStamp(self._sequence, 0)
-            handle.append([record], stamp).addCallbacks(acked, failed)
+            handle = node.parts.ranges.handle(produced.range_id)
+            record = Record(key=produced.range_id.encode(), value=produced.value, timestamp_ms=0)
+            handle.append([record], produced.stamp).addCallbacks(acked, failed)
         except Exception:
             failed(Failure())
             return
         # A node that dies never answers: the client gives up on its own clock.
-        self.clock.callLater(10.0, failed, None)
+        self.clock.callLater(CLIENT_TIMEOUT, failed, None)
+
+    def _failed(
+        self,
+        produced: Produced,
+        node: SimNode | None,
+        reason: str,
+        on_done: Callable[[bool], None] | None,
+    ) -> None:
+        where = node.node_id if node is not None else "-"
+        self.history.errors.append(f"{where} {produced.range_id} try {produced.tries}: {reason}")
+        if produced.tries < TRIES and self.clock.seconds() < self.busy_until:
+            # The same stamp, through another node: stored once, whatever became of this try.
+            self.clock.callLater(self.rng.uniform(0.2, 1.0), self._try, produced, node, on_done)
+        elif on_done is not None:
+            on_done(False)
 
     def workload(self, seconds: float, rate: float) -> None:
-        """Produces at about ``rate`` per simulated second for ``seconds``."""
+        """Produces at about ``rate`` per simulated second for ``seconds``, and consumers that
+        read every range as they go."""
         at = 0.0
+        self.busy_until = self.clock.seconds() + seconds + 5.0
         while at < seconds:
             at += self.rng.expovariate(rate)
             self.clock.callLater(at, self.produce, self.rng.choice(RANGES))
+        for range_id in RANGES:
+            self.clock.callLater(0.3, self._consume, range_id, 0)
+
+    # -- consumers ---------------------------------------------------------------------------
+
+    def _consume(self, range_id: str, offset: int) -> None:
+        """Read ``range_id`` from ``offset`` through a random live node, note what was read, and
+        go on from where it ended (or the same offset after a failure)."""
+        if self.clock.seconds() > self.busy_until:
+            return
+        nodes = self.live()
+        if not nodes:
+            self.clock.callLater(0.5, self._consume, range_id, offset)
+            return
+        node = self.rng.choice(nodes)
+        assert node.parts is not None
+
+        def read(result: RangeRead) -> None:
+            reader = Reader(b"".join(result.data))
+            at = result.next_offset - result.count
+            for index in range(result.count):
+                self._saw(range_id, at + index, reader.record().value)
+            self.clock.callLater(0.2, self._consume, range_id, result.next_offset)
+
+        def failed(_: object) -> None:
+            self.clock.callLater(0.5, self._consume, range_id, offset)
+
+        try:
+            reading = node.parts.ranges.handle(range_id).read(offset, 50, 1 << 20)
+        except Exception:
+            failed(None)
+            return
+        reading.addCallbacks(read, failed)
+
+    def _saw(self, range_id: str, offset: int, value: bytes) -> None:
+        seen = self.history.read.setdefault((range_id, offset), value)
+        if seen != value:
+            self.history.conflicts.append(
+                f"{range_id}@{offset} was read as {seen!r} and as {value!r}"
+            )
 
     # -- faults ------------------------------------------------------------------------------
 
     def faults(self, seconds: float) -> None:
-        """Schedule random faults over the next ``seconds``: crashes and restarts, partitions,
-        a lossy, duplicating network."""
+        """Schedule random faults over the next ``seconds``."""
         at = 0.0
+        kinds = (
+            "crash",
+            "crash",
+            "stall",
+            "partition",
+            "etcd_cut",
+            "etcd_flaky",
+            "compaction",
+            "lossy",
+            "heal",
+        )
         while True:
             at += self.rng.uniform(1.0, 4.0)
             if at >= seconds:
                 break
-            kind = self.rng.choice(("crash", "crash", "partition", "lossy", "heal"))
+            kind = self.rng.choice(kinds)
             node = self.rng.choice(NODES)
             self.clock.callLater(at, self._fault, kind, node)
 
     def _fault(self, kind: str, node_id: str) -> None:
         node = self.nodes[node_id]
+        up = [n for n in self.nodes.values() if n.up and not n.clock.frozen]
         if kind == "crash":
-            if node.up and sum(n.up for n in self.nodes.values()) > 1:
+            if node.up and len(up) > 1:
                 node.crash()
                 self.clock.callLater(self.rng.uniform(0.5, 6.0), self._restart, node_id)
+        elif kind == "stall":
+            if node.up and not node.clock.frozen and len(up) > 1:
+                # Sometimes past the lease: it resumes with its queued work, and no lease.
+                node.clock.freeze()
+                self.clock.callLater(self.rng.uniform(0.3, 5.0), self._resume, node_id)
         elif kind == "partition":
             other = self.rng.choice([n for n in NODES if n != node_id])
             self.network.cut(node_id, other)
+        elif kind == "etcd_cut":
+            if node.up:
+                link = node.link
+                link.sever()
+                self.clock.callLater(self.rng.uniform(0.5, 5.0), link.mend)
+        elif kind == "etcd_flaky":
+            self.etcd_faults.errors = self.rng.uniform(0.0, 0.1)
+            self.etcd_faults.lost_answers = self.rng.uniform(0.0, 0.05)
+        elif kind == "compaction":
+            self.etcd.compact(self.etcd.revision)
         elif kind == "lossy":
             self.network.loss = self.rng.uniform(0.0, 0.2)
             self.network.duplication = self.rng.uniform(0.0, 0.2)
         else:
             self.network.heal()
             self.network.calm()
+            self.etcd_faults.calm()
 
     def _restart(self, node_id: str) -> None:
         node = self.nodes[node_id]
         if not node.up:
             node.start()
 
+    def _resume(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if node.up and node.clock.frozen:
+            node.clock.resume()
+
     def calm(self) -> None:
-        """Every fault ends: the network heals and every node is up."""
+        """Every fault ends: the network and etcd heal, every node is up and running."""
         self.network.heal()
         self.network.calm()
+        self.etcd_faults.calm()
         for node in self.nodes.values():
-            if not node.up:
+            if node.up:
+                node.link.mend()
+                if node.clock.frozen:
+                    node.clock.resume()
+            else:
                 node.start()
-
-    # -- checking ----------------------------------------------------------------------------
-
-    def clean_produce(self, range_id: str) -> float | None:
-        """Simulated seconds until a produce to ``range_id`` succeeds, retrying; ``None`` past
-        the bound."""
-        started = self.clock.seconds()
-        succeeded: list[float] = []
-
-        def attempt() -> None:
-            if succeeded or self.clock.seconds() - started > RECOVERY_BOUND:
-                return
-
-            def answered(ok: bool) -> None:
-                if ok:
-                    succeeded.append(self.clock.seconds() - started)
-                else:
-                    self.clock.callLater(0.2, attempt)
-
-            self.produce(range_id, answered)
-
-        attempt()
-        while not succeeded and self.clock.seconds() - started <= RECOVERY_BOUND:
-            self.run(0.1)
-        return succeeded[0] if succeeded else None
-
-    def read_back(self, range_id: str) -> tuple[list[bytes], list[str]]:
-        """Every record of the range, read through a node as a consumer would; and what was
-        wrong on the way (gaps between reads)."""
-        problems: list[str] = []
-        values: list[bytes] = []
-        offset = 0
-        for _ in range(10_000):
-            node = self.rng.choice(self.live())
-            assert node.parts is not None
-            outcome: list[object] = []
-            node.parts.ranges.handle(range_id).read(offset, 100, 1 << 20).addBoth(outcome.append)
-            self.run(0.5)
-            read = outcome[0] if outcome else "no answer"
-            if not isinstance(read, RangeRead):
-                if len(problems) >= 30:
-                    problems.append(f"{range_id}: reads keep failing at offset {offset}")
-                    break
-                why = read.getErrorMessage() if isinstance(read, Failure) else read
-                problems.append(f"read of {range_id} at {offset} through {node.node_id}: {why}")
-                self.run(1.0)
-                continue
-            if read.count == 0:
-                break
-            data = b"".join(read.data)
-            reader = Reader(data)
-            for _ in range(read.count):
-                values.append(reader.record().value)
-            if read.next_offset - offset < read.count:
-                problems.append(
-                    f"{range_id}: {read.count} records between {offset} and {read.next_offset}"
-                )
-            offset = read.next_offset
-        return values, problems
-
-    def sealed_copies(self) -> list[str]:
-        """Sealed segments that a member of their replica set does not hold whole (sealed
-        here, with the recorded size), or whose copies are not byte-identical."""
-        problems = []
-        control = self.live()[0].control
-        for range_id in RANGES:
-            for meta in control.segments(range_id):
-                if meta.state is not SegmentState.SEALED or not meta.record_count:
-                    continue
-                stem = f"/data/ranges/{range_id}/{meta.base_offset:020d}"
-                found: dict[str, bytes] = {}
-                for node_id in meta.replicas:
-                    fs = self.nodes[node_id].fs
-                    if not fs.exists(stem + ".sealed") or not fs.exists(stem + ".log"):
-                        problems.append(
-                            f"{node_id} lacks a sealed copy of {range_id}@{meta.base_offset}"
-                        )
-                        continue
-                    found[node_id] = fs.read_file(stem + ".log")
-                sizes = {node: len(data) for node, data in found.items()}
-                if any(size != meta.byte_size for size in sizes.values()):
-                    problems.append(
-                        f"{range_id}@{meta.base_offset}: sizes {sizes}, sealed at {meta.byte_size}"
-                    )
-                if len(set(found.values())) > 1:
-                    problems.append(
-                        f"{range_id}@{meta.base_offset}: copies differ on {sorted(found)}"
-                    )
-        return problems
-
-    def check(self) -> list[str]:
-        """What is wrong after the faults: empty when every guarantee held."""
-        problems = list(self.failures)
-        # Healing restores every copy the replica sets name, within a bound, with no produce
-        # to help it along (a returning node must heal an idle range too).
-        waited = 0.0
-        while self.sealed_copies() and waited < HEALING_BOUND:
-            self.run(1.0)
-            waited += 1.0
-        problems.extend(self.sealed_copies())
-        for range_id in RANGES:
-            took = self.clean_produce(range_id)
-            if took is None:
-                problems.append(
-                    f"{range_id}: no clean produce within {RECOVERY_BOUND} s after the faults"
-                )
-        self.run(3.0)
-        for range_id in RANGES:
-            values, found = self.read_back(range_id)
-            problems.extend(found)
-            seen: set[bytes] = set()
-            for value in values:
-                if value in seen:
-                    problems.append(f"{range_id}: {value!r} is stored twice")
-                seen.add(value)
-            for value in self.history.acked.get(range_id, []):
-                if value not in seen:
-                    problems.append(f"{range_id}: acknowledged {value!r} is lost")
-        return problems
-
-    def segments(self, range_id: str) -> list[Any]:
-        node = self.live()[0]
-        return [
-            (m.base_offset, m.state is SegmentState.SEALED, m.replicas, m.epoch)
-            for m in node.control.segments(range_id)
-        ]
 
 
 def simulate(seed: int, *, settings: ReplicationSettings | None = None) -> list[str]:
     """One seeded run: boot, load with faults, calm, check. The problems found."""
+    from tests.simulation.checks import check
+
     world = World(seed, settings=settings)
     world.boot()
     world.workload(20.0, rate=15.0)
@@ -446,4 +462,4 @@ def simulate(seed: int, *, settings: ReplicationSettings | None = None) -> list[
     world.run(20.0)
     world.calm()
     world.run(5.0)
-    return world.check()
+    return check(world)

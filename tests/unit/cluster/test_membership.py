@@ -112,6 +112,21 @@ def test_a_node_whose_keepalives_go_unanswered_for_a_ttl_gives_up_its_lease_at_o
     assert alive(other) == {"n1": True, "n2": True}
 
 
+def test_a_node_resumed_after_a_stall_holds_no_lease_before_its_timers_run(
+    cluster: Cluster,
+) -> None:
+    """A process frozen past its TTL runs its due calls in any order once resumed: the lease
+    is read from the clock, so none of them acts as if it were still held."""
+    node = cluster.join("n1", ttl_ms=3000)
+    cluster.advance(1)
+    assert node.holds_lease
+    frozen_until = cluster.clock.seconds() + 4
+    # The clock moves past the TTL without running anything (the process was stopped).
+    cluster.clock.rightNow = frozen_until
+    assert not node.holds_lease
+    assert not node.holds_chores
+
+
 def test_a_dead_node_shows_as_dead_and_another_takes_the_chores(cluster: Cluster) -> None:
     first = cluster.join("n1", ttl_ms=3000)
     second = cluster.join("n2", ttl_ms=3000)
