@@ -15,6 +15,12 @@ its connections drain (requests in flight are answered, or failed after a grace 
 dashboard port stops, the periodic tasks end their runs in progress, then the control plane
 flushes, and the store closes last, after every queued append has been flushed and fsynced.
 
+A cluster member (``logbroker.node_modes``) adds its part at three places: its membership, peer
+links and chores start right after the control plane and stop right before it (the node leaves
+the cluster before its metadata is flushed); its shared sessions start before the listeners and
+stop after them; its peer port is bound between the dashboard port and the client port, and
+closes between them. It accepts clients once it is registered under its lease.
+
 One ``Metrics`` holds every series; the range logs, the broker, the guards and the periodic tasks
 feed it, the dashboard port serves it, and ``BrokerService.metrics`` exposes it to an embedder.
 """
@@ -29,7 +35,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from twisted.application.service import MultiService, Service
@@ -43,26 +49,22 @@ from twisted.logger import Logger
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.python.failure import Failure
 
-from logbroker import __version__, exitcodes
+from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
-from logbroker.broker.ranges import LocalRanges, RangeDirectory
 from logbroker.broker.segments import SegmentRecorder
-from logbroker.cluster.membership import NodeRecord
-from logbroker.cluster.node import ClusterParts, PeerPortService, build_cluster
-from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.config import ControlPlane as ControlPlaneKind
-from logbroker.controlplane import ControlPlane, LocalControlPlane
+from logbroker.controlplane import ControlPlane
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics, ReactorLagProbe
+from logbroker.node_modes import ClusterMember, NodeMode, SingleNode, port_number
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.connections import ConnectionRegistry
 from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.security.sessions import SessionStore
-from logbroker.security.shared_sessions import SharedSessions
 from logbroker.security.tls import ServerTls
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.storage import (
@@ -236,12 +238,6 @@ class ExecutorService(Service):
 DRAIN_GRACE_SECONDS = 5.0
 
 
-def _port_of(listening: IListeningPort) -> int:
-    address = listening.getHost()
-    assert isinstance(address, IPv4Address | IPv6Address)
-    return address.port
-
-
 def host_and_port(address: object) -> str:
     """``host:port`` of a listening address, an IPv6 host in brackets (``[::]:4040``)."""
     assert isinstance(address, IPv4Address | IPv6Address)
@@ -334,7 +330,7 @@ class ClientPortService(Service):
     def port_number(self) -> int:
         """The port listened on (a free one when configured as 0); after ``bind``."""
         assert self._port is not None, "port_number before bind()"
-        return _port_of(self._port)
+        return port_number(self._port)
 
     def startService(self) -> None:
         super().startService()
@@ -397,7 +393,7 @@ class DashboardService(Service):
     def port_number(self) -> int:
         """The port listened on (a free one when configured as 0); after ``bind``."""
         assert self._port is not None, "port_number before bind()"
-        return _port_of(self._port)
+        return port_number(self._port)
 
     def startService(self) -> None:
         super().startService()
@@ -551,40 +547,29 @@ def build_service(
     control plane's errors) and ``ConfigError`` when a port cannot be bound. ``data_dir`` is
     ``config.storage.data_dir`` already opened (and locked) by the caller; ``tls`` is
     ``config.tls`` loaded by the caller (``logbroker.security.tls.server_tls``), None for
-    plaintext only: it serves the client port and, as HTTPS, the dashboard port."""
+    plaintext only: it serves the client port and, as HTTPS, the dashboard port.
+
+    The services start in the order they are added and stop in the reverse order, each once
+    the one after it has stopped (``OrderedServices``). Where a single node and a cluster
+    member differ, the node's mode (``logbroker.node_modes``) says what goes there."""
     configure_interpreter()
     metrics = Metrics(reactor)
     root = BrokerService(metrics)
     # First, so that its handler is in place before anything reports being ready.
-    StopOnSigterm(reactor).setServiceParent(root)
+    _add(root, StopOnSigterm(reactor))
     fs = OsFileSystem()
     storage = StorageService(reactor, data_dir, fs, log_config_for(config), metrics)
     storage.recover()
-    storage.setName("storage")
-    storage.setServiceParent(root)
+    _add(root, storage, "storage")
 
     node_id = _node_id(config, data_dir)
-    cluster: ClusterParts | None = None
-    control: ControlPlane
-    ranges: RangeDirectory
-    if config.cluster.control_plane is ControlPlaneKind.ETCD:
-        cluster = build_cluster(reactor, config, node_id, storage, metrics)
-        control, ranges = cluster.control, cluster.ranges
-    else:
-        control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
-        ranges = LocalRanges(storage)
-    control_service = ControlPlaneService(control)
-    control_service.setName("control-plane")
-    control_service.setServiceParent(root)
-    if cluster is not None:
-        # After the control plane, so that it stops first: the node leaves the cluster (its
-        # lease revoked, its peer links closed) before its metadata is flushed.
-        cluster.membership.setName("membership")
-        cluster.membership.setServiceParent(root)
-        cluster.peers.setName("peer-links")
-        cluster.peers.setServiceParent(root)
-        for chore in cluster.chores:
-            chore.setServiceParent(root)
+    guards = build_guards(config, reactor, metrics)
+    mode = _node_mode(reactor, config, node_id, data_dir, fs, storage, metrics, guards)
+    control = mode.control
+    control_service = _add(root, ControlPlaneService(control), "control-plane")
+    # After the control plane, so that they stop before it.
+    for service in mode.beside_control_plane():
+        _add(root, service)
     metrics.watch(control, storage)
     # With replication, a segment's primary records its seal in the control plane itself.
     recorder = SegmentRecorder(control, node_id) if not _replicated(config) else None
@@ -601,42 +586,28 @@ def build_service(
         # measure the rest of the start-up as lag.
         now=False,
     )
-    lag.setName("reactor-lag")
-    lag.setServiceParent(root)
+    _add(root, lag, "reactor-lag")
 
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.
     auth_executor = ThreadPoolExecutor(reactor, threads=2, name="logbroker-auth")
-    auth_threads = ExecutorService(auth_executor)
-    auth_threads.setName("auth-threads")
-    auth_threads.setServiceParent(root)
-    guards = build_guards(config, reactor, metrics)
-    shared: SharedSessions | None = None
-    if cluster is not None:
-        # Sessions valid on every node: kept in etcd, each node following them. Before the
-        # listeners, so that it starts before them and stops after them.
-        shared = SharedSessions(
-            guards.sessions,
-            cluster.store,
-            f"/logbroker/{config.cluster.cluster_id}/".encode(),
-            reactor,
-            metrics=metrics,
-        )
-        shared.setName("shared-sessions")
-        shared.setServiceParent(root)
+    _add(root, ExecutorService(auth_executor), "auth-threads")
+    # Before the listeners, so that they start before them and stop after them.
+    for service in mode.before_listeners():
+        _add(root, service)
     users = UserDirectory(
         control, auth_executor, on_credentials_revoked=guards.sessions.revoke_user
     )
     broker = Broker(
         control,
-        ranges,
+        mode.ranges,
         reactor,
         BrokerSettings(
             initial_ranges=config.topics.initial_ranges,
             group_session_timeout_ms=config.topics.group_session_timeout_ms,
         ),
         metrics,
-        groups=cluster.groups if cluster is not None else None,
+        groups=mode.groups,
     )
     accounts = config.accounts
     passwords = {
@@ -650,17 +621,14 @@ def build_service(
         started = control_service.started
         started.addCallback(lambda _: log.info("This node is {node_id}", node_id=node_id))
         started.addCallback(lambda _: seed_accounts(users, config.mode.value, passwords))
-        if cluster is not None:
-            # A cluster node serves once it is a member: its lease is what lets it lead ranges.
-            started.addCallback(lambda _: cluster.membership.registered())
+        started.addCallback(lambda _: mode.joined())
         started.addCallback(lambda _: broker.open())
         if recorder is not None:
             started.addCallback(lambda _: recorder.reconcile(storage.logs))
         return started
 
     cleanup = cleanup_task(guards, config.rate_limits.cleanup_interval_ms, reactor, metrics)
-    cleanup.setName("rate-limit-cleanup")
-    cleanup.setServiceParent(root)
+    _add(root, cleanup, "rate-limit-cleanup")
     factory = ClientFactory(
         broker,
         users,
@@ -681,10 +649,10 @@ def build_service(
     clients = ClientPortService(reactor, config, factory, prepare, metrics)
 
     def node_status() -> NodeStatus:
-        """The client port's status, but degraded while a cluster node holds no lease."""
+        """The client port's status, but degraded while the mode says so (a cluster node
+        without its lease)."""
         status = clients.status
-        holds_lease = cluster is None or cluster.membership.holds_lease
-        return NodeStatus.DEGRADED if status is NodeStatus.READY and not holds_lease else status
+        return NodeStatus.DEGRADED if status is NodeStatus.READY and mode.degraded() else status
 
     app = DashboardApp(
         clock=reactor,
@@ -705,61 +673,52 @@ def build_service(
         site if tls is None else TLSMemoryBIOFactory(tls.https_options, False, site),
     )
     dashboard.bind()
-    dashboard.setName("dashboard")
-    dashboard.setServiceParent(root)
-    if cluster is not None:
-        peer_port = PeerPortService(
-            cluster.peer_factory,
-            listen_tcp(
-                reactor,
-                config.cluster.peer_port,
-                cluster.peer_factory,
-                config.server.bind_host,
-                "SVC_PEER_PORT",
-            ),
-        )
-        peer_port.setName("peer-port")
-        peer_port.setServiceParent(root)
+    _add(root, dashboard, "dashboard")
+
+    def listen(port: int, factory: IProtocolFactory, variable: str) -> IListeningPort:
+        return listen_tcp(reactor, port, factory, config.server.bind_host, variable)
+
+    for service in mode.listen(listen):
+        _add(root, service)
     clients.bind()
-    clients.setName("clients")
-    clients.setServiceParent(root)
-    if cluster is not None:
-        cluster.set_record(
-            config.cluster.advertise_host or socket.gethostname(),
-            clients.port_number,
-            dashboard.port_number,
-            _port_of(peer_port.port),
-        )
-        log.info(
-            "Cluster {cluster}: node {node_id}, peer port {peer_port}, control plane etcd at"
-            " {endpoints}",
-            cluster=config.cluster.cluster_id,
-            node_id=node_id,
-            peer_port=_port_of(peer_port.port),
-            endpoints=",".join(f"{h}:{p}" for h, p in config.cluster.etcd_endpoints),
-        )
+    _add(root, clients, "clients")
     # The operator surfaces' view of the cluster, once the ports are bound (a node's record
     # carries them).
-    view: ClusterView
-    if cluster is not None:
-        view = cluster.view
-    else:
-        record = NodeRecord(
-            node_id,
-            config.cluster.advertise_host or socket.gethostname(),
-            clients.port_number,
-            dashboard.port_number,
-            0,  # a single node has no peer port
-            config.cluster.attributes,
-            __version__,
-        )
-        view = SingleNodeView(config.cluster.cluster_id, record, control)
+    view = mode.describe(clients.port_number, dashboard.port_number)
     factory.cluster = view
     app.cluster = view
     metrics.watch_cluster(view)
-    if shared is not None:
-        app.open_session = shared.login
+    if mode.open_session is not None:
+        app.open_session = mode.open_session
     return root
+
+
+_S = TypeVar("_S", bound=Service)
+
+
+def _add(root: MultiService, service: _S, name: str | None = None) -> _S:
+    """Add ``service`` to ``root`` (started after those added before it), named ``name``."""
+    if name is not None:
+        service.setName(name)
+    service.setServiceParent(root)
+    return service
+
+
+def _node_mode(
+    reactor: Any,
+    config: BrokerConfig,
+    node_id: str,
+    data_dir: DataDirectory,
+    fs: FileSystem,
+    storage: StorageService,
+    metrics: Metrics,
+    guards: Guards,
+) -> NodeMode:
+    """The node's mode, as ``SVC_CONTROL_PLANE`` says: a cluster member with etcd, else a
+    single node."""
+    if config.cluster.control_plane is ControlPlaneKind.ETCD:
+        return ClusterMember(reactor, config, node_id, storage, metrics, guards.sessions)
+    return SingleNode(config, node_id, data_dir, fs, storage, storage.executor)
 
 
 def _replicated(config: BrokerConfig) -> bool:
@@ -769,14 +728,33 @@ def _replicated(config: BrokerConfig) -> bool:
 def log_config_for(config: BrokerConfig) -> LogConfig:
     """The range logs' settings: with replication, a log is a replica (its readers see only
     what a quorum holds, its primary decides when it rolls) and the replication group commit
-    settings apply (``SVC_REPLICATION_GROUP_COMMIT*``)."""
+    settings apply (``SVC_REPLICATION_GROUP_COMMIT*``) in place of ``SVC_GROUP_COMMIT`` and
+    ``SVC_GROUP_COMMIT_INTERVAL_MS``, which it logs."""
     log_config = config.storage.log
     if not _replicated(config):
         return log_config
+    cluster = config.cluster
+    log.info(
+        "Replication factor {factor}: group commit follows"
+        " SVC_REPLICATION_GROUP_COMMIT={group_commit} and"
+        " SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS={interval_ms};"
+        " SVC_GROUP_COMMIT={unused_group_commit} and"
+        " SVC_GROUP_COMMIT_INTERVAL_MS={unused_interval_ms} do not apply",
+        factor=cluster.replication_factor,
+        group_commit=_flag(cluster.replication_group_commit),
+        interval_ms=cluster.replication_group_commit_interval_ms,
+        unused_group_commit=_flag(log_config.group_commit),
+        unused_interval_ms=log_config.group_commit_interval_ms,
+    )
     return attrs.evolve(
         log_config,
         replicated=True,
         auto_roll=False,
-        group_commit=config.cluster.replication_group_commit,
-        group_commit_interval_ms=config.cluster.replication_group_commit_interval_ms,
+        group_commit=cluster.replication_group_commit,
+        group_commit_interval_ms=cluster.replication_group_commit_interval_ms,
     )
+
+
+def _flag(value: bool) -> str:
+    """A boolean as it is spelled in the environment."""
+    return "true" if value else "false"

@@ -15,8 +15,9 @@ with a new lease when it can. The chores key is taken with a create-if-absent tr
 the lease, so exactly one node holds it; losing the lease loses it, and the others race for it
 when they see it go.
 
-Every node keeps the member list from a watch on ``members/``, ``alive/`` and ``chores``, so
-``nodes()`` is a synchronous read of the latest view.
+Every node keeps the member list from a watch on ``members/``, ``alive/`` and ``chores`` (a
+``PrefixFollower``: loaded, then watched, resumed and reloaded as the control plane's state is),
+so ``nodes()`` is a synchronous read of the latest view.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ from logbroker.controlplane._kv import (
     EventType,
     KeyValueStore,
     Put,
+    RangeResult,
     WatchEvent,
-    WatchHandle,
 )
-from logbroker.controlplane.errors import CompactedError, ControlPlaneError
+from logbroker.controlplane.errors import ControlPlaneError
+from logbroker.controlplane.follower import PrefixFollower
 from logbroker.maintenance.periodic import PeriodicTask
 
 log = Logger()
@@ -114,8 +116,14 @@ class Membership(MultiService):
         self._members: dict[str, NodeRecord] = {}
         self._alive: set[str] = set()
         self._chores_holder: str | None = None
-        self._revision = 0
-        self._watch: WatchHandle | None = None
+        self._follower = PrefixFollower(
+            store,
+            prefix,
+            clock,
+            name="Membership",
+            on_load=self._loaded,
+            on_events=self._events,
+        )
         self.on_lease_lost: list[Callable[[], None]] = []
         self.on_lease_regained: list[Callable[[], None]] = []
         self.on_change: list[Callable[[], None]] = []
@@ -178,7 +186,7 @@ class Membership(MultiService):
 
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
-        self._load()
+        self._follower.start()
         self._register()
 
     def _cancel_expiry(self) -> None:
@@ -189,9 +197,7 @@ class Membership(MultiService):
     def stopService(self) -> Deferred[None]:
         stopped: Deferred[None] = super().stopService()  # type: ignore[no-untyped-call]
         self._cancel_expiry()
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        self._follower.stop()
         lease, self._lease = self._lease, 0
         if not lease:
             return stopped
@@ -321,55 +327,18 @@ class Membership(MultiService):
 
     # -- the member list -------------------------------------------------------------------
 
-    def _load(self) -> None:
-        def loaded(result: Any) -> None:
-            self._members.clear()
-            self._alive.clear()
-            self._chores_holder = None
-            for kv in result.kvs:
-                self._apply(kv.key, kv.value)
-            self._revision = result.revision
-            self._start_watch()
-            self._changed()
-
-        def failed(failure: Failure) -> None:
-            log.warn(
-                "Could not read the cluster's members ({error}); retrying",
-                error=failure.getErrorMessage(),
-            )
-            self._clock.callLater(1.0, self._reload)
-
-        self._store.range_prefix(self._prefix).addCallbacks(loaded, failed)
-
-    def _reload(self) -> None:
-        if self.running:
-            self._load()
-
-    def _start_watch(self) -> None:
-        if not self.running:
-            return
-        self._watch = self._store.watch(
-            self._prefix, self._revision + 1, self._events, self._watch_lost
-        )
+    def _loaded(self, result: RangeResult) -> None:
+        self._members.clear()
+        self._alive.clear()
+        self._chores_holder = None
+        for kv in result.kvs:
+            self._apply(kv.key, kv.value)
+        self._changed()
 
     def _events(self, events: Sequence[WatchEvent]) -> None:
         for event in events:
-            self._revision = max(self._revision, event.kv.mod_revision)
             self._apply(event.kv.key, None if event.type is EventType.DELETE else event.kv.value)
         self._changed()
-
-    def _watch_lost(self, error: Exception) -> None:
-        self._watch = None
-        if not self.running:
-            return
-        if isinstance(error, CompactedError):
-            self._load()
-        else:
-            self._clock.callLater(1.0, self._resume)
-
-    def _resume(self) -> None:
-        if self.running and self._watch is None:
-            self._start_watch()
 
     def _apply(self, key: bytes, value: bytes | None) -> None:
         name = key[len(self._prefix) :].decode()

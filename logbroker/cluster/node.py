@@ -2,9 +2,9 @@
 
 ``build_cluster`` makes the etcd control plane, the node's membership (registered under a lease),
 the peer port's listener and one outbound peer link per live member, and the range directory that
-serves this node's ranges locally and forwards the others. The composition root
-(``logbroker.service``) adds the services to its tree in the order ``services`` lists them and
-fills in the node's record once its ports are bound. Nothing here touches the global reactor:
+serves this node's ranges locally and forwards the others. The composition root adds the
+services to its tree where ``logbroker.node_modes.ClusterMember`` says, and fills in the node's
+record once its ports are bound. Nothing here touches the global reactor:
 everything that schedules or connects is given ``reactor``.
 """
 

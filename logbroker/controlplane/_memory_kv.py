@@ -8,7 +8,8 @@ Deferreds fire before the call returns, and watchers hear about a change before 
 made it returns. Hooks make failures happen on demand: ``unavailable`` (every request fails with
 ``ControlPlaneUnavailableError``), ``lost_answers`` (that many transactions are applied, then
 reported as ``OutcomeUnknownError``), ``drop_watches()`` (every watch ends as if its member
-went away), ``compact(revision)``.
+went away), ``silence_watches()`` (every watch stays open and delivers nothing, as one on a
+member cut off without a word does), ``compact(revision)``.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class _Watch:
     on_events: OnEvents
     on_lost: OnLost
     active: bool = True
+    #: Open, but delivering nothing (``silence_watches``).
+    silent: bool = False
 
     def cancel(self) -> None:
         self.active = False
@@ -112,6 +115,12 @@ class MemoryKeyValueStore:
         for watch in dropped:
             watch.active = False
             watch.on_lost(ControlPlaneUnavailableError("the watch's etcd member went away"))
+
+    def silence_watches(self) -> None:
+        """Keep every watch open now from delivering anything more, and from ending: a watch
+        on a member cut off without a word (no reset, no "no leader") does that."""
+        for watch in self._watches:
+            watch.silent = True
 
     def compact(self, revision: int) -> None:
         """Forget history below ``revision``, as etcd's compaction does."""
@@ -248,7 +257,7 @@ class MemoryKeyValueStore:
 
     def _notify(self, events: Sequence[WatchEvent]) -> None:
         for watch in list(self._watches):
-            if not watch.active:
+            if not watch.active or watch.silent:
                 continue
             mine = [event for event in events if watch.covers(event.kv.key)]
             if mine:

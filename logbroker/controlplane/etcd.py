@@ -11,9 +11,9 @@ object as that entity's entry in the local state file (``_format``), canonically
     positions/<topic>/<group>
 
 Reads come from a cache: a ``ControlState`` loaded by one range of the prefix, then kept up to
-date by a watch from the revision of that range. A watch that ends is resumed from the last
-revision seen + 1 (through the store, which picks a live member); a compacted revision forces a
-full reload, never a silent gap.
+date by a watch from the revision of that range, both by a ``PrefixFollower``: a watch that ends
+is resumed from the last revision seen + 1 (through the store, which picks a live member); a
+compacted revision forces a full reload, never a silent gap.
 
 A change is checked at once against the state as it will be once the changes asked for before it
 are done (as with the local control plane), then queued. Changes go to etcd one transaction at a
@@ -35,7 +35,8 @@ transaction is made, and the transaction compares the key's revision in etcd to 
 if another node changed the segment meanwhile (even to the same epoch), the change fails
 (``InvalidChangeError``) rather than overwrite it, and of two nodes claiming an epoch one wins.
 A change's Deferred fires once the watch has brought its revision into the cache, so the node
-that made a change reads it at once.
+that made a change reads it at once; if the watch has not brought it within
+``CATCH_UP_SECONDS``, the follower loads the whole prefix again (the watch may have gone silent).
 
 When no member answers, the change fails with ``ControlPlaneUnavailableError`` (reason
 ``unreachable``), and so does every change queued behind it (they were checked against a state
@@ -55,7 +56,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from logbroker.controlplane import _format
@@ -73,7 +74,6 @@ from logbroker.controlplane._kv import (
     RangeResult,
     TxnResult,
     WatchEvent,
-    WatchHandle,
 )
 from logbroker.controlplane._model import AclGrant, Range, SegmentMeta, Topic, User
 from logbroker.controlplane._reads import StateControlPlane
@@ -85,7 +85,6 @@ from logbroker.controlplane._state import (
     PutSegment,
 )
 from logbroker.controlplane.errors import (
-    CompactedError,
     ContendedError,
     ControlPlaneClosedError,
     ControlPlaneError,
@@ -93,6 +92,7 @@ from logbroker.controlplane.errors import (
     OutcomeUnknownError,
     StateFileError,
 )
+from logbroker.controlplane.follower import Expectation, PrefixFollower
 
 log = Logger()
 
@@ -104,13 +104,10 @@ MAX_ATTEMPTS = 5
 #: The most group commits sent in one transaction: each compares two keys, and etcd takes
 #: at most 128 compares (``--max-txn-ops``).
 MAX_BATCH = 64
-#: Delays before resuming a lost watch: the first, and the cap of its doubling.
-RESUME_DELAY = 0.1
 #: How long a change that took effect may wait for the watch to bring it back before the cache
 #: is reloaded: a watch on a member cut off without a word (no reset, no "no leader") delivers
 #: nothing and never ends, and a change must not wait on it for ever.
 CATCH_UP_SECONDS = 5.0
-MAX_RESUME_DELAY = 5.0
 
 _MISSING: Any = object()
 
@@ -295,24 +292,32 @@ class _Queued:
     done: Deferred[ControlState]
 
 
+@attrs.frozen
+class _Wanted:
+    """What a change waits for the cache to show: true at the latest once the cache is at
+    ``revision``."""
+
+    revision: int
+    ready: Callable[[], bool]
+
+
 @attrs.define
 class _Waiter:
-    ready: Callable[[], bool]
+    wanted: _Wanted
     done: Deferred[None]
-    #: When the cache is reloaded if the watch has not brought what this waits for.
-    catch_up: IDelayedCall | None = None
+    #: The cache is reloaded if the watch has not brought ``wanted.revision`` in time.
+    catch_up: Expectation
 
 
 class EtcdControlPlane(StateControlPlane):
     """A ``ControlPlane`` in a ``KeyValueStore`` (etcd) under ``prefix``; ``clock`` schedules
-    watch resumption."""
+    watch resumption and reloads."""
 
     def __init__(self, store: KeyValueStore, *, prefix: str, clock: IReactorTime) -> None:
         if not prefix.endswith("/"):
             prefix += "/"
         self.prefix = prefix
         self._store = store
-        self._clock = clock
         self._keys = _Keys(prefix)
         #: What reads see: the store's state under the prefix at ``_revision``.
         self._state: ControlState | None = None
@@ -325,9 +330,14 @@ class EtcdControlPlane(StateControlPlane):
         self._queue: collections.deque[_Queued] = collections.deque()
         self._sending = False
         self._waiters: list[_Waiter] = []
-        self._watch: WatchHandle | None = None
-        self._resume_call: IDelayedCall | None = None
-        self._resume_delay = RESUME_DELAY
+        self._follower = PrefixFollower(
+            store,
+            self._keys.prefix,
+            clock,
+            name="Control plane",
+            on_load=self._loaded,
+            on_events=self._on_events,
+        )
         self._closing = False
         self._closed = False
         self._close_waiters: list[Deferred[None]] = []
@@ -335,8 +345,10 @@ class EtcdControlPlane(StateControlPlane):
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> Deferred[None]:
-        """Load every key under the prefix, then follow the prefix from that revision on."""
-        return self._store.range_prefix(self._keys.prefix).addCallback(self._loaded)
+        """Load every key under the prefix, then follow the prefix from that revision on;
+        fails if the first load does (no member answered, or etcd holds an unreadable
+        state)."""
+        return self._follower.start(retry_first_load=False)
 
     def _loaded(self, result: RangeResult) -> None:
         working = _Working(ControlState())
@@ -361,7 +373,6 @@ class EtcdControlPlane(StateControlPlane):
             topics=len(self._state.topics),
             users=len(self._state.users),
         )
-        self._follow()
         self._wake()
 
     def _relative(self, key: bytes) -> str:
@@ -381,28 +392,15 @@ class EtcdControlPlane(StateControlPlane):
         if not self._closing or self._closed or self._sending or self._queue:
             return
         self._closed = True
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
-        if self._resume_call is not None and self._resume_call.active():
-            self._resume_call.cancel()
-        self._resume_call = None
+        self._follower.stop()
         waiters, self._close_waiters = self._close_waiters, []
         for closed in waiters:
             closed.callback(None)
 
     # -- following the store -------------------------------------------------------------------
 
-    def _follow(self) -> None:
-        """Watch the prefix from the revision after the cache's."""
-        self._watch = None
-        self._watch = self._store.watch(
-            self._keys.prefix, self._revision + 1, self._on_events, self._on_lost
-        )
-
     def _on_events(self, events: Sequence[WatchEvent]) -> None:
         assert self._state is not None
-        self._resume_delay = RESUME_DELAY
         working = _Working(self._state)
         for event in events:
             kv = event.kv
@@ -426,88 +424,21 @@ class EtcdControlPlane(StateControlPlane):
         self._state = working.finish()
         self._wake()
 
-    def _on_lost(self, reason: Exception) -> None:
-        self._watch = None
-        if self._closed:
-            return
-        if isinstance(reason, CompactedError):
-            log.warn(
-                "The control plane's etcd watch under {prefix} fell behind a compaction (to "
-                "revision {compacted}, after {revision}); reloading the whole state",
-                prefix=self.prefix,
-                compacted=reason.compact_revision,
-                revision=self._revision,
-            )
-            self._schedule(self._reload, 0)
-            return
-        log.warn(
-            "The control plane's etcd watch under {prefix} ended ({reason}); resuming from "
-            "revision {next}",
-            prefix=self.prefix,
-            reason=str(reason),
-            next=self._revision + 1,
-        )
-        self._schedule(self._follow, self._resume_delay)
-        self._resume_delay = min(self._resume_delay * 2, MAX_RESUME_DELAY)
-
-    def _schedule(self, action: Callable[[], None], delay: float) -> None:
-        def run() -> None:
-            self._resume_call = None
-            if not self._closed:
-                action()
-
-        self._resume_call = self._clock.callLater(delay, run)
-
-    def _reload(self) -> None:
-        def failed(failure: Any) -> None:
-            log.warn(
-                "Could not reload the control state from etcd ({reason}); trying again",
-                reason=failure.getErrorMessage(),
-            )
-            self._schedule(self._reload, self._resume_delay)
-            self._resume_delay = min(self._resume_delay * 2, MAX_RESUME_DELAY)
-
-        def loaded(result: RangeResult) -> None:
-            if not self._closed:
-                self._loaded(result)
-
-        self._store.range_prefix(self._keys.prefix).addCallbacks(loaded, failed)
-
-    def _until(self, ready: Callable[[], bool]) -> Deferred[None]:
-        """Fire once the cache makes ``ready()`` true."""
-        if ready():
+    def _until(self, wanted: _Wanted) -> Deferred[None]:
+        """Fire once the cache makes ``wanted.ready()`` true."""
+        if wanted.ready():
             return succeed(None)
         done: Deferred[None] = Deferred()
-        waiter = _Waiter(ready, done)
-        waiter.catch_up = self._clock.callLater(CATCH_UP_SECONDS, self._catch_up, waiter)
-        self._waiters.append(waiter)
+        catch_up = self._follower.expect(wanted.revision, CATCH_UP_SECONDS)
+        self._waiters.append(_Waiter(wanted, done, catch_up))
         return done
 
-    def _catch_up(self, waiter: _Waiter) -> None:
-        waiter.catch_up = None
-        if waiter not in self._waiters or self._closed:
-            return
-        log.warn(
-            "The control plane's etcd watch under {prefix} has not brought back a change made"
-            " {seconds} s ago; reloading from a live member in case the watch went silent",
-            prefix=self.prefix,
-            seconds=CATCH_UP_SECONDS,
-        )
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
-        if self._resume_call is not None and self._resume_call.active():
-            self._resume_call.cancel()
-            self._resume_call = None
-        self._reload()
-
     def _wake(self) -> None:
-        ready = [waiter for waiter in self._waiters if waiter.ready()]
+        ready = [waiter for waiter in self._waiters if waiter.wanted.ready()]
         if ready:
             self._waiters = [waiter for waiter in self._waiters if waiter not in ready]
             for waiter in ready:
-                if waiter.catch_up is not None and waiter.catch_up.active():
-                    waiter.catch_up.cancel()
+                waiter.catch_up.cancel()
                 waiter.done.callback(None)
 
     # -- reads ---------------------------------------------------------------------------------
@@ -658,12 +589,12 @@ class EtcdControlPlane(StateControlPlane):
         await self._until(self._agrees(again.revision, compares, again.gets))
         return attrs.evolve(again, succeeded=True, revision=0)
 
-    def _reached(self, revision: int) -> Callable[[], bool]:
-        return lambda: self._revision >= revision
+    def _reached(self, revision: int) -> _Wanted:
+        return _Wanted(revision, lambda: self._revision >= revision)
 
     def _agrees(
         self, revision: int, compares: Sequence[Compare], found: Sequence[KeyValue | None]
-    ) -> Callable[[], bool]:
+    ) -> _Wanted:
         def ready() -> bool:
             if self._revision >= revision:
                 return True
@@ -672,7 +603,7 @@ class EtcdControlPlane(StateControlPlane):
                 for compare, kv in zip(compares, found, strict=True)
             )
 
-        return ready
+        return _Wanted(revision, ready)
 
     def _plan(
         self, changes: Sequence[Change], before: ControlState, after: ControlState

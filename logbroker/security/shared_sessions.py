@@ -50,13 +50,14 @@ sessions should they be written later; the marker lives as long as a session can
 session opened elsewhere before a password change cannot come back. (Nodes compare their own
 clocks: a session opened within the clocks' skew of the revocation may fall on either side.)
 
-Reading. Every node ranges the prefix, then watches it from the next revision; a lost watch
-resumes from the last revision seen, a compacted one reloads the whole prefix, and a reload
-forgets the shared sessions that are no longer in etcd.
+Reading. Every node follows the prefix with a ``PrefixFollower``: it ranges the prefix, then
+watches it from the next revision; a lost watch resumes from the last revision seen (every
+``retry_interval_sec``), a compacted one reloads the whole prefix, and a reload forgets the
+shared sessions that are no longer in etcd.
 
 etcd unreachable: logins go on, their sessions valid on this node only, queued (bounded by the
 store itself: a queued session that ends is dropped from the queue) and written once etcd
-answers; sessions already known validate as before. A ``PeriodicTask`` retries every
+answers; sessions already known validate as before. A ``PeriodicTask`` retries the writes every
 ``retry_interval_sec``; the trouble is logged once when it starts and once when it ends.
 """
 
@@ -64,8 +65,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Collection, Sequence
-from enum import Enum
+from collections.abc import Collection, Sequence
 from typing import Any, cast
 
 import attrs
@@ -78,16 +78,15 @@ from twisted.python.failure import Failure
 from logbroker.controlplane._kv import (
     Delete,
     EventType,
-    KeyValue,
     KeyValueStore,
     Operation,
     Put,
     RangeResult,
     TxnResult,
     WatchEvent,
-    WatchHandle,
 )
-from logbroker.controlplane.errors import CompactedError, ControlPlaneError, LeaseNotFoundError
+from logbroker.controlplane.errors import ControlPlaneError, LeaseNotFoundError
+from logbroker.controlplane.follower import PrefixFollower
 from logbroker.maintenance.periodic import PeriodicTask, TaskMetrics
 from logbroker.security.sessions import Origin, Session, SessionStore, session_key
 
@@ -171,167 +170,6 @@ class _MarkerEntry:
     revoked_ms: int | None
 
 
-class _Following(Enum):
-    STOPPED = "stopped"
-    LOADING = "loading"
-    WATCHING = "watching"
-    #: The load failed, or the watch was lost: ``poke`` loads or resumes.
-    WAITING = "waiting"
-
-
-class PrefixFollower:
-    """Keeps a reader up to date with every key under ``prefix``.
-
-    ``on_reset(kvs)`` gets the whole prefix (at start and after a compaction), ``on_events``
-    every change after it, in revision order. Transitions: stopped -> ``start`` -> loading ->
-    watching; a lost watch -> waiting -> ``poke`` -> watching (from the revision after the
-    last one seen); a compacted watch -> loading; a failed load -> waiting -> ``poke`` ->
-    loading; ``stop`` from any state -> stopped. Trouble is logged once until it is over.
-
-    Nothing in it is about sessions: it could serve any watch-fed cache of the store.
-    """
-
-    def __init__(
-        self,
-        store: KeyValueStore,
-        prefix: bytes,
-        name: str,
-        on_reset: Callable[[Sequence[KeyValue]], None],
-        on_events: Callable[[Sequence[WatchEvent]], None],
-    ) -> None:
-        self._store = store
-        self._prefix = prefix
-        self._name = name
-        self._on_reset = on_reset
-        self._on_events = on_events
-        self._state = _Following.STOPPED
-        #: Whether the prefix was ever loaded (else a resume is a load).
-        self._loaded = False
-        self.revision = 0
-        self._watch: WatchHandle | None = None
-        #: Changes with every load and watch, so that the callbacks of an abandoned one are
-        #: ignored (a watch may report its loss before ``watch`` has returned).
-        self._attempt = 0
-        self._troubled = False
-
-    @property
-    def watching(self) -> bool:
-        return self._state is _Following.WATCHING
-
-    def start(self) -> None:
-        if self._state is _Following.STOPPED:
-            self._load()
-
-    def stop(self) -> None:
-        self._state = _Following.STOPPED
-        self._attempt += 1
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
-
-    def poke(self) -> None:
-        """Load or resume, if waiting to."""
-        if self._state is not _Following.WAITING:
-            return
-        if self._loaded:
-            self._start_watch()
-        else:
-            self._load()
-
-    def _load(self) -> None:
-        self._state = _Following.LOADING
-        self._attempt += 1
-        attempt = self._attempt
-
-        def loaded(result: RangeResult) -> None:
-            if attempt != self._attempt:
-                return
-            self.revision = result.revision
-            self._on_reset(result.kvs)
-            self._loaded = True
-            self._start_watch()
-
-        def failed(failure: Failure) -> Failure | None:
-            if not isinstance(failure.value, ControlPlaneError):
-                return failure
-            if attempt == self._attempt:
-                self._state = _Following.WAITING
-                self._trouble("could not read {prefix} ({error}); retrying", failure.value)
-            return None
-
-        self._store.range_prefix(self._prefix).addCallbacks(loaded, failed).addErrback(
-            self._unexpected
-        )
-
-    def _start_watch(self) -> None:
-        self._state = _Following.WATCHING
-        self._attempt += 1
-        attempt = self._attempt
-
-        def events(events: Sequence[WatchEvent]) -> None:
-            if attempt != self._attempt:
-                return
-            try:
-                self._on_events(events)
-            except Exception:
-                # Not the store's problem (it called us): start again from a fresh read.
-                log.failure("{name}: applying a change failed; reloading", name=self._name)
-                self._abandon()
-                return
-            for event in events:
-                self.revision = max(self.revision, event.kv.mod_revision)
-
-        def lost(error: Exception) -> None:
-            if attempt == self._attempt:
-                self._lost(error)
-
-        watch = self._store.watch(self._prefix, self.revision + 1, events, lost)
-        if attempt == self._attempt:
-            self._watch = watch
-            if self._troubled:
-                self._troubled = False
-                log.info("{name}: following {prefix} again", name=self._name, prefix=self._prefix)
-
-    def _abandon(self) -> None:
-        """Drop the watch and read everything again at the next ``poke``."""
-        self._attempt += 1
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
-        self._loaded = False
-        self._state = _Following.WAITING
-
-    def _lost(self, error: Exception) -> None:
-        self._watch = None
-        self._attempt += 1
-        if isinstance(error, CompactedError):
-            log.info(
-                "{name}: revision {revision} of {prefix} was compacted; reloading",
-                name=self._name,
-                revision=self.revision + 1,
-                prefix=self._prefix,
-            )
-            self._load()
-        else:
-            self._state = _Following.WAITING
-            self._trouble("lost the watch on {prefix} ({error}); resuming", error)
-
-    def _trouble(self, what: str, error: BaseException) -> None:
-        fields = {"name": self._name, "prefix": self._prefix, "error": str(error)}
-        if self._troubled:
-            log.debug("{name}: " + what, **fields)
-        else:
-            self._troubled = True
-            log.warn("{name}: " + what, **fields)
-
-    def _unexpected(self, failure: Failure) -> None:
-        log.failure(
-            "{name}: following {prefix} failed", failure, name=self._name, prefix=self._prefix
-        )
-        if self._state is not _Following.STOPPED:
-            self._abandon()
-
-
 class SharedSessions(MultiService):
     """Publishes ``sessions``' sessions under ``prefix`` + ``sessions/`` in ``store`` and keeps
     the cluster's there in ``sessions``.
@@ -384,7 +222,14 @@ class SharedSessions(MultiService):
         #: ``login``'s waits for a key's write: key -> the waits and their timeouts.
         self._waiters: dict[bytes, list[_Wait]] = {}
         self._follower = PrefixFollower(
-            store, self._prefix, "Shared sessions", self._reset, self._events
+            store,
+            self._prefix,
+            clock,
+            name="Shared sessions",
+            on_load=self._reset,
+            on_events=self._events,
+            first_delay=retry_interval_sec,
+            max_delay=retry_interval_sec,
         )
         self._retry = PeriodicTask(
             "shared_sessions_retry",
@@ -438,7 +283,6 @@ class SharedSessions(MultiService):
         return stopped
 
     def _tick(self) -> None:
-        self._follower.poke()
         self._flush(retry=True)
 
     # -- the hooks: what to publish --------------------------------------------------------
@@ -593,11 +437,11 @@ class SharedSessions(MultiService):
 
     # -- reading ---------------------------------------------------------------------------
 
-    def _reset(self, kvs: Sequence[KeyValue]) -> None:
-        revision = self._follower.revision
+    def _reset(self, loaded: RangeResult) -> None:
+        revision = loaded.revision
         sessions: dict[bytes, tuple[Session, int]] = {}
         markers: dict[str, int] = {}
-        for kv in kvs:
+        for kv in loaded.kvs:
             entry = self._parse(kv.key, kv.value)
             if isinstance(entry, _SessionEntry) and entry.session is not None:
                 sessions[entry.key] = (entry.session, kv.mod_revision)

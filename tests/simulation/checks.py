@@ -18,6 +18,8 @@
 
 from __future__ import annotations
 
+from twisted.python.failure import Failure
+
 from logbroker.broker.ranges import RangeRead
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.wire.primitives import Reader
@@ -157,7 +159,7 @@ def read_back(world: World, range_id: str) -> tuple[list[bytes], list[str]]:
             if len(problems) >= 30:
                 problems.append(f"{range_id}: reads keep failing at offset {offset}")
                 break
-            why = getattr(read, "getErrorMessage", lambda: read)()
+            why = read.getErrorMessage() if isinstance(read, Failure) else read
             problems.append(f"read of {range_id} at {offset} through {node.node_id}: {why}")
             world.run(1.0)
             continue

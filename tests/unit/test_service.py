@@ -16,6 +16,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.ssl import Certificate, optionsForClientTLS
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.protocols.tls import TLSMemoryBIOFactory
 from twisted.test import iosim
 
@@ -236,6 +237,62 @@ def test_the_dashboard_starts_before_the_client_port_and_so_stops_after_it(
     ]
 
 
+def _tree(root: Any) -> list[str]:
+    """The services of ``root`` in start order: by name, or a periodic task by its task."""
+    names = []
+    for service in root:
+        if service.name:
+            names.append(service.name)
+        elif isinstance(service, PeriodicTask):
+            names.append(f"task {service.task_name}")
+        else:
+            names.append(type(service).__name__)
+    return names
+
+
+@pytest.mark.usefixtures("switch_interval")
+def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
+    tmp_path: Path,
+) -> None:
+    single, _ = BrokerConfig.from_env({}, cwd=str(tmp_path / "single"))
+    member, _ = BrokerConfig.from_env(
+        {
+            "SVC_CONTROL_PLANE": "etcd://127.0.0.1:2379",
+            "SVC_LOG_REPLICATION_FACTOR": "3",
+            "SVC_PEER_PORT": "4042",
+        },
+        cwd=str(tmp_path / "member"),
+    )
+    fs = OsFileSystem()
+    trees = []
+    ports = []
+    for config in (single, member):
+        reactor = MemoryReactorClock()
+        data_dir = DataDirectory.open(config.storage.data_dir, fs)
+        trees.append(_tree(build_service(reactor, config, data_dir, None)))
+        ports.append([port for port, _, _, _ in reactor.tcpServers])
+
+    common_head = ["StopOnSigterm", "storage", "control-plane"]
+    common_tail = ["reactor-lag", "auth-threads"]
+    assert trees[0] == [*common_head, *common_tail, "rate-limit-cleanup", "dashboard", "clients"]
+    # A member leaves the cluster before its control plane flushes, keeps sessions shared until
+    # its listeners are closed, and closes its peer port before its dashboard.
+    assert trees[1] == [
+        *common_head,
+        "membership",
+        "peer-links",
+        "task takeover_sweep",
+        "task healing",
+        *common_tail,
+        "shared-sessions",
+        "rate-limit-cleanup",
+        "dashboard",
+        "peer-port",
+        "clients",
+    ]
+    assert ports == [[4041, 4040], [4041, 4042, 4040]]
+
+
 def test_with_replication_the_logs_are_replicas_and_take_the_replication_group_commit() -> None:
     replicated = log_config_for(
         BrokerConfig.from_env(
@@ -263,3 +320,37 @@ def test_with_replication_the_logs_are_replicas_and_take_the_replication_group_c
     assert not single.replicated
     assert single.auto_roll
     assert single.group_commit, "replication factor 1 keeps SVC_GROUP_COMMIT"
+
+
+def test_with_replication_the_boot_log_says_which_group_commit_settings_apply() -> None:
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_namespace") == "logbroker.service":
+            lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        log_config_for(
+            BrokerConfig.from_env(
+                {
+                    "SVC_CONTROL_PLANE": "etcd://e1:2379",
+                    "SVC_LOG_REPLICATION_FACTOR": "3",
+                    "SVC_GROUP_COMMIT": "true",
+                    "SVC_GROUP_COMMIT_INTERVAL_MS": "2",
+                    "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS": "7",
+                }
+            )[0]
+        )
+        replicated = list(lines)
+        lines.clear()
+        log_config_for(BrokerConfig.from_env({"SVC_GROUP_COMMIT": "true"})[0])
+    finally:
+        globalLogPublisher.removeObserver(observe)
+
+    assert replicated == [
+        "Replication factor 3: group commit follows SVC_REPLICATION_GROUP_COMMIT=false and"
+        " SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS=7; SVC_GROUP_COMMIT=true and"
+        " SVC_GROUP_COMMIT_INTERVAL_MS=2 do not apply"
+    ]
+    assert lines == [], "at replication factor 1, SVC_GROUP_COMMIT* apply as set"
