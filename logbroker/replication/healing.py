@@ -129,7 +129,9 @@ class Healer:
             and same_epoch(copy, meta)
         ):
             try:
-                await copy.seal_copy(meta.base_offset, meta.record_count, meta.byte_size)
+                await copy.seal_copy(
+                    meta.base_offset, meta.record_count, meta.byte_size, epoch=meta.epoch
+                )
                 log.info("Sealed this node's copy of {segment} as recorded", segment=where)
                 return True
             except StorageError as error:
@@ -141,7 +143,7 @@ class Healer:
             return False
         try:
             await self._make_room(copy, meta, metas)
-            await copy.install_segment(meta.base_offset, data, meta.record_count)
+            await copy.install_segment(meta.base_offset, data, meta.record_count, epoch=meta.epoch)
         except StorageError as error:
             self._report(meta, f"the whole copy cannot be put in place here ({error})")
             return False
