@@ -137,7 +137,9 @@ class Healer:
             # Fetched whole at the next tick instead.
             log.warn("Sealing the copy of {segment} failed: {error}", segment=where, error=failure)
 
-        sealing = copy.seal_copy(meta.base_offset, meta.record_count, meta.byte_size)
+        sealing = copy.seal_copy(
+            meta.base_offset, meta.record_count, meta.byte_size, epoch=meta.epoch
+        )
         return sealing.addCallbacks(sealed, failed)
 
     def _start_fetches(self) -> None:
@@ -173,7 +175,7 @@ class Healer:
         copy = ctx.storage.logs[meta.range_id]
         try:
             await self._make_room(copy, meta)
-            await copy.install_segment(meta.base_offset, data, meta.record_count)
+            await copy.install_segment(meta.base_offset, data, meta.record_count, epoch=meta.epoch)
         except StorageError as error:
             self._report(meta, f"the whole copy cannot be put in place here ({error})")
             return False

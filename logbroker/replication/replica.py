@@ -257,7 +257,9 @@ class ReplicaServer:
             return succeed(None)
         assert recorded.record_count is not None
         assert recorded.byte_size is not None
-        sealing = copy.seal_copy(active.base_offset, recorded.record_count, recorded.byte_size)
+        sealing = copy.seal_copy(
+            active.base_offset, recorded.record_count, recorded.byte_size, epoch=recorded.epoch
+        )
 
         def short(failure: Failure) -> None:
             # Fewer bytes than were sealed: left closed, for healing to fetch whole.
@@ -351,7 +353,9 @@ class ReplicaServer:
                 # primary's. It is fetched whole instead.
                 return succeed(self._status(copy, segment, CopyOutcome.SHORT))
             self._tails.pop(range_id, None)
-            work = copy.seal_copy(segment, request.record_count, request.byte_size)
+            work = copy.seal_copy(
+                segment, request.record_count, request.byte_size, epoch=request.epoch
+            )
 
             def answered(result: object) -> bytes:
                 if isinstance(result, Failure):

@@ -80,6 +80,8 @@ _LENGTHS = struct.Struct(">II")
 _BATCH_REST_HEAD = struct.Struct(">2sBBIQI")
 _U32 = struct.Struct(">I")
 _STAMP = struct.Struct(">QQ")
+# A record frame's length and timestamp, skipping the fields between them.
+_LENGTH_AND_TIMESTAMP = struct.Struct(">8xI8xQ")
 _NULL_LENGTH = 0xFFFFFFFF
 _NULL_NBYTES = _U32.pack(_NULL_LENGTH)
 _ZERO_HEADERS = _U32.pack(0)
@@ -562,6 +564,22 @@ def iter_record_frames(view: memoryview, start: int, end: int) -> Iterator[Store
         position += length
 
 
+def max_record_timestamp(data: bytes | memoryview, batches: Sequence[BatchInfo]) -> int:
+    """The largest timestamp among the records of ``batches`` (verified, as ``scan_batches``
+    returns them), 0 when there are none."""
+    view = memoryview(data)
+    unpack = _LENGTH_AND_TIMESTAMP.unpack_from
+    largest = 0
+    for batch in batches:
+        position, end = batch.records_start, batch.end
+        while position < end:
+            length, timestamp = unpack(view, position)
+            if timestamp > largest:
+                largest = timestamp
+            position += length
+    return largest
+
+
 def iter_valid_records(
     view: memoryview, position: int, end: int, base_offset: int
 ) -> Iterator[StoredRecord]:
@@ -642,27 +660,37 @@ def decode_index(data: bytes, base_offset: int) -> list[IndexEntry]:
 #
 #   0  4  CRC32C of bytes [4, 48)
 #   4  2  magic b"LS"
-#   6  1  version (1)
+#   6  1  version (2; 1 is still read)
 #   7  1  flags (0)
 #   8  4  reserved (0)
 #   12 8  base offset
 #   20 8  record count
 #   28 8  byte size of the segment file
-#   36 8  sealed at, milliseconds since the epoch
+#   36 8  version 2: the largest record timestamp in the segment (ms)
+#         version 1: when this node sealed it (ms since the epoch, node-local; no longer written)
 #   44 4  reserved (0)
+#
+# Every field of a version 2 marker is a function of the sealed segment's bytes, so the marker
+# is the same on every copy of it.
 
 SEAL_MAGIC = b"LS"
+#: The version of the seal markers this build writes; it reads ``LEGACY_SEAL_VERSION`` too.
+SEAL_VERSION = 2
+#: Markers of earlier builds, whose timestamp field held a node-local time.
+LEGACY_SEAL_VERSION = 1
 _SEAL = struct.Struct(">I2sBBIQQQQI")
 
 
 @attrs.frozen
 class Seal:
-    """What a local seal marker records about a segment that will never change again."""
+    """What a seal marker records about a segment that will never change again."""
 
     base_offset: int
     record_count: int
     byte_size: int
-    sealed_at_ms: int
+    #: The largest record timestamp in the segment (what retention by age goes by); ``None``
+    #: for a version 1 marker, which recorded when this node sealed the segment instead.
+    max_timestamp_ms: int | None
 
     @property
     def next_offset(self) -> int:
@@ -670,19 +698,23 @@ class Seal:
 
 
 def encode_seal(seal: Seal) -> bytes:
+    """A version 2 seal marker; ``ValueError`` for a seal without its largest timestamp (only
+    a version 1 marker lacks one, and version 1 is no longer written)."""
+    if seal.max_timestamp_ms is None:
+        raise ValueError("a seal marker records its segment's largest record timestamp")
     buf = bytearray(_SEAL.size)
     _SEAL.pack_into(
         buf,
         0,
         0,
         SEAL_MAGIC,
-        FORMAT_VERSION,
+        SEAL_VERSION,
         0,
         0,
         seal.base_offset,
         seal.record_count,
         seal.byte_size,
-        seal.sealed_at_ms,
+        seal.max_timestamp_ms,
         0,
     )
     with memoryview(buf) as view:
@@ -691,15 +723,21 @@ def encode_seal(seal: Seal) -> bytes:
 
 
 def decode_seal(data: bytes) -> Seal:
-    """Decode a seal marker; raise ``ValueError`` if it is damaged."""
+    """Decode a seal marker of version 2 or 1; raise ``ValueError`` if it is damaged."""
     if len(data) != _SEAL.size:
         raise ValueError(f"seal marker is {len(data)} bytes, not {_SEAL.size}")
-    crc, magic, version, flags, reserved, base, count, size, sealed_at, tail = _SEAL.unpack(data)
-    if magic != SEAL_MAGIC or version != FORMAT_VERSION or flags != 0 or reserved or tail:
+    crc, magic, version, flags, reserved, base, count, size, timestamp, tail = _SEAL.unpack(data)
+    if (
+        magic != SEAL_MAGIC
+        or version not in (SEAL_VERSION, LEGACY_SEAL_VERSION)
+        or flags != 0
+        or reserved
+        or tail
+    ):
         raise ValueError("seal marker header is not a seal header of this format")
     if _frame_crc(memoryview(data)) != crc:
         raise ValueError("seal marker checksum does not match")
-    return Seal(base, count, size, sealed_at)
+    return Seal(base, count, size, timestamp if version == SEAL_VERSION else None)
 
 
 # -- epoch marker ------------------------------------------------------------------------------

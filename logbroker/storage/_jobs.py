@@ -15,10 +15,15 @@ import attrs
 
 from logbroker.storage._format import (
     BatchInfo,
+    Damage,
+    DamageReason,
+    EpochMarker,
     IndexEntry,
     Seal,
+    encode_epoch,
     encode_index,
     encode_seal,
+    max_record_timestamp,
     scan_batches,
 )
 from logbroker.storage._fs import AppendFile, FileSystem
@@ -27,9 +32,11 @@ from logbroker.storage._segment import (
     INDEX_SUFFIX,
     LOG_SUFFIX,
     SEAL_SUFFIX,
+    Sealed,
     Segment,
     Verification,
     build_index,
+    sealed_files,
     verify_peer_batches,
     verify_segment_bytes,
 )
@@ -38,25 +45,21 @@ from logbroker.storage.errors import InvalidBatchError, SegmentStateError
 
 @attrs.frozen
 class SealPlan:
-    """Files to write when a segment seals."""
+    """A segment a roll seals, at its verified length."""
 
-    stem: str
-    index: bytes
-    seal: bytes
+    path: str
+    base_offset: int
+    record_count: int
+    byte_size: int
 
 
-def plan_seal(segment: Segment, sealed_at_ms: int) -> tuple[SealPlan, Seal]:
-    """The seal of a segment at its verified length, with the index it holds in memory."""
-    seal = Seal(
+def plan_seal(segment: Segment) -> SealPlan:
+    return SealPlan(
+        segment.path,
         segment.base_offset,
         segment.next_offset - segment.base_offset,
         segment.readable_end,
-        sealed_at_ms,
     )
-    plan = SealPlan(
-        segment.stem, encode_index(segment.base_offset, segment.index), encode_seal(seal)
-    )
-    return plan, seal
 
 
 def _create_segment(fs: FileSystem, directory: str, path: str) -> AppendFile:
@@ -70,20 +73,105 @@ def _create_segment(fs: FileSystem, directory: str, path: str) -> AppendFile:
     return writer
 
 
-def _seal_files(fs: FileSystem, plan: SealPlan) -> None:
-    # Index first, then the marker: a marker on disk always has its index beside it.
-    fs.write_atomic(plan.stem + INDEX_SUFFIX, plan.index)
-    fs.write_atomic(plan.stem + SEAL_SUFFIX, plan.seal)
+def _seal_files(
+    fs: FileSystem, path: str, seal: Seal, index: list[IndexEntry], epoch: int | None
+) -> None:
+    """Write the sidecars of a sealed segment whose log is at ``path``: its epoch marker (with
+    ``epoch``; none on a single node), its index, then its seal marker. The marker goes last: a
+    marker on disk always has its sidecars beside it."""
+    stem = path.removesuffix(LOG_SUFFIX)
+    if epoch is not None:
+        fs.write_atomic(stem + EPOCH_SUFFIX, encode_epoch(EpochMarker(seal.base_offset, epoch)))
+    fs.write_atomic(stem + INDEX_SUFFIX, encode_index(seal.base_offset, index))
+    fs.write_atomic(stem + SEAL_SUFFIX, encode_seal(seal))
 
 
-def _roll_job(fs: FileSystem, directory: str, plan: SealPlan, next_path: str) -> AppendFile:
+def _seal_log(
+    fs: FileSystem,
+    path: str,
+    base_offset: int,
+    record_count: int,
+    byte_size: int,
+    epoch: int | None,
+) -> Sealed:
+    """Seal the segment at ``path`` at ``byte_size``: its first ``byte_size`` bytes are read
+    back and must be whole, verified batches of ``record_count`` records (``SegmentStateError``,
+    nothing changed, otherwise); bytes past them are cut; the sidecars are derived from those
+    bytes alone and written.
+
+    The cut comes before the sidecars: a crash before the marker leaves an unsealed copy of the
+    sealed length, which sealing again completes. Bytes past that length were never
+    acknowledged by a quorum, and every byte before it stays.
+    """
+    reader = fs.open_read(path)
+    try:
+        data = reader.read(0, byte_size)
+    finally:
+        reader.close()
+    sealed = sealed_files(data, base_offset) if len(data) == byte_size else None
+    if sealed is None:
+        raise SegmentStateError(
+            f"{path}: the first {byte_size} bytes are not whole, verified batches; refusing to "
+            "seal there"
+        )
+    if sealed.seal.record_count != record_count:
+        raise SegmentStateError(
+            f"{path}: the first {byte_size} bytes hold {sealed.seal.record_count} records, not "
+            f"the {record_count} of the seal; fetch the segment whole instead"
+        )
+    if fs.size(path) != byte_size:
+        fs.truncate(path, byte_size)
+    _seal_files(fs, path, sealed.seal, sealed.index, epoch)
+    return sealed
+
+
+@attrs.frozen
+class Rolled:
+    """What a roll sealed, and the rot it found reading the segment back, if any."""
+
+    sealed: Sealed
+    damage: Damage | None
+
+
+def _seal_rolled(fs: FileSystem, plan: SealPlan) -> Rolled:
+    """Seal a segment this node rolls, at its verified length.
+
+    Its bytes are read back first, for the sidecars to be derived from them alone. Rot found
+    there (bytes changed since they were written) does not stop the roll: the segment is sealed
+    as the log holds it, never cut, as it was before the roll, its sidecars derived from the
+    batches before the rot, and the rot is reported like any other.
+    """
+    reader = fs.open_read(plan.path)
+    try:
+        data = reader.read(0, plan.byte_size)
+    finally:
+        reader.close()
+    sealed = sealed_files(data, plan.base_offset) if len(data) == plan.byte_size else None
+    damage = None
+    if sealed is None or sealed.seal.record_count != plan.record_count:
+        scan = scan_batches(data, 0, plan.base_offset)
+        damage = scan.damage or Damage(len(data), DamageReason.SIZE)
+        seal = Seal(
+            plan.base_offset,
+            plan.record_count,
+            plan.byte_size,
+            max_record_timestamp(data, scan.batches),
+        )
+        sealed = Sealed(seal, build_index(scan.batches))
+    _seal_files(fs, plan.path, sealed.seal, sealed.index, None)
+    return Rolled(sealed, damage)
+
+
+def _roll_job(
+    fs: FileSystem, directory: str, plan: SealPlan, next_path: str
+) -> tuple[AppendFile, Rolled]:
     """Seal a segment and create the next one.
 
     The next segment's file is created at once, so the range's end offset stays on disk (in that
     file's name) even if retention later deletes every sealed segment.
     """
-    _seal_files(fs, plan)
-    return _create_segment(fs, directory, next_path)
+    rolled = _seal_rolled(fs, plan)
+    return _create_segment(fs, directory, next_path), rolled
 
 
 def _write_job(
@@ -94,15 +182,16 @@ def _write_job(
     writer: AppendFile | None,
     new_segment: bool,
     data: bytes,
-) -> tuple[AppendFile, float]:
+) -> tuple[AppendFile, float, Rolled | None]:
     """Append ``data`` to the segment at ``path`` (sealing the previous one first, if planned)
-    and fsync it; return the file and the seconds it all took. ``writer`` is the segment's open
-    file; without one, a new segment's file is created (never an existing one reused) and a
-    recovered segment's file is opened."""
+    and fsync it; return the file, the seconds it all took and what the seal wrote. ``writer``
+    is the segment's open file; without one, a new segment's file is created (never an existing
+    one reused) and a recovered segment's file is opened."""
     started = time.monotonic()
     opened = writer is None
+    rolled = None
     if seal_plan is not None:
-        writer = _roll_job(fs, directory, seal_plan, path)
+        writer, rolled = _roll_job(fs, directory, seal_plan, path)
     elif writer is None:
         writer = _create_segment(fs, directory, path) if new_segment else fs.open_append(path)
     try:
@@ -112,7 +201,7 @@ def _write_job(
         if opened:
             writer.close()
         raise
-    return writer, time.monotonic() - started
+    return writer, time.monotonic() - started, rolled
 
 
 def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
@@ -171,52 +260,26 @@ def _start_segment_job(fs: FileSystem, directory: str, path: str, epoch: bytes) 
     return _create_segment(fs, directory, path)
 
 
-def _seal_copy_job(
-    fs: FileSystem, path: str, seal: Seal, index: list[IndexEntry] | None
-) -> list[IndexEntry]:
-    """Seal a copy at ``seal.byte_size``, cutting it back there first unless ``index`` (the
-    copy's own, when it already ends there) is given; return the index written.
-
-    The cut comes first: a crash before the marker leaves an unsealed copy of the sealed
-    length, which sealing again completes. Bytes past that length were never acknowledged by
-    a quorum, and every byte before it stays.
-    """
-    if index is None:
-        batches = _whole_batches(fs, path, seal.base_offset, seal.byte_size)
-        count = batches[-1].next_offset - seal.base_offset if batches else 0
-        if count != seal.record_count:
-            raise SegmentStateError(
-                f"{path}: the first {seal.byte_size} bytes hold {count} records, not the "
-                f"{seal.record_count} of the seal; fetch the segment whole instead"
-            )
-        fs.truncate(path, seal.byte_size)
-        index = build_index(batches)
-    stem = path.removesuffix(LOG_SUFFIX)
-    _seal_files(fs, SealPlan(stem, encode_index(seal.base_offset, index), encode_seal(seal)))
-    return index
-
-
-def check_install(data: bytes, base_offset: int, record_count: int) -> list[IndexEntry]:
-    """Verify a whole sealed segment from a peer (every batch and every record); return its
-    index, or raise ``InvalidBatchError``. Pure: it reads no file."""
+def check_install(data: bytes, base_offset: int, record_count: int) -> Sealed:
+    """Verify a whole sealed segment from a peer (every batch and every record); return the
+    sidecars to write beside it, or raise ``InvalidBatchError``. Pure: it reads no file."""
     batches = verify_peer_batches(data, base_offset)
     count = batches[-1].next_offset - base_offset
     if count != record_count:
         raise InvalidBatchError(
             f"the segment at offset {base_offset} holds {count} records, not {record_count}"
         )
-    return build_index(batches)
+    sealed = sealed_files(data, base_offset)
+    assert sealed is not None, "verify_peer_batches checked them whole"
+    return sealed
 
 
-def _install_job(
-    fs: FileSystem, path: str, data: bytes, seal: Seal, index: list[IndexEntry]
-) -> None:
-    """Write a verified sealed segment with its index and marker.
+def _install_job(fs: FileSystem, path: str, data: bytes, sealed: Sealed, epoch: int) -> None:
+    """Write a verified sealed segment with its epoch marker, index and seal marker.
 
     The sidecars go first and the log last, each atomically: a crash before the log's rename
     leaves sidecars without a log (and a temporary file), which recovery removes, so the segment
     is either missing or whole and sealed.
     """
-    stem = path.removesuffix(LOG_SUFFIX)
-    _seal_files(fs, SealPlan(stem, encode_index(seal.base_offset, index), encode_seal(seal)))
+    _seal_files(fs, path, sealed.seal, sealed.index, epoch)
     fs.write_atomic(path, data)

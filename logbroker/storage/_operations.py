@@ -13,7 +13,6 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
-from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
@@ -21,16 +20,15 @@ from logbroker.storage._format import (
     MIN_BATCH_SIZE,
     BatchInfo,
     EpochMarker,
-    IndexEntry,
-    Seal,
     encode_epoch,
 )
 from logbroker.storage._fs import AppendFile, FileSystem
 from logbroker.storage._jobs import (
+    Rolled,
     _delete_files,
     _install_job,
     _roll_job,
-    _seal_copy_job,
+    _seal_log,
     _start_segment_job,
     _trim_job,
     _verify_job,
@@ -41,6 +39,7 @@ from logbroker.storage._pipeline import WritePipeline
 from logbroker.storage._segment import (
     EPOCH_SUFFIX,
     CopyState,
+    Sealed,
     Segment,
     SegmentInfo,
     Verification,
@@ -67,19 +66,14 @@ class SegmentOperations:
         pipeline: WritePipeline,
         *,
         fs: FileSystem,
-        clock: IReactorTime,
         executor: Executor,
         reader: Executor,
     ) -> None:
         self._state = state
         self._pipeline = pipeline
         self._fs = fs
-        self._clock = clock
         self._executor = executor
         self._reader = reader
-
-    def _now_ms(self) -> int:
-        return int(self._clock.seconds() * 1000)
 
     def _out_of_service(self, failure: Failure) -> Failure:
         self._pipeline.take_out_of_service(failure, [])
@@ -101,13 +95,15 @@ class SegmentOperations:
             active = state.active
             if active is None or active.readable_end == 0 or active.damage is not None:
                 return succeed(None)
-            plan, seal = plan_seal(active, self._now_ms())
-            rolled = self._executor.run(
-                _roll_job, self._fs, state.directory, plan, state.segment_path(seal.next_offset)
-            )
-            return rolled.addCallbacks(
-                lambda writer: state.apply_seal(active, seal, writer), self._out_of_service
-            )
+            plan = plan_seal(active)
+            next_path = state.segment_path(active.next_offset)
+            job = self._executor.run(_roll_job, self._fs, state.directory, plan, next_path)
+
+            def rolled(result: tuple[AppendFile, Rolled]) -> SegmentInfo:
+                writer, sealed = result
+                return state.apply_seal(active, sealed.sealed, sealed.damage, writer)
+
+            return job.addCallbacks(rolled, self._out_of_service)
 
         return self._pipeline.run_control(start)
 
@@ -260,7 +256,7 @@ class SegmentOperations:
         return self._cut_back(base_offset, byte_size, check, run, finish, blocks_appends=True)
 
     def seal_copy(
-        self, base_offset: int, record_count: int, byte_size: int
+        self, base_offset: int, record_count: int, byte_size: int, epoch: int
     ) -> Deferred[SegmentInfo]:
         if record_count < 1 or byte_size < MIN_BATCH_SIZE:
             return fail(
@@ -269,6 +265,10 @@ class SegmentOperations:
                     f"{byte_size} bytes; trim a copy that holds nothing committed to 0 bytes"
                 )
             )
+        try:
+            _check_epoch(epoch)
+        except ValueError as error:
+            return fail(error)
         state = self._state
 
         def check(segment: Segment) -> SegmentInfo | None:
@@ -293,23 +293,20 @@ class SegmentOperations:
                 f"{record_count} records and {byte_size} bytes; fetch the segment whole"
             )
 
-        def run(segment: Segment, last: bool, held: int) -> Deferred[tuple[Seal, list[IndexEntry]]]:
-            seal = Seal(base_offset, record_count, byte_size, self._now_ms())
-            # A copy that ends at the seal keeps its index; one that is longer (or damaged past
-            # the seal) is cut, after its first byte_size bytes are checked whole.
-            cut = segment.damage is not None or held > byte_size
-            index = None if cut else list(segment.index)
-            sealing = self._executor.run(_seal_copy_job, self._fs, segment.path, seal, index)
-            return sealing.addCallback(lambda written: (seal, written))
+        def run(segment: Segment, last: bool, held: int) -> Deferred[Sealed]:
+            # The sidecars come from the sealed bytes, read back, never from the index built
+            # as appends arrived: every copy writes the same ones.
+            return self._executor.run(
+                _seal_log, self._fs, segment.path, base_offset, record_count, byte_size, epoch
+            )
 
-        def finish(
-            segment: Segment, last: bool, sealed: tuple[Seal, list[IndexEntry]]
-        ) -> SegmentInfo:
-            segment.seal, segment.index = sealed
+        def finish(segment: Segment, last: bool, sealed: Sealed) -> SegmentInfo:
+            segment.seal, segment.index = sealed.seal, sealed.index
             segment.has_marker = True
             segment.state = CopyState.SEALED
             segment.damage = None
             segment.next_offset = segment.end_offset = base_offset + record_count
+            state.epochs[base_offset] = epoch
             self._moved_end(segment, last)
             state.sealed_through(segment.next_offset)
             return segment.info()
@@ -420,11 +417,15 @@ class SegmentOperations:
         return self._pipeline.run_control(start)
 
     def install_segment(
-        self, base_offset: int, data: bytes, record_count: int
+        self, base_offset: int, data: bytes, record_count: int, epoch: int
     ) -> Deferred[SegmentInfo]:
         refusal = self._pipeline.control_refusal()
         if refusal is not None:
             return fail(refusal)
+        try:
+            _check_epoch(epoch)
+        except ValueError as error:
+            return fail(error)
         end = base_offset + record_count
         conflict = self._install_conflict(base_offset, end)
         if conflict is not None:
@@ -434,20 +435,16 @@ class SegmentOperations:
         # the log's appends need not wait for that.
         checking = self._reader.run(check_install, data, base_offset, record_count)
         return checking.addCallback(
-            lambda index: self._pipeline.run_control(
-                lambda: self._install(base_offset, record_count, data, index)
-            )
+            lambda sealed: self._pipeline.run_control(lambda: self._install(data, sealed, epoch))
         )
 
-    def _install(
-        self, base_offset: int, record_count: int, data: bytes, index: list[IndexEntry]
-    ) -> Deferred[SegmentInfo]:
+    def _install(self, data: bytes, sealed: Sealed, epoch: int) -> Deferred[SegmentInfo]:
         state = self._state
-        conflict = self._install_conflict(base_offset, base_offset + record_count)
+        seal, index = sealed.seal, sealed.index
+        conflict = self._install_conflict(seal.base_offset, seal.next_offset)
         if conflict is not None:
             raise SegmentStateError(conflict)
-        seal = Seal(base_offset, record_count, len(data), self._now_ms())
-        path = state.segment_path(base_offset)
+        path = state.segment_path(seal.base_offset)
 
         def installed(_: None) -> SegmentInfo:
             segment = Segment(
@@ -462,6 +459,7 @@ class SegmentOperations:
                 has_marker=True,
             )
             state.insert(segment)
+            state.epochs[seal.base_offset] = epoch
             if seal.next_offset > state.next_offset:
                 state.next_offset = state.durable_offset = seal.next_offset
             state.sealed_through(seal.next_offset)
@@ -469,7 +467,7 @@ class SegmentOperations:
 
         # A failed install leaves the log as it was: what it wrote is either removed by recovery
         # or the whole segment, which recovery then finds.
-        return self._executor.run(_install_job, self._fs, path, data, seal, index).addCallback(
+        return self._executor.run(_install_job, self._fs, path, data, sealed, epoch).addCallback(
             installed
         )
 

@@ -23,9 +23,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
-from logbroker.storage._format import BatchInfo, Seal
+from logbroker.storage._format import BatchInfo
 from logbroker.storage._fs import AppendFile, FileSystem
-from logbroker.storage._jobs import SealPlan, _write_job, plan_seal
+from logbroker.storage._jobs import Rolled, SealPlan, _write_job, plan_seal
 from logbroker.storage._planner import (
     WAIT,
     ArmTimer,
@@ -220,11 +220,10 @@ class WritePipeline:
             # A replicated log starts segments only through start_segment.
             self._refuse_write(write, target)
             return
-        sealing: tuple[SealPlan, Segment, Seal] | None = None
+        sealing: tuple[SealPlan, Segment] | None = None
         if write.roll:
             assert target is not None
-            plan, seal = plan_seal(target, int(self._clock.seconds() * 1000))
-            sealing = (plan, target, seal)
+            sealing = (plan_seal(target), target)
             target = None
         taken = write.appends
         path = target.path if target is not None else state.segment_path(taken[0].base_offset)
@@ -263,18 +262,18 @@ class WritePipeline:
 
     def _write_done(
         self,
-        written: tuple[AppendFile, float],
+        written: tuple[AppendFile, float, Rolled | None],
         write: Write[Append],
         target: Segment | None,
-        sealing: tuple[SealPlan, Segment, Seal] | None,
+        sealing: tuple[SealPlan, Segment] | None,
     ) -> None:
         state = self._state
-        writer, seconds = written
+        writer, seconds, rolled = written
         taken = write.appends
         call_hook(state.directory, self._on_flushed, Flush(write.records, seconds))
         if sealing is not None:
-            _, sealed, seal = sealing
-            state.apply_seal(sealed, seal, writer)
+            assert rolled is not None
+            state.apply_seal(sealing[1], rolled.sealed, rolled.damage, writer)
             # The roll started the segment these appends went to.
             target = state.active
         if target is None:

@@ -21,6 +21,8 @@ and leaves the epoch unknown (the range log then refuses appends to it until it 
 from __future__ import annotations
 
 import re
+import struct
+from collections.abc import Callable
 from enum import StrEnum
 
 import attrs
@@ -28,6 +30,7 @@ import attrs
 from logbroker.storage._format import (
     FORMAT_VERSION,
     INDEX_INTERVAL_BYTES,
+    MIN_RECORD_SIZE,
     RECORD_MAGIC,
     BatchInfo,
     Damage,
@@ -40,6 +43,7 @@ from logbroker.storage._format import (
     decode_index,
     decode_seal,
     encode_index,
+    max_record_timestamp,
     scan_batches,
     valid_record_offset,
 )
@@ -51,6 +55,8 @@ INDEX_SUFFIX = ".index"
 SEAL_SUFFIX = ".sealed"
 EPOCH_SUFFIX = ".epoch"
 _MAGIC_AT = 4
+_MAX_U64 = 2**64 - 1
+_U32 = struct.Struct(">I")
 _SEGMENT_FILE = re.compile(r"^(\d{20})\.(log|index|sealed|epoch)$")
 
 
@@ -110,12 +116,77 @@ class Verification:
 def build_index(
     batches: list[BatchInfo], entries: list[IndexEntry] | None = None
 ) -> list[IndexEntry]:
-    """Sparse index entries: the first batch, then one batch start about every 4 KiB."""
+    """Sparse index entries: the first batch, then the first batch starting 4096 bytes or more
+    after the previous entry's batch. Given every batch of a log, in order, this is a function
+    of the log's bytes; the active segment's in-memory index, extended as appends arrive (a
+    replicated append may hold several batches), may have fewer entries."""
     entries = [] if entries is None else entries
     for batch in batches:
         if not entries or batch.position - entries[-1].position >= INDEX_INTERVAL_BYTES:
             entries.append(IndexEntry(batch.base_offset, batch.position))
     return entries
+
+
+@attrs.frozen
+class Sealed:
+    """What a sealed segment's sidecars record: its seal marker and its index."""
+
+    seal: Seal
+    index: list[IndexEntry]
+
+
+#: ``(index entries as (offset, position), next offset, largest record timestamp)``.
+SealedScan = tuple[list[tuple[int, int]], int, int]
+
+
+def scan_sealed_python(
+    data: bytes | memoryview, base_offset: int, interval: int
+) -> SealedScan | None:
+    """What the sidecars of a sealed segment whose log is ``data`` record, when ``data`` is
+    whole, verified batches from ``base_offset`` on (record frames filling each batch exactly);
+    ``None`` otherwise. ``interval`` is the index's (``INDEX_INTERVAL_BYTES``). The native
+    ``scan_sealed`` (``_speedups.c``) gives the same answer, faster: the sidecars are derived
+    from a whole segment's bytes each time one seals."""
+    scan = scan_batches(data, 0, base_offset)
+    if scan.damage is not None or not scan.batches or scan.batches[-1].next_offset > _MAX_U64:
+        return None
+    view = memoryview(data)
+    for batch in scan.batches:
+        position = batch.records_start
+        for _ in range(batch.record_count):
+            if batch.end - position < MIN_RECORD_SIZE:
+                return None
+            (length,) = _U32.unpack_from(view, position + 8)
+            if not MIN_RECORD_SIZE <= length <= batch.end - position:
+                return None
+            position += length
+        if position != batch.end:
+            return None
+    entries: list[tuple[int, int]] = []
+    for batch in scan.batches:
+        if not entries or batch.position - entries[-1][1] >= interval:
+            entries.append((batch.base_offset, batch.position))
+    return entries, scan.batches[-1].next_offset, max_record_timestamp(view, scan.batches)
+
+
+scan_sealed: Callable[[bytes | memoryview, int, int], SealedScan | None]
+try:
+    from logbroker.storage._speedups import scan_sealed
+except ImportError:  # not built: no compiler where this was installed
+    scan_sealed = scan_sealed_python
+
+
+def sealed_files(data: bytes | memoryview, base_offset: int) -> Sealed | None:
+    """The seal and the index of a sealed segment whose log is ``data``, if it is whole,
+    verified batches from ``base_offset`` on: functions of the log's bytes alone, so that every
+    copy of the segment writes the same sidecars, however its bytes arrived. The index follows
+    ``build_index``'s rule over every batch."""
+    scanned = scan_sealed(data, base_offset, INDEX_INTERVAL_BYTES)
+    if scanned is None:
+        return None
+    entries, next_offset, largest = scanned
+    seal = Seal(base_offset, next_offset - base_offset, len(data), largest)
+    return Sealed(seal, [IndexEntry(offset, position) for offset, position in entries])
 
 
 def verify_segment_bytes(data: bytes, base_offset: int, seal: Seal | None) -> Verification:
@@ -183,7 +254,9 @@ class SegmentInfo:
     #: Readable bytes (for a sealed segment: the size its seal recorded).
     byte_size: int
     damage: Damage | None = None
-    sealed_at_ms: int | None = None
+    #: The largest record timestamp its seal marker records (``None``: not sealed here, or a
+    #: marker of an earlier build, which recorded when it was sealed instead).
+    max_timestamp_ms: int | None = None
 
     @property
     def next_offset(self) -> int:
@@ -222,7 +295,7 @@ class Segment:
         return self.path.removesuffix(LOG_SUFFIX)
 
     def info(self) -> SegmentInfo:
-        sealed_at = self.seal.sealed_at_ms if self.seal is not None else None
+        max_timestamp = self.seal.max_timestamp_ms if self.seal is not None else None
         if self.seal is not None and self.damage is None:
             return SegmentInfo(
                 self.base_offset,
@@ -230,7 +303,7 @@ class Segment:
                 self.seal.record_count,
                 self.seal.byte_size,
                 None,
-                sealed_at,
+                max_timestamp,
             )
         return SegmentInfo(
             self.base_offset,
@@ -238,7 +311,7 @@ class Segment:
             self.next_offset - self.base_offset,
             self.readable_end,
             self.damage,
-            sealed_at,
+            max_timestamp,
         )
 
 

@@ -1,5 +1,6 @@
 /* Native batch encoder: the storage engine's produce hot path in C, and the other per-record
- * loops of the hot paths (wire_records for consumers, check_records for replicas).
+ * loops of the hot paths (wire_records for consumers, check_records for replicas, scan_sealed
+ * for the sidecars written when a segment seals).
  *
  * encode_batch(base_offset, records) returns exactly the bytes that
  * logbroker.storage._format.encode_batch_python returns for the same arguments: the layout is
@@ -674,6 +675,123 @@ done:
     return result;
 }
 
+/* scan_sealed: the sealed files' view of a segment's log, for seal_copy, a roll and an install.
+ *
+ * Same result as logbroker.storage._segment.scan_sealed_python: the whole of data must be
+ * batches that verify (sane header, checksum, the offset the stream expects there, record
+ * frames of at least 40 bytes that fill the batch exactly), or the answer is None. Otherwise it
+ * is (index, next offset, largest record timestamp), the index as (offset, position) pairs by
+ * the sparse index's rule: the first batch, then the first batch starting interval bytes or
+ * more after the previous entry's batch.
+ */
+
+#define STAMPED_BATCH_VERSION 2
+#define STAMP_SIZE 16
+#define MIN_RECORD_SIZE 40
+
+PyDoc_STRVAR(scan_sealed_doc,
+             "scan_sealed(data, base_offset, interval, /)\n--\n\n"
+             "(index, next_offset, max_timestamp) of a log that is whole, verified batches from\n"
+             "base_offset on, else None. Same result as\n"
+             "logbroker.storage._segment.scan_sealed_python.");
+
+static PyObject *
+scan_sealed(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    unsigned long long base_offset;
+    Py_ssize_t interval;
+    const uint8_t *base;
+    size_t size, position = 0, last_entry = 0;
+    uint64_t expected, largest = 0;
+    PyObject *index = NULL, *result = NULL;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*Kn:scan_sealed", &data, &base_offset, &interval)) {
+        return NULL;
+    }
+    base = (const uint8_t *)data.buf;
+    size = (size_t)data.len;
+    expected = base_offset;
+    index = PyList_New(0);
+    if (index == NULL) {
+        goto done;
+    }
+    while (position < size) {
+        const uint8_t *batch = base + position;
+        uint32_t length, count;
+        size_t header, record, end;
+        if (size - position < BATCH_HEADER_SIZE) {
+            goto not_whole;
+        }
+        length = get_u32(batch + 8);
+        count = get_u32(batch + 20);
+        if (batch[4] != 'L' || batch[5] != 'B' || batch[7] != 0 || count < 1) {
+            goto not_whole;
+        }
+        if (batch[6] == FORMAT_VERSION) {
+            header = BATCH_HEADER_SIZE;
+        }
+        else if (batch[6] == STAMPED_BATCH_VERSION) {
+            header = BATCH_HEADER_SIZE + STAMP_SIZE;
+        }
+        else {
+            goto not_whole;
+        }
+        if ((uint64_t)length < header + (uint64_t)count * MIN_RECORD_SIZE ||
+            length > size - position) {
+            goto not_whole;
+        }
+        if (crc32c_extend(0, batch + 4, length - 4) != get_u32(batch) ||
+            get_u64(batch + 12) != expected || (uint64_t)count > UINT64_MAX - expected) {
+            goto not_whole;
+        }
+        end = position + length;
+        record = position + header;
+        for (uint32_t i = 0; i < count; i++) {
+            uint32_t record_length;
+            uint64_t timestamp;
+            if (end - record < MIN_RECORD_SIZE) {
+                goto not_whole;
+            }
+            record_length = get_u32(base + record + 8);
+            if (record_length < MIN_RECORD_SIZE || record_length > end - record) {
+                goto not_whole;
+            }
+            timestamp = get_u64(base + record + 20);
+            if (timestamp > largest) {
+                largest = timestamp;
+            }
+            record += record_length;
+        }
+        if (record != end) {
+            goto not_whole;
+        }
+        if (PyList_GET_SIZE(index) == 0 || position - last_entry >= (size_t)interval) {
+            PyObject *entry = Py_BuildValue("(Kn)", expected, (Py_ssize_t)position);
+            if (entry == NULL || PyList_Append(index, entry) < 0) {
+                Py_XDECREF(entry);
+                goto done;
+            }
+            Py_DECREF(entry);
+            last_entry = position;
+        }
+        expected += count;
+        position = end;
+    }
+    if (PyList_GET_SIZE(index) == 0) {
+        goto not_whole;
+    }
+    result = Py_BuildValue("(OKK)", index, expected, largest);
+    goto done;
+not_whole:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(index);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 PyDoc_STRVAR(checksum_doc,
              "checksum(data, value=0, /, *, software=False)\n--\n\n"
              "CRC32C of data continuing from value, as crc32c.crc32c computes it; with software\n"
@@ -712,6 +830,7 @@ checksum(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef speedups_methods[] = {
     {"wire_records", (PyCFunction)wire_records, METH_VARARGS, wire_records_doc},
     {"check_records", (PyCFunction)check_records, METH_VARARGS, check_records_doc},
+    {"scan_sealed", (PyCFunction)scan_sealed, METH_VARARGS, scan_sealed_doc},
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"checksum", (PyCFunction)(void (*)(void))checksum, METH_VARARGS | METH_KEYWORDS,
      checksum_doc},

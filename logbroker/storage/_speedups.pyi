@@ -24,3 +24,6 @@ def check_records(
     count: int,
     /,
 ) -> tuple[int, str] | None: ...
+def scan_sealed(
+    data: memoryview | bytes, base_offset: int, interval: int, /
+) -> tuple[list[tuple[int, int]], int, int] | None: ...

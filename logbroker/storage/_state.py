@@ -25,13 +25,14 @@ from typing import TypeVar
 
 from twisted.logger import Logger
 
-from logbroker.storage._format import Damage, DamageReason, Seal
+from logbroker.storage._format import Damage, DamageReason
 from logbroker.storage._fs import AppendFile
 from logbroker.storage._segment import (
     LOG_SUFFIX,
     CopyState,
     IntegrityEvent,
     RecoveredLog,
+    Sealed,
     Segment,
     SegmentInfo,
     segment_stem,
@@ -175,14 +176,21 @@ class LogState:
             active.writer = None
         self.active = None
 
-    def apply_seal(self, segment: Segment, seal: Seal, next_writer: AppendFile) -> SegmentInfo:
-        """A roll is durable and the next segment's file exists: switch to it."""
+    def apply_seal(
+        self, segment: Segment, sealed: Sealed, damage: Damage | None, next_writer: AppendFile
+    ) -> SegmentInfo:
+        """A roll is durable and the next segment's file exists: switch to it. ``damage`` is
+        rot the roll found reading the segment back."""
         if segment.writer is not None:
             segment.writer.close()
             segment.writer = None
+        seal = sealed.seal
         segment.state = CopyState.SEALED
         segment.seal = seal
+        segment.index = sealed.index
         segment.has_marker = True
+        if damage is not None:
+            self.found_damage(segment, damage)
         self.add_active(seal.next_offset, next_writer)
         log.info(
             "Sealed segment {path}: {records} records, {size} bytes",

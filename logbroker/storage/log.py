@@ -126,7 +126,6 @@ class RangeLog:
             self._state,
             self._pipeline,
             fs=fs,
-            clock=clock,
             executor=executor,
             reader=reader or executor,
         )
@@ -443,33 +442,37 @@ class RangeLog:
         return self._operations.start_segment(base_offset, epoch)
 
     def seal_copy(
-        self, base_offset: int, record_count: int, byte_size: int
+        self, base_offset: int, record_count: int, byte_size: int, *, epoch: int
     ) -> Deferred[SegmentInfo]:
-        """Make this copy match a seal the control plane holds, after the appends queued
-        before it.
+        """Make this copy match a seal the control plane holds, at the epoch it records for the
+        segment, after the appends queued before it.
 
         A copy holding more verified bytes is cut back to ``byte_size`` first (under ``trim``'s
-        rules: never rot before that length, only at a batch boundary), then its index and seal
-        marker are written and it is sealed. A copy with fewer verified bytes, or another record
-        count, is refused with ``SegmentStateError`` (fetch it whole: ``install_segment``); one
-        already sealed here at that count and size is answered at once. The next segment is
-        not started: sealing the active segment leaves the log without one until
-        ``start_segment``, and appends made while it is pending are refused.
+        rules: never rot before that length, only at a batch boundary). Then its sidecars are
+        written, each derived from the sealed bytes (read back) and ``epoch`` alone, so that
+        every copy of the segment holds the same files: its epoch marker (at ``epoch``), its
+        index and its seal marker; and it is sealed. A copy with fewer verified bytes, or
+        another record count, is refused with ``SegmentStateError`` (fetch it whole:
+        ``install_segment``); one already sealed here at that count and size is answered at
+        once. The next segment is not started: sealing the active segment leaves the log
+        without one until ``start_segment``, and appends made while it is pending are refused.
         """
-        return self._operations.seal_copy(base_offset, record_count, byte_size)
+        return self._operations.seal_copy(base_offset, record_count, byte_size, epoch)
 
     def install_segment(
-        self, base_offset: int, data: bytes, record_count: int
+        self, base_offset: int, data: bytes, record_count: int, *, epoch: int
     ) -> Deferred[SegmentInfo]:
-        """Add a whole sealed segment fetched from an intact replica (backfill, repair).
+        """Add a whole sealed segment fetched from an intact replica (backfill, repair), at the
+        epoch the control plane records for it.
 
         Every batch and record is verified first (as ``append_raw`` does; ``InvalidBatchError``
         otherwise), in a reader thread. Refused with ``SegmentStateError`` when its offsets
         overlap a segment this log holds, or lie past the active segment or past appends in
-        flight. The log, index and seal marker are written durably (a crash leaves nothing or
-        the whole segment) and it joins the log in offset order.
+        flight. Its epoch marker (at ``epoch``), index, seal marker and log are written durably
+        (a crash leaves nothing or the whole segment), the sidecars exactly as ``seal_copy``
+        writes them, and it joins the log in offset order.
         """
-        return self._operations.install_segment(base_offset, data, record_count)
+        return self._operations.install_segment(base_offset, data, record_count, epoch)
 
     # -- reads -------------------------------------------------------------------------------
 

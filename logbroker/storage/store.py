@@ -8,7 +8,8 @@ Layout::
     <data dir>/ranges/<range name>/         one directory per range (names may nest: topic/range)
         00000000000000000000.log            segment files, named by zero-padded base offset
         00000000000000000000.index          sparse index, written at seal
-        00000000000000000000.sealed         local seal marker
+        00000000000000000000.sealed         seal marker
+        00000000000000000000.epoch          replication epoch marker
 
 A directory written by a newer format than this build reads is refused (``FormatTooNewError``);
 the command line turns that into exit status 3 (see ``logbroker.exitcodes``).

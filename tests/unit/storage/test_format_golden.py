@@ -98,7 +98,10 @@ INDEX_ENTRIES = [
     IndexEntry(BASE + 201, 8230),
 ]
 
-SEAL = Seal(base_offset=BASE, record_count=317, byte_size=12_345, sealed_at_ms=1_700_000_123_456)
+# The largest record timestamp above 2**32, so that all eight bytes of the field matter.
+SEAL = Seal(
+    base_offset=BASE, record_count=317, byte_size=12_345, max_timestamp_ms=1_700_000_123_456
+)
 
 # An epoch above 2**32, so that all eight bytes of the epoch field matter.
 EPOCH = EpochMarker(base_offset=BASE, epoch=2**40 + 3)
@@ -265,7 +268,7 @@ def test_seal_marker() -> None:
     assert struct.unpack(">I2sBBIQQQQI", stored) == (
         computed_crc(stored),
         b"LS",
-        1,
+        2,
         0,
         0,
         BASE,
@@ -275,6 +278,26 @@ def test_seal_marker() -> None:
         0,
     )
     assert_same_bytes(encoded, stored)
+
+
+def test_a_version_1_seal_marker_of_an_earlier_build_still_reads() -> None:
+    # Pinned when version 1 was the one written; no build writes it any more. Its timestamp
+    # field held when the node sealed the segment: not the segment's, so it is not reported.
+    stored = (GOLDEN / "seal-version-1.bin").read_bytes()
+
+    assert decode_seal(stored) == Seal(BASE, 317, 12_345, max_timestamp_ms=None)
+    assert struct.unpack(">I2sBBIQQQQI", stored) == (
+        computed_crc(stored),
+        b"LS",
+        1,
+        0,
+        0,
+        BASE,
+        317,
+        12_345,
+        1_700_000_123_456,
+        0,
+    )
 
 
 def test_epoch_marker() -> None:

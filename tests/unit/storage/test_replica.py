@@ -429,7 +429,7 @@ def test_seal_copy_cuts_back_to_the_sealed_length_then_seals_without_starting_a_
     sealed_size = log.active_bytes
     result_of(log.append_raw(2, batch(2, 3), epoch=1))  # never reached a quorum
 
-    info = result_of(log.seal_copy(0, 2, sealed_size))
+    info = result_of(log.seal_copy(0, 2, sealed_size, epoch=1))
 
     assert (info.state, info.record_count, info.byte_size) == (CopyState.SEALED, 2, sealed_size)
     assert fs.size(segment_path(0)) == sealed_size
@@ -455,11 +455,11 @@ def test_seal_copy_of_a_copy_that_ends_at_the_seal_writes_its_own_index() -> Non
         result_of(log.append([record(n) for n in range(first, first + 50)]))
     size = log.active_bytes
 
-    info = result_of(log.seal_copy(0, 400, size))
+    info = result_of(log.seal_copy(0, 400, size, epoch=0))
 
     assert (info.record_count, info.byte_size) == (400, size)
     assert offsets(log, 377)[:2] == [377, 378]
-    assert result_of(log.seal_copy(0, 400, size)) == info, "sealing again answers at once"
+    assert result_of(log.seal_copy(0, 400, size, epoch=0)) == info, "sealing again answers at once"
     result_of(log.close())
     assert offsets(open_log(fs), 377)[:2] == [377, 378]
 
@@ -470,14 +470,14 @@ def test_seal_copy_refuses_a_short_copy_another_count_and_a_different_seal() -> 
     append_each(log, 0, 3)
     size = log.active_bytes
 
-    assert failure_of(log.seal_copy(0, 4, size + 76)).check(SegmentStateError)
-    assert failure_of(log.seal_copy(0, 2, size)).check(SegmentStateError)
-    assert failure_of(log.seal_copy(0, 3, size - 1)).check(SegmentStateError)
-    assert failure_of(log.seal_copy(0, 0, 0)).check(ValueError)
+    assert failure_of(log.seal_copy(0, 4, size + 76, epoch=0)).check(SegmentStateError)
+    assert failure_of(log.seal_copy(0, 2, size, epoch=0)).check(SegmentStateError)
+    assert failure_of(log.seal_copy(0, 3, size - 1, epoch=0)).check(SegmentStateError)
+    assert failure_of(log.seal_copy(0, 0, 0, epoch=0)).check(ValueError)
     assert log.segments()[0].state is CopyState.ACTIVE, "a refusal changes nothing"
     assert result_of(log.append([record(3)])).base_offset == 3
-    sealed = result_of(log.seal_copy(0, 4, log.active_bytes))
-    assert failure_of(log.seal_copy(0, 3, size)).check(SegmentStateError)
+    sealed = result_of(log.seal_copy(0, 4, log.active_bytes, epoch=0))
+    assert failure_of(log.seal_copy(0, 3, size, epoch=0)).check(SegmentStateError)
     assert sealed.record_count == 4
 
 
@@ -494,8 +494,8 @@ def test_seal_copy_cuts_rot_past_the_sealed_length_and_refuses_rot_before_it(
     assert len(logged_errors) == 1
     logged_errors.clear()
 
-    assert failure_of(log.seal_copy(0, 4, size)).check(SegmentStateError)
-    info = result_of(log.seal_copy(0, 3, last_start))
+    assert failure_of(log.seal_copy(0, 4, size, epoch=0)).check(SegmentStateError)
+    info = result_of(log.seal_copy(0, 3, last_start, epoch=0))
 
     assert (info.record_count, info.byte_size, info.damage) == (3, last_start, None)
     assert fs.size(segment_path(0)) == last_start
@@ -515,7 +515,7 @@ def test_seal_copy_of_an_older_copy_does_not_stop_appends_to_the_active_one() ->
     size = log.active_bytes
     result_of_running(log.start_segment(10, 1), executor)
 
-    sealing = log.seal_copy(0, 2, size)
+    sealing = log.seal_copy(0, 2, size, epoch=1)
     appended = log.append_raw(10, batch(10), epoch=1)
     executor.run_all()
 
@@ -532,7 +532,7 @@ def test_install_segment_writes_a_whole_sealed_segment_in_offset_order() -> None
     result_of(log.append_raw(300, batch(300), epoch=1))
     data = batch(100, 3) + batch(103, 2)
 
-    info = result_of(log.install_segment(100, data, 5))
+    info = result_of(log.install_segment(100, data, 5, epoch=0))
 
     assert (info.base_offset, info.state, info.record_count, info.byte_size) == (
         100,
@@ -556,16 +556,16 @@ def test_install_segment_writes_a_whole_sealed_segment_in_offset_order() -> None
 def test_install_segment_refuses_overlaps_and_bytes_that_do_not_verify() -> None:
     fs = MemoryFileSystem()
     log = started(fs, 300)
-    result_of(log.install_segment(100, batch(100, 5), 5))
+    result_of(log.install_segment(100, batch(100, 5), 5, epoch=0))
     bad = bytearray(batch(200, 2))
     bad[-1] ^= 1
 
-    assert failure_of(log.install_segment(103, batch(103, 5), 5)).check(SegmentStateError)
-    assert failure_of(log.install_segment(98, batch(98, 3), 3)).check(SegmentStateError)
-    assert failure_of(log.install_segment(299, batch(299, 2), 2)).check(SegmentStateError)
-    assert failure_of(log.install_segment(200, bytes(bad), 2)).check(InvalidBatchError)
-    assert failure_of(log.install_segment(200, batch(200, 2), 3)).check(InvalidBatchError)
-    assert failure_of(log.install_segment(200, batch(201, 2), 2)).check(InvalidBatchError)
+    assert failure_of(log.install_segment(103, batch(103, 5), 5, epoch=0)).check(SegmentStateError)
+    assert failure_of(log.install_segment(98, batch(98, 3), 3, epoch=0)).check(SegmentStateError)
+    assert failure_of(log.install_segment(299, batch(299, 2), 2, epoch=0)).check(SegmentStateError)
+    assert failure_of(log.install_segment(200, bytes(bad), 2, epoch=0)).check(InvalidBatchError)
+    assert failure_of(log.install_segment(200, batch(200, 2), 3, epoch=0)).check(InvalidBatchError)
+    assert failure_of(log.install_segment(200, batch(201, 2), 2, epoch=0)).check(InvalidBatchError)
     assert [s.base_offset for s in log.segments()] == [100, 300]
     assert not fs.exists(segment_path(200))
 
@@ -573,7 +573,7 @@ def test_install_segment_refuses_overlaps_and_bytes_that_do_not_verify() -> None
 def test_a_fresh_copy_can_take_an_installed_segment_past_its_end() -> None:
     log = replica(MemoryFileSystem())
 
-    result_of(log.install_segment(500, batch(500, 2), 2))
+    result_of(log.install_segment(500, batch(500, 2), 2, epoch=0))
 
     assert (log.start_offset, log.durable_offset, log.next_offset) == (500, 502, 502)
     assert result_of(log.start_segment(502, 1)).base_offset == 502
@@ -593,7 +593,7 @@ def test_install_segment_verifies_in_the_reader_thread_then_writes_in_the_log_qu
         writer,
     )
 
-    installing = log.install_segment(7, batch(7, 2), 2)
+    installing = log.install_segment(7, batch(7, 2), 2, epoch=0)
 
     assert [job.__name__ for job, _, _ in reader.pending] == ["check_install"]
     assert writer.pending == []
@@ -637,7 +637,7 @@ def test_a_replicated_log_recovers_committed_to_the_end_of_its_last_sealed_segme
     fs = MemoryFileSystem()
     log = started(fs)
     result_of(log.append_raw(0, batch(0, 2), epoch=1))
-    result_of(log.seal_copy(0, 2, log.active_bytes))
+    result_of(log.seal_copy(0, 2, log.active_bytes, epoch=1))
     result_of(log.start_segment(2, 1))
     result_of(log.append_raw(2, batch(2, 2), epoch=1))
     log.commit(4)
@@ -667,5 +667,5 @@ def test_a_closed_log_refuses_the_replica_operations() -> None:
 
     assert failure_of(log.fence(0, 1)).check(LogClosedError)
     assert failure_of(log.start_segment(0, 1)).check(LogClosedError)
-    assert failure_of(log.seal_copy(0, 1, 100)).check(LogClosedError)
-    assert failure_of(log.install_segment(0, batch(0), 1)).check(LogClosedError)
+    assert failure_of(log.seal_copy(0, 1, 100, epoch=0)).check(LogClosedError)
+    assert failure_of(log.install_segment(0, batch(0), 1, epoch=0)).check(LogClosedError)

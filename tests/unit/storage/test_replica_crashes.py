@@ -138,7 +138,7 @@ def test_a_crash_during_seal_copy_never_loses_a_record_of_the_sealed_length() ->
     size = len(batch(0, 2)) + len(batch(2, 1))
     result_of(log.close())
 
-    before, after, images = run_with_crashes(fs, lambda log: log.seal_copy(0, 3, size))
+    before, after, images = run_with_crashes(fs, lambda log: log.seal_copy(0, 3, size, epoch=1))
 
     assert after.segments == ((0, CopyState.SEALED, 3, size),)
     cut = Seen(((0, CopyState.ACTIVE, 3, size),), (1,), (0, 1, 2))
@@ -156,12 +156,12 @@ def test_sealing_again_after_a_crash_between_the_cut_and_the_marker_completes() 
     log = open_log(fs, REPLICA)
     images: list[MemoryFileSystem] = []
     fs.on_atomic_step = lambda step, path: images.append(fs.crash()) if step == "write" else None
-    result_of(log.seal_copy(0, 2, size))
+    result_of(log.seal_copy(0, 2, size, epoch=1))
     image = images[0]  # cut, index not written yet
 
     retried = open_log(image, REPLICA)
     assert retried.segments()[0].byte_size == size
-    info = result_of(retried.seal_copy(0, 2, size))
+    info = result_of(retried.seal_copy(0, 2, size, epoch=0))
 
     assert (info.state, info.record_count, info.byte_size) == (CopyState.SEALED, 2, size)
     assert offsets(retried) == [0, 1]
@@ -175,9 +175,12 @@ def test_a_crash_during_install_segment_leaves_nothing_or_the_whole_segment() ->
     result_of(log.close())
     data = batch(100, 3) + batch(103, 4)
 
-    before, after, images = run_with_crashes(fs, lambda log: log.install_segment(100, data, 7))
+    before, after, images = run_with_crashes(
+        fs, lambda log: log.install_segment(100, data, 7, epoch=2)
+    )
 
     assert after.segments[0] == (100, CopyState.SEALED, 7, len(data))
+    assert after.epochs == (2, 1), "installed at the epoch the control plane sealed it at"
     assert after.records == (100, 101, 102, 103, 104, 105, 106, 300)
     assert all(image in (before, after) for image in images), [
         image for image in images if image not in (before, after)
