@@ -137,10 +137,22 @@ class ReplicaSets:
         factor = ctx.settings.replication_factor
         for handle in self._lead.leading():
             leader = handle.leader
-            if leader is None or leader.written == leader.segment:
+            if leader is None:
                 continue
             members = [n for n in leader.replicas if not self._long_dead(n)]
             if len(members) >= factor or live <= len(members):
+                continue
+            if leader.written == leader.segment:
+                # Nothing to seal: claimed anew, it is led on a set completed from the live
+                # nodes.
+                log.info(
+                    "Claiming {range_id} anew: its empty active segment is on {replicas},"
+                    " fewer than {factor} live replicas",
+                    range_id=handle.range_id,
+                    replicas=",".join(leader.replicas),
+                    factor=factor,
+                )
+                self._lead.prepare(handle.range_id).addErrback(lambda _: None)
                 continue
             log.info(
                 "Rolling {range_id}: its active segment is on {replicas}, fewer than {factor}"

@@ -156,7 +156,7 @@ class SegmentClaims:
             epoch=claim.epoch,
             ends=", ".join(f"{node} {end.offset}" for node, end in sorted(ends.items())),
         )
-        holder, best = claims.seal_point(ends)
+        holder, best = claims.seal_point(ends, ctx.node_id)
         try:
             ends[ctx.node_id] = await self._complete_own_copy(
                 claim, ends[ctx.node_id], holder, best
@@ -176,8 +176,6 @@ class SegmentClaims:
 
     async def _keep_answered(self, meta: SegmentMeta, ends: dict[str, CopyEnd]) -> SegmentMeta:
         ctx = self._context
-        if set(ends) >= set(meta.replicas):
-            return meta
         try:
             kept = claims.kept_answered(meta, ends, ctx.live_nodes(), ctx.rule)
         except PlacementError as error:

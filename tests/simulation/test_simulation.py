@@ -1,22 +1,35 @@
-"""The deterministic simulation of replication under faults (see ``world``).
+"""The deterministic simulation of replication under faults (see ``world`` and ``checks``).
 
 Every CI run checks ``SIMULATION_SEEDS`` seeds (2,000 by default; more with the environment
 variable ``LOGBROKER_SIMULATION_SEEDS``, or another first seed with
 ``LOGBROKER_SIMULATION_FIRST_SEED``). A failing seed names the one command that replays it.
+
+Every safety mechanism has a negative control: the same simulation with that mechanism broken
+must be caught by the checker within the seeds it runs, or the checker is blind to it.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 import pytest
 
+from logbroker.controlplane import _state
+from logbroker.replication import replica_sets
+from logbroker.replication.core import claims
+from logbroker.replication.core import replica as rules
 from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.quorum import CopyEnd
+from logbroker.replication.core.replica import CopyView
+from logbroker.storage import CopyState
 from tests.simulation.world import simulate
 
 SIMULATION_SEEDS = int(os.environ.get("LOGBROKER_SIMULATION_SEEDS", "2000"))
 FIRST_SEED = int(os.environ.get("LOGBROKER_SIMULATION_FIRST_SEED", "0"))
 BATCH = 50
+#: The most seeds a negative control runs before it counts the checker as blind.
+CONTROL_SEEDS = 80
 
 
 def _replay(seed: int) -> str:
@@ -26,7 +39,7 @@ def _replay(seed: int) -> str:
 @pytest.mark.parametrize(
     "first", range(FIRST_SEED, FIRST_SEED + SIMULATION_SEEDS, BATCH), ids=lambda s: f"seeds{s}"
 )
-def test_no_acknowledged_record_is_lost_under_faults(first: int) -> None:
+def test_every_guarantee_holds_under_faults(first: int) -> None:
     last = min(first + BATCH, FIRST_SEED + SIMULATION_SEEDS)
     for seed in range(first, last):
         problems = simulate(seed)
@@ -34,6 +47,14 @@ def test_no_acknowledged_record_is_lost_under_faults(first: int) -> None:
             f"seed {seed} broke a guarantee; replay it with: {_replay(seed)}\n"
             + "\n".join(problems[:20])
         )
+
+
+def _caught(finds: Callable[[str], bool], settings: ReplicationSettings | None = None) -> int:
+    """The first seed whose problems include one ``finds`` recognises (-1: none did)."""
+    for seed in range(CONTROL_SEEDS):
+        if any(finds(problem) for problem in simulate(seed, settings=settings)):
+            return seed
+    return -1
 
 
 class _AcknowledgeEarly(ReplicationSettings):
@@ -52,7 +73,52 @@ def test_the_checker_catches_acknowledging_before_a_quorum() -> None:
         backlog_bytes=3000,
         ack_timeout_seconds=3.0,
     )
-    caught = [
-        seed for seed in range(40) if any("is lost" in p for p in simulate(seed, settings=broken))
-    ]
-    assert caught, "40 seeds of a primary acknowledging alone lost nothing: the checker is blind"
+    assert _caught(lambda problem: "is lost" in problem, broken) >= 0, (
+        "a primary acknowledging alone lost nothing: the checker is blind"
+    )
+
+
+def test_the_checker_catches_a_replica_without_its_epoch_check(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(rules, "older_epoch", lambda epoch, current: False)
+    seed = _caught(lambda problem: "Traceback" not in problem)
+    assert seed >= 0, "replicas taking any epoch's bytes broke nothing: the checker is blind"
+
+
+def test_the_checker_catches_a_claimer_sealing_at_its_own_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def own_end(ends: dict[str, CopyEnd], claimer: str) -> tuple[str, CopyEnd]:
+        return claimer, ends[claimer]
+
+    monkeypatch.setattr(claims, "seal_point", own_end)
+    seed = _caught(lambda problem: "is lost" in problem or "read during the faults" in problem)
+    assert seed >= 0, "sealing short of the longest end lost nothing: the checker is blind"
+
+
+def test_the_checker_catches_copies_served_past_the_commit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def durable_end(view: CopyView, record: object, node_id: str, commit: int) -> int:
+        return view.durable_offset if view.state is CopyState.ACTIVE else view.next_offset
+
+    monkeypatch.setattr(rules, "committed_end", durable_end)
+    seed = _caught(lambda problem: "read during the faults" in problem or "read as" in problem)
+    assert seed >= 0, "copies serving uncommitted records went unseen: the checker is blind"
+
+
+def test_the_checker_catches_claims_compared_against_the_cache(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(_state, "swap_refusal", lambda old, meta, expected: None)
+    seed = _caught(lambda problem: "leaders at epoch" in problem)
+    assert seed >= 0, "two claims of one epoch both took effect unseen: the checker is blind"
+
+
+def test_the_checker_catches_replication_factor_left_unrestored(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(replica_sets, "restore_replication_factor", lambda meta, context: None)
+    seed = _caught(lambda problem: "fewer than 3" in problem or "under-replicated" in problem)
+    assert seed >= 0, "short replica sets stayed short unseen: the checker is blind"

@@ -159,7 +159,21 @@ class SimNode:
             for chore in self.chores:
                 chore.startService()  # type: ignore[no-untyped-call]
 
-        control.start().addCallback(started).addCallbacks(registered, self.world.note_failure)
+        def failed(failure: Failure) -> None:
+            # etcd did not answer the start: the process exits, its supervisor starts it anew.
+            if self.clock.alive:
+                self.clock.callLater(1.0, self._start_again)
+
+        control.start().addCallback(started).addCallbacks(registered, failed)
+
+    def _start_again(self) -> None:
+        """The process exited (its disk keeps everything it wrote: the page cache survives a
+        process), and starts again."""
+        if self.up and not self.ready:
+            self.clock.kill()
+            self.link.kill()
+            self.fs = self.fs.crash(keep=lambda path, unsynced: unsynced)
+            self.start()
 
     def crash(self) -> None:
         """A power cut: the process is gone, the disk keeps what was fsynced and maybe more."""

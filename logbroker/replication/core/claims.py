@@ -116,10 +116,13 @@ def fence_outcome(
     return Ends(ends)
 
 
-def seal_point(ends: Mapping[str, CopyEnd]) -> tuple[str, CopyEnd]:
-    """The copy that ends longest among a quorum's answers, and where: it holds every
-    acknowledged record."""
-    return max(ends.items(), key=lambda item: (item[1].offset, item[1].position))
+def seal_point(ends: Mapping[str, CopyEnd], claimer: str) -> tuple[str, CopyEnd]:
+    """Where the claimer of a segment seals it (after completing its own copy to there): at
+    the copy that ends longest among a quorum's answers, which holds every acknowledged record
+    (and maybe some that never were: kept, harmlessly). Ties go to the claimer's own copy."""
+    return max(
+        ends.items(), key=lambda item: (item[1].offset, item[1].position, item[0] == claimer)
+    )
 
 
 def steps_aside_after(
@@ -156,15 +159,16 @@ def kept_answered(
     rule: PlacementRule,
 ) -> SegmentMeta:
     """An empty segment's replica set without the copies that did not answer the fence,
-    completed by placement over the live nodes; ``meta`` itself if every copy answered.
-    Raises ``PlacementError`` when the live nodes cannot make a set."""
+    completed by placement over the live nodes up to the replication factor (so a set placed
+    short while nodes were down is made whole on its next claim); ``meta`` itself if nothing
+    changes. Raises ``PlacementError`` when the live nodes cannot make a set."""
     answered = set(answered)
-    if answered >= set(meta.replicas):
-        return meta
     silent = set(meta.replicas) - answered
     candidates = [node for node in live_nodes if node.node_id not in silent]
     kept = tuple(node for node in meta.replicas if node in answered)
     placement = replace(segment_key(meta.range_id, meta.base_offset), kept, candidates, rule)
+    if placement.replicas == meta.replicas:
+        return meta
     return attrs.evolve(meta, replicas=placement.replicas)
 
 

@@ -233,7 +233,7 @@ def replicated_world(config: LogConfig) -> World:
         clock=clock,
         settings=ReplicationSettings(replication_factor=3),
         rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
-        live_nodes=lambda: [PlacementNode(node, {}, True) for node in "abc"],
+        live_nodes=lambda: [PlacementNode(node, (), True) for node in "abc"],
         is_live=lambda node: True,
     )
     lead = LeadRanges(

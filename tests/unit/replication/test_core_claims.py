@@ -79,7 +79,7 @@ def test_the_seal_point_of_any_quorum_holds_every_acknowledged_record(
     rf, durable, answering = case
     acknowledged = sorted(durable, reverse=True)[quorum_size(rf) - 1]
     ends = {str(i): CopyEnd(durable[i], durable[i]) for i in answering}
-    _, end = claims.seal_point(ends)
+    _, end = claims.seal_point(ends, "0")
     assert end.offset >= acknowledged
 
 

@@ -61,7 +61,7 @@ def _lead_ranges_without_replicas() -> LeadRanges:
         clock=clock,
         settings=ReplicationSettings(replication_factor=3),
         rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
-        live_nodes=lambda: [PlacementNode(node, {}, True) for node in "abc"],
+        live_nodes=lambda: [PlacementNode(node, (), True) for node in "abc"],
         is_live=lambda node: True,
     )
     return LeadRanges(storage, SegmentClaims(context), CommittedCopies(context), 1 << 20)
