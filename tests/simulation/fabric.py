@@ -344,6 +344,9 @@ class Network:
         #: Fault rates, changed by the scenario; zero when faults stop.
         self.loss = 0.0
         self.duplication = 0.0
+        #: The share of messages held up for a long while (retransmissions, full queues): a
+        #: message sent before a node lost its lease may land after another node took over.
+        self.slow = 0.0
         self.slowest = 0.003
         self.timeout = 2.0
 
@@ -359,6 +362,7 @@ class Network:
     def calm(self) -> None:
         self.loss = 0.0
         self.duplication = 0.0
+        self.slow = 0.0
 
     def reachable(self, a: str, b: str) -> bool:
         target = self._serve.get(b)
@@ -375,6 +379,8 @@ class Network:
         return _Requester(self, node, clock)
 
     def _delay(self) -> float:
+        if self.slow and self._rng.random() < self.slow:
+            return self._rng.uniform(0.5, 3.0)
         return self._rng.uniform(0.0001, self.slowest)
 
     def send(

@@ -398,6 +398,7 @@ class World:
             "etcd_flaky",
             "compaction",
             "lossy",
+            "slow",
             "heal",
         )
         while True:
@@ -436,6 +437,8 @@ class World:
         elif kind == "lossy":
             self.network.loss = self.rng.uniform(0.0, 0.2)
             self.network.duplication = self.rng.uniform(0.0, 0.2)
+        elif kind == "slow":
+            self.network.slow = self.rng.uniform(0.0, 0.2)
         else:
             self.network.heal()
             self.network.calm()

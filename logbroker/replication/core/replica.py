@@ -127,7 +127,9 @@ def replicate_step(
     if older_epoch(request.epoch, view.epoch):
         return Decision(Step.ANSWER, CopyOutcome.FENCED)
     if request.offset == view.tail_offset and request.position == view.tail_position:
-        return Decision(Step.APPEND, epoch=request.epoch)
+        # Stored at the epoch these rules let through (the request's, as they stand): the
+        # storage engine refuses an epoch older than the copy's once more.
+        return Decision(Step.APPEND, epoch=max(request.epoch, view.epoch))
     if request.offset < view.tail_offset and request.epoch > view.epoch:
         return Decision(Step.CUT)
     return Decision(Step.ANSWER, CopyOutcome.MISMATCH)
