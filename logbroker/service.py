@@ -52,7 +52,7 @@ from logbroker.cluster.node import ClusterParts, PeerPortService, build_cluster
 from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.config import ControlPlane as ControlPlaneKind
-from logbroker.controlplane import ControlPlane, LocalControlPlane
+from logbroker.controlplane import ControlPlane, ControlPlaneAccessError, LocalControlPlane
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
@@ -363,8 +363,12 @@ class ClientPortService(Service):
         else:
             log.failure("The broker could not get ready; stopping", failure)
         # After the orderly stop (storage flushed), leave with a failure status, as a
-        # supervisor expects of a service that could not start.
-        self._reactor.addSystemEventTrigger("after", "shutdown", os._exit, exitcodes.FAILURE)
+        # supervisor expects of a service that could not start; etcd turning the node away
+        # (TLS, credentials) is the configuration's doing, and says so.
+        status = exitcodes.FAILURE
+        if isinstance(failure.value, ControlPlaneAccessError):
+            status = exitcodes.CONFIG_ERROR
+        self._reactor.addSystemEventTrigger("after", "shutdown", os._exit, status)
         self._reactor.stop()
 
     def stopService(self) -> Deferred[None]:
@@ -567,7 +571,9 @@ def build_service(
     control: ControlPlane
     ranges: RangeDirectory
     if config.cluster.control_plane is ControlPlaneKind.ETCD:
-        cluster = build_cluster(reactor, config, node_id, storage, metrics)
+        cluster = build_cluster(
+            reactor, config, node_id, storage, metrics, None if tls is None else tls.peer
+        )
         control, ranges = cluster.control, cluster.ranges
     else:
         control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=storage.executor)
@@ -730,12 +736,14 @@ def build_service(
             _port_of(peer_port.port),
         )
         log.info(
-            "Cluster {cluster}: node {node_id}, peer port {peer_port}, control plane etcd at"
-            " {endpoints}",
+            "Cluster {cluster}: node {node_id}, peer port {peer_port} ({peer_security}),"
+            " control plane etcd at {endpoints} ({etcd_security})",
             cluster=config.cluster.cluster_id,
             node_id=node_id,
             peer_port=_port_of(peer_port.port),
+            peer_security="plaintext" if tls is None or tls.peer is None else "mutual TLS",
             endpoints=",".join(f"{h}:{p}" for h, p in config.cluster.etcd_endpoints),
+            etcd_security=config.cluster.etcd.scheme,
         )
     # The operator surfaces' view of the cluster, once the ports are bound (a node's record
     # carries them).
