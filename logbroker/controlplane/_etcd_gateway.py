@@ -100,7 +100,6 @@ OnRequest = Callable[[str, str, float], None]
 _INVALID_ARGUMENT = 3
 _NOT_FOUND = 5
 _PERMISSION_DENIED = 7
-_FAILED_PRECONDITION = 9
 _UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
 #: How many keys one range request reads; a bigger state is read in pages at one revision.
@@ -580,7 +579,8 @@ class EtcdGatewayStore:
                     f"etcd member {endpoint} wants a user ({e}): etcd's auth is on, so set"
                     " SVC_ETCD_USER and SVC_ETCD_PASSWORD"
                 ) from None
-        for attempt in (1, 2):
+        refusal = None
+        for _ in range(2):
             token = await session.token()
             try:
                 return await self._post_once(
@@ -588,12 +588,11 @@ class EtcdGatewayStore:
                 )
             except _TokenRejected as e:
                 session.rejected(token)
-                if attempt == 2:
-                    raise ControlPlaneAccessError(
-                        f"etcd member {endpoint} refused a token it had just given user"
-                        f" {session.user.name!r} ({e})"
-                    ) from None
-        raise AssertionError("unreachable")
+                refusal = e
+        raise ControlPlaneAccessError(
+            f"etcd member {endpoint} refused a token it had just given user"
+            f" {session.user.name!r} ({refusal})"
+        )
 
     async def _authenticate(self, user: EtcdUser) -> str:
         """A token for ``user`` (``NO_TOKEN`` while etcd's auth is off)."""
