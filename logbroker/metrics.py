@@ -38,6 +38,7 @@ from twisted.internet.task import deferLater
 
 from logbroker import __version__
 from logbroker.controlplane import ControlPlane, ControlPlaneClosedError
+from logbroker.peer.link import REFUSALS
 from logbroker.storage import CopyState, DamageReason, Flush, IntegrityEvent, OpenLogs
 
 if TYPE_CHECKING:
@@ -56,9 +57,11 @@ SCRUB_RESULTS = ("verified", "repaired", "unrepairable")
 #: answer (a transaction whose compare failed included: etcd answered it), ``error`` an answer
 #: refusing the request (an unknown lease, a request etcd rejects), ``unavailable`` no answer at
 #: all (no member reachable, a timeout).
-CONTROLPLANE_OPS = ("range", "txn", "watch", "grant", "keepalive", "revoke")
+CONTROLPLANE_OPS = ("range", "txn", "watch", "grant", "keepalive", "revoke", "authenticate")
 CONTROLPLANE_RESULTS = ("ok", "error", "unavailable")
 PEER_DIRECTIONS = ("in", "out")
+#: Why a node refused a peer connection.
+PEER_REFUSALS = REFUSALS
 NODE_STATES = ("alive", "dead")
 
 #: Records per flush: one append alone up to well past the default ``flush_max_records`` (8000).
@@ -307,6 +310,15 @@ class Metrics:
             registry=r,
         )
         self._peer_bytes = _children(self._peer_bytes_total, PEER_DIRECTIONS)
+        self._peer_refusals = _children(
+            Counter(
+                "svc_peer_connections_refused_total",
+                "Peer-port connections this node refused, accepted and dialled, by reason.",
+                ["reason"],
+                registry=r,
+            ),
+            PEER_REFUSALS,
+        )
 
         # -- process ---------------------------------------------------------------------
         ProcessCollector(namespace="svc", registry=r)
@@ -440,6 +452,10 @@ class Metrics:
     def peer_connection_closed(self) -> None:
         """A peer connection counted by ``peer_connection_opened`` is lost."""
         self._peer_connections.dec()
+
+    def peer_connection_refused(self, reason: str) -> None:
+        """This node refused a peer connection, for ``reason`` (one of ``PEER_REFUSALS``)."""
+        self._peer_refusals[reason].inc()
 
     def peer_bytes(self, direction: str, count: int) -> None:
         """``count`` bytes went ``direction`` (``in`` or ``out``) on a peer connection."""

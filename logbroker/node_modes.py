@@ -33,6 +33,7 @@ from logbroker.controlplane import ControlPlane, LocalControlPlane
 from logbroker.metrics import Metrics
 from logbroker.security.sessions import Origin, Session, SessionStore
 from logbroker.security.shared_sessions import SharedSessions
+from logbroker.security.tls import PeerTls
 from logbroker.storage import DataDirectory, Executor, FileSystem, OpenLogs
 
 log = Logger()
@@ -152,10 +153,12 @@ class ClusterMember:
         storage: OpenLogs,
         metrics: Metrics,
         sessions: SessionStore,
+        peer_tls: PeerTls | None,
     ) -> None:
         self._config = config
         self._node_id = node_id
-        self._parts = parts = build_cluster(reactor, config, node_id, storage, metrics)
+        self._peer_tls = peer_tls
+        self._parts = parts = build_cluster(reactor, config, node_id, storage, metrics, peer_tls)
         self.control = parts.control
         self.ranges = parts.ranges
         self.groups = parts.groups
@@ -205,11 +208,13 @@ class ClusterMember:
             cluster.advertise_host or socket.gethostname(), client_port, dashboard_port, peer_port
         )
         log.info(
-            "Cluster {cluster}: node {node_id}, peer port {peer_port}, control plane etcd at"
-            " {endpoints}",
+            "Cluster {cluster}: node {node_id}, peer port {peer_port} ({peer_security}),"
+            " control plane etcd at {endpoints} ({etcd_security})",
             cluster=cluster.cluster_id,
             node_id=self._node_id,
             peer_port=peer_port,
+            peer_security="plaintext" if self._peer_tls is None else "mutual TLS",
             endpoints=",".join(f"{h}:{p}" for h, p in cluster.etcd_endpoints),
+            etcd_security=cluster.etcd.scheme,
         )
         return self._parts.view

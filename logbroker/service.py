@@ -54,7 +54,7 @@ from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.segments import SegmentRecorder
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
 from logbroker.config import ControlPlane as ControlPlaneKind
-from logbroker.controlplane import ControlPlane
+from logbroker.controlplane import ControlPlane, ControlPlaneAccessError
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
@@ -360,8 +360,12 @@ class ClientPortService(Service):
         else:
             log.failure("The broker could not get ready; stopping", failure)
         # After the orderly stop (storage flushed), leave with a failure status, as a
-        # supervisor expects of a service that could not start.
-        self._reactor.addSystemEventTrigger("after", "shutdown", os._exit, exitcodes.FAILURE)
+        # supervisor expects of a service that could not start; etcd turning the node away
+        # (TLS, credentials) is the configuration's doing, and says so.
+        status = exitcodes.FAILURE
+        if isinstance(failure.value, ControlPlaneAccessError):
+            status = exitcodes.CONFIG_ERROR
+        self._reactor.addSystemEventTrigger("after", "shutdown", os._exit, status)
         self._reactor.stop()
 
     def stopService(self) -> Deferred[None]:
@@ -564,7 +568,7 @@ def build_service(
 
     node_id = _node_id(config, data_dir)
     guards = build_guards(config, reactor, metrics)
-    mode = _node_mode(reactor, config, node_id, data_dir, fs, storage, metrics, guards)
+    mode = _node_mode(reactor, config, node_id, data_dir, fs, storage, metrics, guards, tls)
     control = mode.control
     control_service = _add(root, ControlPlaneService(control), "control-plane")
     # After the control plane, so that they stop before it.
@@ -713,11 +717,13 @@ def _node_mode(
     storage: StorageService,
     metrics: Metrics,
     guards: Guards,
+    tls: ServerTls | None,
 ) -> NodeMode:
-    """The node's mode, as ``SVC_CONTROL_PLANE`` says: a cluster member with etcd, else a
-    single node."""
+    """The node's mode, as ``SVC_CONTROL_PLANE`` says: a cluster member with etcd (its peer
+    links with mutual TLS when the node has TLS), else a single node."""
     if config.cluster.control_plane is ControlPlaneKind.ETCD:
-        return ClusterMember(reactor, config, node_id, storage, metrics, guards.sessions)
+        peer_tls = None if tls is None else tls.peer
+        return ClusterMember(reactor, config, node_id, storage, metrics, guards.sessions, peer_tls)
     return SingleNode(config, node_id, data_dir, fs, storage, storage.executor)
 
 

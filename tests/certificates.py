@@ -114,31 +114,42 @@ def issue(
     not_after: datetime.datetime = NOW + 90 * DAY,
     client: bool = False,
     rsa_bits: int | None = None,
+    *,
+    both: bool = False,
+    uris: Sequence[str] = (),
+    anonymous: bool = False,
 ) -> Issued:
-    """A server (or ``client``) certificate for ``names`` (DNS names or IP addresses), signed
-    by ``issuer`` or self-signed; an EC P-256 key unless ``rsa_bits`` asks for RSA."""
+    """A server (or ``client``, or ``both``) certificate for ``names`` (DNS names or IP
+    addresses) and ``uris`` (URI names), signed by ``issuer`` or self-signed; an EC P-256 key
+    unless ``rsa_bits`` asks for RSA. ``anonymous``: an empty subject (no Common Name), the
+    names in the subjectAltName alone, as etcd's gateway wants of client certificates."""
     key: CertificateIssuerPrivateKeyTypes = (
         rsa.generate_private_key(65537, rsa_bits)
         if rsa_bits
         else ec.generate_private_key(ec.SECP256R1())
     )
-    subject = _name(names[0])
+    subject = x509.Name([]) if anonymous else _name(names[0])
+    if both:
+        usages = [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+    else:
+        usages = [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
     builder = (
         x509.CertificateBuilder()
         .subject_name(subject)
-        .issuer_name(issuer.certificate.subject if issuer else subject)
+        .issuer_name(issuer.certificate.subject if issuer else _name(names[0]))
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
         .not_valid_after(not_after)
         .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(_alternative_names(names)), critical=False)
         .add_extension(
-            x509.ExtendedKeyUsage(
-                [ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH]
+            x509.SubjectAlternativeName(
+                [*_alternative_names(names), *map(x509.UniformResourceIdentifier, uris)]
             ),
-            critical=False,
+            # RFC 5280: the subjectAltName is critical when the subject is empty.
+            critical=anonymous,
         )
+        .add_extension(x509.ExtendedKeyUsage(usages), critical=False)
     )
     if issuer is not None:
         builder = builder.add_extension(

@@ -2,14 +2,18 @@
 
 ``build_cluster`` makes the etcd control plane, the node's membership (registered under a lease),
 the peer port's listener and one outbound peer link per live member, and the range directory that
-serves this node's ranges locally and forwards the others. The composition root adds the
-services to its tree where ``logbroker.node_modes.ClusterMember`` says, and fills in the node's
-record once its ports are bound. Nothing here touches the global reactor:
+serves this node's ranges locally and forwards the others. etcd is reached as
+``SVC_CONTROL_PLANE`` and ``SVC_ETCD_*`` say (TLS, client certificate, etcd user); with the
+node's TLS on, the peer port and links run mutual TLS with the node's certificate, which must
+name the node (``URI:logbroker://<cluster id>/<node id>``). The composition root
+adds the services to its tree where ``logbroker.node_modes.ClusterMember`` says, and fills in
+the node's record once its ports are bound. Nothing here touches the global reactor:
 everything that schedules or connects is given ``reactor``.
 """
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 import attrs
@@ -26,16 +30,18 @@ from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.cluster.membership import Membership, NodeRecord
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.cluster.view import MembershipView
-from logbroker.config import BrokerConfig, EnvMode
-from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore
+from logbroker.config import BrokerConfig, ConfigError, EnvMode
+from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore, EtcdUser
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics
 from logbroker.peer.connections import PeerConnections, PeerServerFactory
 from logbroker.peer.frames import PeerOp
-from logbroker.peer.handshake import PeerIdentity
+from logbroker.peer.handshake import PeerIdentity, certificate_uris, node_uri
 from logbroker.peer.link import PeerSettings
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.security.etcd_tls import load_etcd_tls
+from logbroker.security.tls import PeerTls
 from logbroker.storage import OpenLogs
 
 log = Logger()
@@ -103,18 +109,57 @@ class _PeerMetrics:
     def bytes(self, direction: str, n: int) -> None:
         self.metrics.peer_bytes(direction, n)
 
+    def refused(self, reason: str) -> None:
+        self.metrics.peer_connection_refused(reason)
 
-def build_cluster(
-    reactor: Any, config: BrokerConfig, node_id: str, storage: OpenLogs, metrics: Metrics
-) -> ClusterParts:
-    """The node's cluster parts; the etcd store, the peer port and the peer links count their
-    requests, connections and bytes into ``metrics``."""
+
+def _etcd_store(reactor: Any, config: BrokerConfig, metrics: Metrics) -> EtcdGatewayStore:
+    """The etcd store, its TLS files read and checked now (``ConfigError`` if they fail)."""
     cluster = config.cluster
-    store = EtcdGatewayStore(
-        [f"http://{_bracketed(host)}:{port}" for host, port in cluster.etcd_endpoints],
+    access = cluster.etcd
+    now = datetime.fromtimestamp(reactor.seconds(), UTC)
+    return EtcdGatewayStore(
+        [f"{access.scheme}://{_bracketed(host)}:{port}" for host, port in cluster.etcd_endpoints],
         reactor=reactor,
         on_request=metrics.controlplane_request,
+        tls=load_etcd_tls(access, [host for host, _ in cluster.etcd_endpoints], now),
+        user=(
+            None
+            if access.user is None or access.password is None
+            else EtcdUser(access.user, access.password)
+        ),
     )
+
+
+def _check_names_node(config: BrokerConfig, node_id: str, tls: PeerTls) -> None:
+    """The certificate a node shows its peers must name it, or every peer would refuse it."""
+    named = node_uri(config.cluster.cluster_id, node_id)
+    uris = certificate_uris(tls.certificate)
+    if named not in uris:
+        raise ConfigError(
+            "SVC_TLS_CERTFILE",
+            config.tls.certfile,
+            f"a certificate naming this node, URI:{named} in its subjectAltName, since the peer"
+            f" port runs mutual TLS (it names {', '.join(sorted(uris)) or 'no URI'})",
+        )
+
+
+def build_cluster(
+    reactor: Any,
+    config: BrokerConfig,
+    node_id: str,
+    storage: OpenLogs,
+    metrics: Metrics,
+    peer_tls: PeerTls | None = None,
+) -> ClusterParts:
+    """The node's cluster parts; the etcd store, the peer port and the peer links count their
+    requests, connections and bytes into ``metrics``. ``peer_tls``: the peer port's and links'
+    mutual TLS (``ServerTls.peer``). Raises ``ConfigError`` for TLS files that do not serve."""
+    cluster = config.cluster
+    store = _etcd_store(reactor, config, metrics)
+    if peer_tls is not None:
+        _check_names_node(config, node_id, peer_tls)
+    tls_options = None if peer_tls is None else peer_tls.options
     prefix = f"/logbroker/{cluster.cluster_id}/"
     control = EtcdControlPlane(store, prefix=prefix + "state/", clock=reactor)
     record = NodeRecord(
@@ -129,7 +174,18 @@ def build_cluster(
     membership = Membership(
         store, (prefix + "cluster/").encode(), record, reactor, cluster.node_lease_ms
     )
-    identity = PeerIdentity(cluster.cluster_id, node_id, cluster_secret(config))
+    identity = PeerIdentity(
+        cluster.cluster_id, node_id, cluster_secret(config), mutual_tls=peer_tls is not None
+    )
+    # Pings often enough that a leader can tell within a lease TTL whether it still hears its
+    # replicas (CheckQuorum), however idle the links are.
+    lease_seconds = cluster.node_lease_ms / 1000
+    peer_settings = PeerSettings(
+        ping_interval_s=lease_seconds / 5,
+        dead_after_s=max(3 * lease_seconds, 15.0),
+        max_handshakes_per_ip=cluster.peer_limits.max_handshakes_per_ip,
+        max_handshakes=cluster.peer_limits.max_handshakes,
+    )
 
     def endpoint_for(peer: str) -> IStreamClientEndpoint:
         found = next((r for r in membership.live_nodes() if r.node_id == peer), None)
@@ -138,14 +194,8 @@ def build_cluster(
         return HostnameEndpoint(reactor, found.host, found.peer_port)
 
     peer_metrics = _PeerMetrics(metrics)
-    # Pings often enough that a leader can tell within a lease TTL whether it still hears its
-    # replicas (CheckQuorum), however idle the links are.
-    lease_seconds = cluster.node_lease_ms / 1000
-    peer_settings = PeerSettings(
-        ping_interval_s=lease_seconds / 5, dead_after_s=max(3 * lease_seconds, 15.0)
-    )
     peers = PeerConnections(
-        identity, reactor, endpoint_for, settings=peer_settings, observer=peer_metrics
+        identity, reactor, endpoint_for, peer_settings, observer=peer_metrics, tls=tls_options
     )
 
     def keep_links() -> None:
@@ -231,7 +281,7 @@ def build_cluster(
         peers=peers,
         groups=groups,
         peer_factory=PeerServerFactory(
-            identity, reactor, serve, settings=peer_settings, observer=peer_metrics
+            identity, reactor, serve, peer_settings, observer=peer_metrics, tls=tls_options
         ),
         store=store,
     )

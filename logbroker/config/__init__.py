@@ -27,6 +27,7 @@ from logbroker.config._broker import (
     TopicSettings,
     tls_off_warning,
 )
+from logbroker.config._cluster_access import EtcdAccess, PeerPortLimits
 from logbroker.config._env import ConfigError, parse_bool, parse_int
 from logbroker.config._unbuilt import check_built
 from logbroker.config._variables import VARIABLES, Variable
@@ -42,6 +43,8 @@ __all__ = [
     "ControlPlane",
     "DashboardSettings",
     "EnvMode",
+    "EtcdAccess",
+    "PeerPortLimits",
     "RateLimit",
     "RateLimitSettings",
     "RetentionSettings",

@@ -18,6 +18,14 @@ from typing import TypeVar
 
 import attrs
 
+from logbroker.config._cluster_access import (
+    ETCD_PLAINTEXT,
+    ETCD_TLS,
+    EtcdAccess,
+    PeerPortLimits,
+    etcd_access,
+    peer_port_limits,
+)
 from logbroker.config._env import (
     ConfigError,
     parse_address,
@@ -178,6 +186,10 @@ class TlsSettings:
     cacertfile: str | None
     verify: TlsVerify
     versions: tuple[TlsVersion, ...]
+    #: The CA certificates that sign the cluster's node certificates (``SVC_PEER_TLS_CACERTFILE``,
+    #: else ``SVC_TLS_CACERTFILE``): set on a cluster node with TLS on, whose peer port then
+    #: runs mutual TLS; None otherwise.
+    peer_cacertfile: str | None = None
 
 
 @attrs.frozen
@@ -223,8 +235,12 @@ class ClusterSettings:
     node_lease_ms: int = 5000
     #: A replica dead this long is replaced in the replica sets that name it (and backfilled).
     replica_replace_after_ms: int = 300_000
-    #: Peers prove they know it (HMAC) at the peer handshake, unless mutual TLS is on.
+    #: Peers prove they know it (HMAC) at the peer handshake, inside TLS when TLS is on.
     cluster_secret: str | None = attrs.field(default=None, repr=False)
+    #: How the node reaches etcd (TLS, client certificate, etcd user).
+    etcd: EtcdAccess = attrs.field(factory=EtcdAccess)
+    #: Caps on the peer port's connections still in their handshake.
+    peer_limits: PeerPortLimits = attrs.field(factory=PeerPortLimits)
 
 
 _DEFAULT_TLS_VERSIONS: tuple[TlsVersion, ...] = (TlsVersion.TLSV1_3, TlsVersion.TLSV1_2)
@@ -307,7 +323,7 @@ class BrokerConfig:
                 interval_ms=parse_int(env, "SVC_SCRUB_INTERVAL_MS", 60_000, 1),
                 segments_per_tick=parse_int(env, "SVC_SCRUB_SEGMENTS_PER_TICK", 1, 1),
             ),
-            cluster=_cluster(env, warnings),
+            cluster=_cluster(env, mode, cwd, warnings),
         )
         _check_ports_differ(
             env,
@@ -317,7 +333,7 @@ class BrokerConfig:
                 ("SVC_PEER_PORT", config.cluster.peer_port),
             ],
         )
-        return config
+        return attrs.evolve(config, tls=_peer_tls(env, config, cwd, warnings))
 
 
 def _unknown_names(env: Mapping[str, str]) -> list[str]:
@@ -530,8 +546,43 @@ def _tls_versions(env: Mapping[str, str]) -> tuple[TlsVersion, ...]:
     return tuple(dict.fromkeys(versions))
 
 
-def _cluster(env: Mapping[str, str], warnings: list[str]) -> ClusterSettings:
-    control_plane, etcd_endpoints = _control_plane(env)
+def _peer_tls(
+    env: Mapping[str, str], config: BrokerConfig, cwd: str, warnings: list[str]
+) -> TlsSettings:
+    """A cluster node with TLS on runs its peer port with mutual TLS, so it needs the CA of
+    the cluster's node certificates. A problem with it follows the TLS rules: fatal in prod; in
+    dev and test a warning, and TLS off altogether (a node has TLS on both its client and peer
+    ports, or on neither)."""
+    tls = config.tls
+    variable = "SVC_PEER_TLS_CACERTFILE"
+    path = _path(env, variable, cwd)
+    if not tls.enabled or config.cluster.control_plane is not ControlPlane.ETCD:
+        return tls
+    problem = None
+    if path is None:
+        path = tls.cacertfile
+        if path is None:
+            problem = ConfigError(
+                variable,
+                None,
+                "the CA certificates (PEM) that sign the cluster's node certificates (or"
+                " SVC_TLS_CACERTFILE), since TLS is on for this cluster node and its peer port"
+                " requires a certificate of every peer",
+            )
+    elif not os.path.isfile(path):
+        problem = ConfigError(variable, env[variable], f"an existing file ({path} is not one)")
+    if problem is None:
+        return attrs.evolve(tls, peer_cacertfile=path)
+    if config.mode is EnvMode.PROD:
+        raise problem
+    warnings.append(tls_off_warning(problem, config.mode))
+    return _TLS_OFF
+
+
+def _cluster(
+    env: Mapping[str, str], mode: EnvMode, cwd: str, warnings: list[str]
+) -> ClusterSettings:
+    control_plane, etcd_endpoints, https = _control_plane(env)
     replication_factor = parse_int(env, "SVC_LOG_REPLICATION_FACTOR", 1, 1)
     if replication_factor > 1 and control_plane is ControlPlane.LOCAL:
         raise ConfigError(
@@ -589,6 +640,8 @@ def _cluster(env: Mapping[str, str], warnings: list[str]) -> ClusterSettings:
             env, "SVC_REPLICA_REPLACE_AFTER_MS", 300_000, 1000, 7 * 24 * 3600 * 1000
         ),
         cluster_secret=_cluster_secret(env),
+        etcd=etcd_access(env, https, etcd_endpoints, mode is EnvMode.PROD, cwd, warnings),
+        peer_limits=peer_port_limits(env),
     )
 
 
@@ -619,16 +672,19 @@ def _cluster_secret(env: Mapping[str, str]) -> str | None:
 
 def _control_plane(
     env: Mapping[str, str],
-) -> tuple[ControlPlane, tuple[tuple[str, int], ...]]:
-    """``local``, or ``etcd://host:port,host:port,...`` (IPv6 hosts in brackets)."""
+) -> tuple[ControlPlane, tuple[tuple[str, int], ...], bool]:
+    """``local``, or ``etcd://host:port,host:port,...`` (IPv6 hosts in brackets), or the same
+    with ``etcd+https://`` for TLS (the last of the three values)."""
     text = parse_text(env, "SVC_CONTROL_PLANE")
     if text is None or text.lower() == ControlPlane.LOCAL.value:
-        return ControlPlane.LOCAL, ()
-    scheme = "etcd://"
+        return ControlPlane.LOCAL, (), False
     error = ConfigError(
-        "SVC_CONTROL_PLANE", env["SVC_CONTROL_PLANE"], "local or etcd://host:port,host:port,..."
+        "SVC_CONTROL_PLANE",
+        env["SVC_CONTROL_PLANE"],
+        "local, etcd://host:port,host:port,... or etcd+https://host:port,host:port,...",
     )
-    if not text.lower().startswith(scheme):
+    scheme = next((s for s in (ETCD_PLAINTEXT, ETCD_TLS) if text.lower().startswith(s)), None)
+    if scheme is None:
         raise error
     endpoints = []
     for member in text[len(scheme) :].split(","):
@@ -637,7 +693,7 @@ def _control_plane(
         if not (colon and host and port.isascii() and port.isdigit() and 0 < int(port) < 65536):
             raise error
         endpoints.append((host, int(port)))
-    return ControlPlane.ETCD, tuple(endpoints)
+    return ControlPlane.ETCD, tuple(endpoints), scheme == ETCD_TLS
 
 
 def _attributes(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:

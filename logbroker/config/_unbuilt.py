@@ -20,8 +20,8 @@ def check_built(config: BrokerConfig) -> list[str]:
             raise ConfigError(
                 "SVC_CLUSTER_SECRET",
                 None,
-                "a long random secret shared by the cluster's nodes, which prod requires to"
-                " authenticate peers (mutual TLS between peers is not built yet)",
+                "a long random secret shared by the cluster's nodes, which prod requires:"
+                " peers prove they hold it at the handshake, inside TLS when TLS is on",
             )
         if cluster.replication_factor == 1:
             warnings.append(

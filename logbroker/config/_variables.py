@@ -232,7 +232,8 @@ VARIABLES: tuple[Variable, ...] = (
         (
             "SVC_CONTROL_PLANE",
             "local",
-            "`local` (one node, state in the data directory) or `etcd://host:port,...`",
+            "`local` (one node, state in the data directory), `etcd://host:port,...`"
+            " (plaintext) or `etcd+https://host:port,...` (TLS)",
         ),
         ("SVC_PEER_PORT", "4042", "peer replication port; 0 picks a free port"),
         (
@@ -295,6 +296,49 @@ VARIABLES: tuple[Variable, ...] = (
             "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS",
             "10",
             "flush period of replicated group commit",
+        ),
+    ),
+    *_section(
+        "Cluster security",
+        (
+            "SVC_PEER_TLS_CACERTFILE",
+            "SVC_TLS_CACERTFILE",
+            "CA certificates (PEM) that sign the cluster's node certificates; with TLS on, the"
+            " peer port requires one of every peer",
+        ),
+        (
+            "SVC_PEER_MAX_HANDSHAKES_PER_IP",
+            "8",
+            "peer port connections from one address still in their handshake; more are refused",
+        ),
+        (
+            "SVC_PEER_MAX_HANDSHAKES",
+            "64",
+            "peer port connections still in their handshake in total; more are refused",
+        ),
+        (
+            "SVC_ETCD_CACERTFILE",
+            "unset",
+            "CA certificates (PEM) etcd's certificate must be signed by (`etcd+https://`);"
+            " unset: the system's trusted CAs",
+        ),
+        (
+            "SVC_ETCD_CERTFILE",
+            "unset",
+            "client certificate (PEM) presented to etcd (`etcd+https://`); with SVC_ETCD_KEYFILE",
+        ),
+        ("SVC_ETCD_KEYFILE", "unset", "its private key (PEM, not encrypted)"),
+        (
+            "SVC_ETCD_USER",
+            "unset",
+            "etcd user the node authenticates as, when etcd's auth is on; with SVC_ETCD_PASSWORD",
+        ),
+        ("SVC_ETCD_PASSWORD", "unset", "that user's password (secret)"),
+        (
+            "SVC_ETCD_ALLOW_PLAINTEXT",
+            "false",
+            "let prod reach etcd over plaintext `etcd://` on a non-loopback address: on a"
+            " private network only",
         ),
     ),
     *_section(

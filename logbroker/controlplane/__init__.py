@@ -6,6 +6,7 @@ a cluster (through a ``KeyValueStore``: ``EtcdGatewayStore`` for a real etcd,
 ``logbroker.testing.MemoryKeyValueStore`` in tests).
 """
 
+from logbroker.controlplane._etcd_auth import EtcdUser
 from logbroker.controlplane._etcd_gateway import EtcdGatewayStore
 from logbroker.controlplane._format import FORMAT_VERSION
 from logbroker.controlplane._interface import ControlPlane
@@ -31,6 +32,7 @@ from logbroker.controlplane.errors import (
     AlreadyExistsError,
     CompactedError,
     ContendedError,
+    ControlPlaneAccessError,
     ControlPlaneClosedError,
     ControlPlaneError,
     ControlPlaneUnavailableError,
@@ -59,12 +61,14 @@ __all__ = [
     "CompactedError",
     "ContendedError",
     "ControlPlane",
+    "ControlPlaneAccessError",
     "ControlPlaneClosedError",
     "ControlPlaneError",
     "ControlPlaneUnavailableError",
     "ControlPlaneWriteError",
     "EtcdControlPlane",
     "EtcdGatewayStore",
+    "EtcdUser",
     "InvalidChangeError",
     "KeyValueStore",
     "LeaseNotFoundError",

@@ -17,6 +17,18 @@ again. Reads, watches and lease calls are safe to repeat and go to the next memb
 A watch that the member ends, or loses its leader during (``hasleader`` metadata), ends with
 ``on_lost``; the caller resumes it from the next revision, which goes to a live member.
 
+Security. Endpoints are ``http://`` or ``https://`` URLs; ``tls`` (``IPolicyForHTTPS``, see
+``logbroker.security.etcd_tls``) makes the TLS connections: etcd's certificate verified, the
+client certificate presented. A member that refuses the TLS handshake (or whose certificate is
+not trusted) has not seen the request, so it is skipped like an unreachable one; when every
+member does so, the request fails with ``ControlPlaneAccessError`` saying why. With ``user``
+(etcd's auth on) every request carries the token of an ``EtcdSession``
+(``logbroker.controlplane._etcd_auth``): a request etcd answers ``invalid auth token`` (an
+expired token) is sent again, to the same member, with a new token; a watch etcd cancels for
+that reason ends with ``on_lost`` and its resumption authenticates anew. A wrong password, a
+missing user or a missing permission fail with ``ControlPlaneAccessError`` at once, without
+trying other members: they would answer the same.
+
 Each request is reported once to ``on_request(op, result, seconds)``, timed on the reactor's clock
 from the call to its outcome (failing over to other members included). ``op`` is ``range`` (each
 page of a read), ``txn`` (puts too), ``watch`` (setting it up: until the member answers, not the
@@ -24,7 +36,7 @@ watch's lifetime), ``grant``, ``keepalive`` or ``revoke``; deletes and compactio
 operators' chores and tests make, are not reported. ``result`` is ``ok`` for any answer
 (a transaction whose compare failed included), ``error`` when etcd answered and refused, and
 ``unavailable`` without an answer: no member reachable, a timeout, an unknown outcome, or a
-request its caller cancelled.
+request its caller cancelled. Each authentication is reported too, as ``authenticate``.
 """
 
 from __future__ import annotations
@@ -34,6 +46,7 @@ import json
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+from OpenSSL import SSL
 from treq import content
 from treq._types import _ITreqReactor
 from treq.client import HTTPClient
@@ -42,10 +55,13 @@ from twisted.internet.error import ConnectError, ConnectingCancelledError, DNSLo
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
+from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
 from twisted.web.http_headers import Headers
-from twisted.web.iweb import IResponse
+from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
+from logbroker._openssl import openssl_reasons
+from logbroker.controlplane._etcd_auth import NO_TOKEN, EtcdSession, EtcdUser
 from logbroker.controlplane._kv import (
     Compare,
     Delete,
@@ -65,6 +81,7 @@ from logbroker.controlplane._kv import (
 )
 from logbroker.controlplane.errors import (
     CompactedError,
+    ControlPlaneAccessError,
     ControlPlaneError,
     ControlPlaneUnavailableError,
     LeaseNotFoundError,
@@ -80,8 +97,11 @@ _T = TypeVar("_T")
 OnRequest = Callable[[str, str, float], None]
 
 #: gRPC status codes etcd answers with.
+_INVALID_ARGUMENT = 3
 _NOT_FOUND = 5
+_PERMISSION_DENIED = 7
 _UNAVAILABLE = 14
+_UNAUTHENTICATED = 16
 #: How many keys one range request reads; a bigger state is read in pages at one revision.
 RANGE_PAGE = 1000
 #: The longest line a watch may send (a revision's events): etcd's default request limit
@@ -155,6 +175,8 @@ def _ignore_request(op: str, result: str, seconds: float) -> None:
 
 def _failed_as(error: BaseException) -> str:
     """The ``result`` of a request that failed with ``error``."""
+    if isinstance(error, ControlPlaneAccessError):
+        return "error"
     if isinstance(error, ControlPlaneUnavailableError | TimeoutError | CancelledError):
         return "unavailable"
     return "error"
@@ -166,6 +188,43 @@ class _NotSent(Exception):
 
 class _Refused(Exception):
     """The member answered that it cannot serve the request now (no leader); not applied."""
+
+
+class _TlsRefused(_NotSent):
+    """The TLS handshake with the member failed, so the request never reached etcd."""
+
+
+class _TokenRejected(Exception):
+    """etcd wants a (new) token: the request carried none, or one it no longer knows."""
+
+
+class _WatchTokenExpired(ControlPlaneUnavailableError):
+    """etcd cancelled a watch for an expired token: nothing wrong with the member."""
+
+
+def _tls_error(error: BaseException) -> SSL.Error | None:
+    """The OpenSSL error that ended a request's connection, if one did."""
+    if isinstance(error, SSL.Error):
+        return error
+    if isinstance(error, ResponseNeverReceived | RequestTransmissionFailed):
+        for reason in error.reasons:
+            if isinstance(reason.value, SSL.Error):
+                return reason.value
+    return None
+
+
+def _tls_problem(error: SSL.Error) -> str:
+    """OpenSSL's reasons, and what they likely mean here."""
+    reasons = openssl_reasons(error)
+    if "certificate verify failed" in reasons:
+        hint = "etcd's certificate is not signed by a CA of SVC_ETCD_CACERTFILE, or does not name"
+        hint += " the endpoint's host"
+    elif "alert" in reasons:
+        hint = "etcd refused this node's client certificate: set SVC_ETCD_CERTFILE and"
+        hint += " SVC_ETCD_KEYFILE to one signed by a CA etcd trusts (--trusted-ca-file)"
+    else:
+        hint = "check SVC_ETCD_CACERTFILE, SVC_ETCD_CERTFILE and etcd's TLS flags"
+    return f"TLS handshake failed ({reasons}): {hint}"
 
 
 class _Lines(Protocol):
@@ -245,7 +304,7 @@ class _GatewayWatch:
             try:
                 await finished
             except Exception as e:
-                if self.active and not isinstance(e, CompactedError):
+                if self.active and not isinstance(e, CompactedError | _WatchTokenExpired):
                     self._store._mark_down(endpoint, e)
                 raise
             raise ControlPlaneUnavailableError(f"etcd member {endpoint} ended the watch")
@@ -267,6 +326,9 @@ class _GatewayWatch:
                 compacted,
             )
         if result.get("canceled"):
+            if "invalid auth token" in result.get("cancel_reason", ""):
+                self._store._token_expired()
+                raise _WatchTokenExpired("etcd cancelled the watch: its token expired")
             raise ControlPlaneUnavailableError(
                 f"etcd cancelled the watch ({result.get('cancel_reason', 'no reason given')})"
             )
@@ -299,10 +361,13 @@ class _GatewayWatch:
 
 
 class EtcdGatewayStore:
-    """etcd at ``endpoints`` (``http://host:port`` of each member), through its JSON gateway.
+    """etcd at ``endpoints`` (``http://host:port`` or ``https://host:port`` of each member),
+    through its JSON gateway.
 
     ``timeout`` bounds each request; ``reactor`` makes the connections and times them;
-    ``on_request`` hears of each request's outcome (see the module docstring)."""
+    ``on_request`` hears of each request's outcome; ``tls`` makes the ``https://``
+    connections, and ``user`` is the etcd user requests authenticate as (see the module
+    docstring)."""
 
     def __init__(
         self,
@@ -311,6 +376,8 @@ class EtcdGatewayStore:
         reactor: _ITreqReactor,
         timeout: float = 5.0,
         on_request: OnRequest = _ignore_request,
+        tls: IPolicyForHTTPS | None = None,
+        user: EtcdUser | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("etcd needs at least one endpoint")
@@ -318,15 +385,17 @@ class EtcdGatewayStore:
         self._reactor = reactor
         self._timeout = timeout
         self._on_request = on_request
+        policy = tls if tls is not None else BrowserLikePolicyForHTTPS()  # type: ignore[no-untyped-call]
         self._pool = HTTPConnectionPool(reactor, persistent=True)  # type: ignore[no-untyped-call]
         self._pool.maxPersistentPerHost = 4
-        self._http = HTTPClient(Agent(reactor, pool=self._pool))  # type: ignore[no-untyped-call]
+        self._http = HTTPClient(Agent(reactor, policy, pool=self._pool))  # type: ignore[no-untyped-call]
         # Writes each get a new connection: one sent on a pooled connection that its member
         # closed (it died) fails without an answer, an unknown outcome; a new connection to a
         # dead member is refused, which is known not to have taken effect.
         self._writes = HTTPClient(
-            Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False))  # type: ignore[no-untyped-call]
+            Agent(reactor, policy, pool=HTTPConnectionPool(reactor, persistent=False))  # type: ignore[no-untyped-call]
         )
+        self._session = None if user is None else EtcdSession(user, self._authenticate)
         #: endpoint -> when it last failed; absent when it answered since.
         self._down: dict[str, float] = {}
         self._preferred = self.endpoints[0]
@@ -355,11 +424,20 @@ class EtcdGatewayStore:
     # -- requests ------------------------------------------------------------------------------
 
     async def _post_once(
-        self, endpoint: str, path: str, body: Any, *, stream: bool, write: bool
+        self,
+        endpoint: str,
+        path: str,
+        body: Any,
+        *,
+        stream: bool,
+        write: bool,
+        token: str = NO_TOKEN,
     ) -> Any:
         # etcd's "require leader": a member cut off from its leader says so at once (and
         # ends a watch) instead of holding the request until it times out.
         headers = Headers({"Grpc-Metadata-Hasleader": ["true"]})
+        if token:
+            headers.setRawHeaders("Authorization", [token])
         client = self._writes if write else self._http
         requested = client.post(
             endpoint + path, json=body, unbuffered=True, headers=headers, reactor=self._reactor
@@ -369,6 +447,11 @@ class EtcdGatewayStore:
             response: IResponse = await requested
         except (ConnectError, ConnectingCancelledError, DNSLookupError) as e:
             raise _NotSent(repr(e)) from e
+        except Exception as e:
+            tls = _tls_error(e)
+            if tls is None:
+                raise
+            raise _TlsRefused(_tls_problem(tls)) from e
         if stream and response.code == 200:
             return response
         reading = content(response)
@@ -377,6 +460,12 @@ class EtcdGatewayStore:
         try:
             payload = json.loads(data)
         except ValueError:
+            if b"CommonName" in data:
+                raise ControlPlaneAccessError(
+                    f"etcd member {endpoint} refused this node's client certificate: it has a"
+                    " Common Name, which etcd's JSON gateway refuses while etcd's auth is on"
+                    " (SVC_ETCD_CERTFILE: give it an empty subject and a subjectAltName)"
+                ) from None
             raise StoreError(
                 f"etcd member {endpoint} answered {path} with HTTP {response.code} and no JSON: "
                 f"{data[:200]!r}; is it etcd's gateway?"
@@ -387,25 +476,57 @@ class EtcdGatewayStore:
         code = payload.get("code")
         if code == _NOT_FOUND and "lease not found" in message:
             raise LeaseNotFoundError(f"etcd: {message}")
+        if (code == _UNAUTHENTICATED and "invalid auth token" in message) or (
+            code == _INVALID_ARGUMENT and "user name is empty" in message
+        ):
+            raise _TokenRejected(message)
+        if code == _PERMISSION_DENIED:
+            if self._session is None:
+                remedy = "etcd's auth is on: set SVC_ETCD_USER and SVC_ETCD_PASSWORD"
+            else:
+                remedy = f"grant etcd user {self._session.user.name!r} (SVC_ETCD_USER) a role"
+                remedy += " with readwrite on the prefix /logbroker/"
+            raise ControlPlaneAccessError(
+                f"etcd member {endpoint} refused {path}: {message}; {remedy}"
+            )
         if code == _UNAVAILABLE:
             if "no leader" in message or "not capable" in message:
                 raise _Refused(message)
             raise OutcomeUnknownError(f"etcd member {endpoint} answered {path}: {message}")
         raise StoreError(f"etcd member {endpoint} refused {path}: {message} (code {code})")
 
-    async def _call(self, path: str, body: Any, *, repeatable: bool, stream: bool = False) -> Any:
-        """POST ``body`` to the first member that answers; see the module docstring."""
+    async def _call(
+        self,
+        path: str,
+        body: Any,
+        *,
+        repeatable: bool,
+        stream: bool = False,
+        authenticated: bool = True,
+    ) -> Any:
+        """POST ``body`` to the first member that answers; see the module docstring.
+        ``authenticated``: with the session's token (every request but the authentication)."""
+        if authenticated and self._session is not None:
+            # Authenticated once for every member: if no member gives a token, none is asked.
+            await self._session.token()
         failures: list[str] = []
+        refused_tls = 0
         for endpoint in self._order():
             try:
-                answer = await self._post_once(
-                    endpoint, path, body, stream=stream, write=not repeatable
+                answer = await self._post_as_user(
+                    endpoint,
+                    path,
+                    body,
+                    stream=stream,
+                    write=not repeatable,
+                    authenticated=authenticated,
                 )
             except (_NotSent, _Refused) as e:
+                refused_tls += isinstance(e, _TlsRefused)
                 self._mark_down(endpoint, e)
                 failures.append(f"{endpoint}: {e}")
                 continue
-            except CancelledError:
+            except (CancelledError, ControlPlaneAccessError):
                 raise
             except (LeaseNotFoundError, StoreError):
                 self._mark_up(endpoint)
@@ -428,10 +549,83 @@ class EtcdGatewayStore:
                 continue
             self._mark_up(endpoint)
             return (endpoint, answer) if stream else answer
+        if refused_tls == len(self.endpoints):
+            raise ControlPlaneAccessError(
+                f"every etcd member refused this node at TLS ({'; '.join(failures)})"
+            )
         raise ControlPlaneUnavailableError(
             f"no etcd member answered {path} ({'; '.join(failures)}); check that etcd runs at "
             f"{', '.join(self.endpoints)}"
         )
+
+    async def _post_as_user(
+        self,
+        endpoint: str,
+        path: str,
+        body: Any,
+        *,
+        stream: bool,
+        write: bool,
+        authenticated: bool,
+    ) -> Any:
+        """``_post_once`` with the session's token, and once more with a new token if etcd
+        refused that one (it expired): not applied, so safe to send again."""
+        session = self._session if authenticated else None
+        if session is None:
+            try:
+                return await self._post_once(endpoint, path, body, stream=stream, write=write)
+            except _TokenRejected as e:
+                raise ControlPlaneAccessError(
+                    f"etcd member {endpoint} wants a user ({e}): etcd's auth is on, so set"
+                    " SVC_ETCD_USER and SVC_ETCD_PASSWORD"
+                ) from None
+        refusal = None
+        for _ in range(2):
+            token = await session.token()
+            try:
+                return await self._post_once(
+                    endpoint, path, body, stream=stream, write=write, token=token
+                )
+            except _TokenRejected as e:
+                session.rejected(token)
+                refusal = e
+        raise ControlPlaneAccessError(
+            f"etcd member {endpoint} refused a token it had just given user"
+            f" {session.user.name!r} ({refusal})"
+        )
+
+    async def _authenticate(self, user: EtcdUser) -> str:
+        """A token for ``user`` (``NO_TOKEN`` while etcd's auth is off)."""
+        body = {"name": user.name, "password": user.password}
+        try:
+            payload = await self._observed(
+                "authenticate",
+                self._call("/v3/auth/authenticate", body, repeatable=True, authenticated=False),
+            )
+        except StoreError as e:
+            if "authentication is not enabled" in str(e):
+                log.warn(
+                    "etcd's auth is not enabled, so SVC_ETCD_USER {user} is not used: anyone who"
+                    " reaches etcd can change the cluster's users and grants (etcdctl auth"
+                    " enable)",
+                    user=user.name,
+                )
+                return NO_TOKEN
+            if "authentication failed" in str(e):
+                raise ControlPlaneAccessError(
+                    f"etcd refused user {user.name!r} (SVC_ETCD_USER) with its password"
+                    f" (SVC_ETCD_PASSWORD): {e}"
+                ) from None
+            raise
+        token = payload.get("token")
+        if not isinstance(token, str) or not token:
+            raise StoreError(f"etcd authenticated user {user.name!r} but gave no token")
+        return token
+
+    def _token_expired(self) -> None:
+        """A watch was cancelled for an expired token: the next request authenticates anew."""
+        if self._session is not None:
+            self._session.expire()
 
     async def _observed(self, op: str, request: Awaitable[_T]) -> _T:
         """``request``'s outcome, reported to ``on_request`` as one ``op``."""

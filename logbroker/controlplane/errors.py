@@ -63,6 +63,12 @@ class OutcomeUnknownError(ControlPlaneUnavailableError):
     taken effect. Read the state once the store answers again before retrying."""
 
 
+class ControlPlaneAccessError(ControlPlaneUnavailableError):
+    """etcd turned this node away: its TLS handshake failed (a certificate neither side
+    trusts, no client certificate), or its credentials are wrong, missing or lack a permission.
+    Nothing was applied; it takes the operator, not a retry, to mend."""
+
+
 class ContendedError(ControlPlaneError):
     """Other nodes kept changing what the change depends on; it was retried, then given up."""
 

@@ -5,6 +5,20 @@ the same node replaces the older). ``PeerConnections`` keeps one outbound connec
 node, each a ``ClientService`` that reconnects with backoff; its ``request`` answers
 ``unreachable`` at once while there is no established connection to that node. Both give their
 ``PeerObserver`` to each of their connections (``logbroker.peer.link``).
+
+Given ``tls`` options (mutual TLS: this node's certificate, the peer's required and verified),
+both put each connection's ``PeerProtocol`` behind a TLS layer of its own: the listener as the
+TLS server, the dialer as the TLS client, with the same options. The factories wrap the
+protocol themselves, rather than the listening port or the endpoint being wrapped, so that the
+``PeerProtocol`` is the TLS layer's own protocol and hears that the TLS handshake is through
+(``handshakeCompleted``), and so that a connection is refused before any TLS work is done.
+
+The accepting side caps the connections that have not finished their handshake (TLS, then the
+peer handshake), whose peer is not known to be a node of the cluster yet: past
+``PeerSettings.max_handshakes_per_ip`` from one source address, or ``max_handshakes`` in all, a
+new connection is closed at accept, counted (``per_ip_limit``, ``total_limit``) and logged at
+most once a minute. A connection leaves the count when its peer handshake succeeds or when it
+ends; an idle one ends at the handshake timeout.
 """
 
 from __future__ import annotations
@@ -13,14 +27,23 @@ from collections.abc import Callable
 
 from twisted.application.internet import ClientService, backoffPolicy
 from twisted.application.service import Service
+from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import (
     Deferred,
     fail,
     gatherResults,
     succeed,
 )
-from twisted.internet.interfaces import IAddress, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import Factory
+from twisted.internet.interfaces import (
+    IAddress,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.ssl import CertificateOptions
+from twisted.logger import Logger
+from twisted.protocols.tls import TLSMemoryBIOFactory
 
 from logbroker.peer.frames import (
     PeerOp,
@@ -41,11 +64,59 @@ from logbroker.peer.link import (
     RequestHandler,
 )
 
+log = Logger()
+
+#: The least time between two log lines about connections refused at accept.
+REFUSAL_LOG_SECONDS = 60.0
+
+
+def _source(addr: IAddress | None) -> str:
+    """The address a connection comes from, as the caps count it."""
+    return addr.host if isinstance(addr, IPv4Address | IPv6Address) else "unknown"
+
+
+class _Handshaking:
+    """Accepted connections still in their handshake, by source address."""
+
+    def __init__(self, per_source: int, total: int) -> None:
+        self._per_source = per_source
+        self._total = total
+        self._counts: dict[str, int] = {}
+        self.total = 0
+
+    def admit(self, source: str) -> str | None:
+        """Count a new connection from ``source``; the refusal (a ``REFUSALS`` reason) if it
+        would take a count past its cap, then nothing is counted."""
+        if self._counts.get(source, 0) >= self._per_source:
+            return "per_ip_limit"
+        if self.total >= self._total:
+            return "total_limit"
+        self._counts[source] = self._counts.get(source, 0) + 1
+        self.total += 1
+        return None
+
+    def release(self, source: str) -> None:
+        count = self._counts.pop(source) - 1
+        if count:
+            self._counts[source] = count
+        self.total -= 1
+
+
+class _Build(Factory):
+    """The protocol factory a TLS layer wraps: ``build`` makes each connection's protocol."""
+
+    def __init__(self, build: Callable[[IAddress | None], PeerProtocol]) -> None:
+        self._build = build
+
+    def buildProtocol(self, addr: IAddress | None) -> PeerProtocol:
+        return self._build(addr)
+
 
 class PeerServerFactory(Factory):
     """The accepting side of the peer port: serves each established peer's requests with
     ``handler``, one connection per peer node (a newer connection from a node replaces its
-    older one, which is likely half-open from before the node reconnected)."""
+    older one, which is likely half-open from before the node reconnected). ``tls``: mutual
+    TLS on every connection."""
 
     def __init__(
         self,
@@ -54,17 +125,45 @@ class PeerServerFactory(Factory):
         handler: RequestHandler,
         settings: PeerSettings | None = None,
         observer: PeerObserver = UNOBSERVED,
+        tls: CertificateOptions | None = None,
     ) -> None:
+        if identity.mutual_tls != (tls is not None):
+            raise ValueError("an identity is mutual TLS exactly when TLS options are given")
         self._identity = identity
         self._clock = clock
         self._handler = handler
-        self._settings = settings or PeerSettings()
+        self._settings = settings = settings or PeerSettings()
         self._observer = observer
+        self._tls: TLSMemoryBIOFactory | None = None
+        if tls is not None:
+            self._tls = TLSMemoryBIOFactory(tls, False, _Build(self._peer_protocol), clock)
         #: Every open connection, established or not.
         self.connections: set[PeerProtocol] = set()
         self._by_peer: dict[str, PeerProtocol] = {}
+        self._handshaking = _Handshaking(settings.max_handshakes_per_ip, settings.max_handshakes)
+        #: The source address of each connection still in its handshake.
+        self._sources: dict[PeerProtocol, str] = {}
+        self._refusals_unlogged = 0
+        self._refusal_logged_at: float | None = None
 
-    def buildProtocol(self, addr: IAddress | None) -> PeerProtocol:
+    @property
+    def handshaking(self) -> int:
+        """Connections still in their handshake."""
+        return self._handshaking.total
+
+    def buildProtocol(self, addr: IAddress | None) -> Protocol | None:
+        source = _source(addr)
+        refusal = self._handshaking.admit(source)
+        if refusal is not None:
+            self._observer.refused(refusal)
+            self._log_refusal(source, refusal)
+            return None
+        if self._tls is None:
+            return self._peer_protocol(addr)
+        assert addr is not None  # a listening port always knows where a connection is from
+        return self._tls.buildProtocol(addr)
+
+    def _peer_protocol(self, addr: IAddress | None) -> PeerProtocol:
         protocol = PeerProtocol(
             Handshake(Role.LISTENER, self._identity),
             self._clock,
@@ -76,9 +175,37 @@ class PeerServerFactory(Factory):
         )
         protocol.factory = self
         self.connections.add(protocol)
+        self._sources[protocol] = _source(addr)
         return protocol
 
+    def _log_refusal(self, source: str, refusal: str) -> None:
+        self._refusals_unlogged += 1
+        now = self._clock.seconds()
+        logged_at = self._refusal_logged_at
+        if logged_at is not None and now - logged_at < REFUSAL_LOG_SECONDS:
+            return
+        settings = self._settings
+        log.warn(
+            "Refused {count} peer port connection(s) at accept, the latest from {source}:"
+            " {cap} (connections in their handshake: {handshaking}; SVC_PEER_MAX_HANDSHAKES"
+            "_PER_IP={per_ip}, SVC_PEER_MAX_HANDSHAKES={total})",
+            count=self._refusals_unlogged,
+            source=source,
+            cap=refusal,
+            handshaking=self._handshaking.total,
+            per_ip=settings.max_handshakes_per_ip,
+            total=settings.max_handshakes,
+        )
+        self._refusals_unlogged = 0
+        self._refusal_logged_at = now
+
+    def _handshake_over(self, protocol: PeerProtocol) -> None:
+        source = self._sources.pop(protocol, None)
+        if source is not None:
+            self._handshaking.release(source)
+
     def _established(self, protocol: PeerProtocol) -> None:
+        self._handshake_over(protocol)
         peer = protocol.peer_node_id
         assert peer is not None
         older = self._by_peer.get(peer)
@@ -87,6 +214,7 @@ class PeerServerFactory(Factory):
             older.close()
 
     def _ended(self, protocol: PeerProtocol) -> None:
+        self._handshake_over(protocol)
         self.connections.discard(protocol)
         peer = protocol.peer_node_id
         if peer is not None and self._by_peer.get(peer) is protocol:
@@ -109,9 +237,12 @@ class _Link:
         self.failed_handshakes = 0
         #: When the link last heard from its peer over a connection now ended (or was made).
         self.last_heard = owner._clock.seconds()
+        factory: IProtocolFactory = _DialerFactory(self)
+        if owner._tls is not None:
+            factory = TLSMemoryBIOFactory(owner._tls, True, factory, owner._clock)
         self.service = ClientService(
             owner._endpoint_for(node_id),
-            _DialerFactory(self),
+            factory,
             retryPolicy=lambda attempt: owner._retry_policy(attempt + self.failed_handshakes),
             clock=owner._clock,
         )
@@ -152,8 +283,8 @@ class _DialerFactory(Factory):
 class PeerConnections(Service):
     """One outbound peer link per peer node, each kept up by a ``ClientService``.
 
-    ``endpoint_for(node_id)`` gives the endpoint to dial a node at (wrapped for TLS by the
-    caller when TLS is on). ``retry_policy`` maps failed attempts in a row to the seconds to wait
+    ``endpoint_for(node_id)`` gives the endpoint to dial a node at; ``tls``, mutual TLS on
+    every connection. ``retry_policy`` maps failed attempts in a row to the seconds to wait
     (default ``backoffPolicy()``). The handshake runs inside the connection rather than in
     ``ClientService``'s ``prepareConnection``, which cannot take a connection that closes
     before it was handed over (as a refused one does); so the backoff adds the handshakes that
@@ -169,8 +300,12 @@ class PeerConnections(Service):
         settings: PeerSettings | None = None,
         retry_policy: Callable[[int], float] | None = None,
         observer: PeerObserver = UNOBSERVED,
+        tls: CertificateOptions | None = None,
     ) -> None:
+        if identity.mutual_tls != (tls is not None):
+            raise ValueError("an identity is mutual TLS exactly when TLS options are given")
         self._identity = identity
+        self._tls = tls
         self._clock = clock
         self._endpoint_for = endpoint_for
         self._settings = settings or PeerSettings()

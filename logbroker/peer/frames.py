@@ -79,6 +79,8 @@ class PeerReason(StrEnum):
     SAME_NODE_ID = "same_node_id"
     #: The dialed address answered with another node id than the one it was dialed as.
     UNEXPECTED_NODE = "unexpected_node"
+    #: Over mutual TLS, the peer's certificate does not name the node id it claims.
+    WRONG_CERTIFICATE = "wrong_certificate"
     MALFORMED_MESSAGE = "malformed_message"
     FRAME_TOO_LARGE = "frame_too_large"
     UNEXPECTED_MESSAGE = "unexpected_message"

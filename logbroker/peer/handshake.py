@@ -7,8 +7,7 @@ connection once ``outcome`` is ``Refused`` (after sending the ``Refuse``, if the
 
 States and transitions (``HandshakeState``)::
 
-    AWAITING_HELLO --Hello ok, shared secret--> AWAITING_PROOF      (sends Proof)
-    AWAITING_HELLO --Hello ok, mutual TLS-----> AWAITING_WELCOME    (sends Welcome)
+    AWAITING_HELLO --Hello ok-----------------> AWAITING_PROOF      (sends Proof)
     AWAITING_PROOF --Proof verifies-----------> AWAITING_WELCOME    (sends Welcome)
     AWAITING_WELCOME --Welcome----------------> ESTABLISHED
     any of the three --Refuse-----------------> REFUSED (by the peer)
@@ -21,9 +20,16 @@ Both sides send ``Hello(PROTOCOL_VERSION, cluster_id, node_id, nonce)`` at once,
 * another cluster id: ``wrong_cluster``;
 * this node's own id: ``same_node_id`` (a connection back to ourselves, or two nodes set up
   with one id);
-* on the dialing side, a node id other than the one dialed: ``unexpected_node``.
+* on the dialing side, a node id other than the one dialed: ``unexpected_node``;
+* over mutual TLS (``PeerIdentity.mutual_tls``), a node id the peer's certificate does not
+  name: ``wrong_certificate``. TLS has verified the certificate against the cluster's CA before
+  the first byte; the protocol adapter hands its names (``certified``) to the handshake. A
+  certificate names node ``n`` of cluster ``c`` with the subjectAltName
+  ``URI:logbroker://c/n`` (``node_uri``), so that a node's certificate is good for that node of
+  that cluster only: a node holding its own certificate cannot pass for another.
 
-With a shared secret (``SVC_CLUSTER_SECRET``), each side then proves it holds the secret::
+Each side then proves it holds the cluster secret (``SVC_CLUSTER_SECRET``), over TLS as
+without it::
 
     mac_input(role, node_id, verifier_nonce, prover_nonce) =
         text("logbroker-peer-v1") | text(role) | text(cluster_id) | text(node_id)
@@ -38,13 +44,8 @@ compares with ``hmac.compare_digest``; a mismatch is ``bad_credentials``. Every 
 prefixed or fixed size, so no two inputs concatenate alike. A proof sent back to the side that
 made it (reflected) never verifies: the role, the node id and the order of the nonces all
 differ. The fresh nonce of the verifier makes every proof good for one connection only. The
-secret authenticates the handshake, not the frames after it: use TLS where the network is not
-trusted.
-
-With mutual TLS instead (``PeerIdentity.mutual_tls``), the transport has verified the peer's
-certificate before the first byte, so no proof is made or expected: after the Hello checks,
-each side sends ``Welcome`` at once. A side set up one way and a peer set up the other are
-refused with ``bad_credentials`` (the detail says which way each is set up).
+secret authenticates the handshake, not the frames after it: that is TLS's job where the
+network is not trusted.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ import secrets
 from enum import Enum, auto
 
 import attrs
+from cryptography import x509
 
 from logbroker.peer.frames import (
     NONCE_SIZE,
@@ -70,6 +72,20 @@ from logbroker.peer.frames import (
 
 #: Domain separation: a MAC made for anything else never verifies as a peer proof.
 PROOF_DOMAIN = "logbroker-peer-v1"
+
+
+def node_uri(cluster_id: str, node_id: str) -> str:
+    """The subjectAltName URI by which a certificate names node ``node_id`` of a cluster."""
+    return f"logbroker://{cluster_id}/{node_id}"
+
+
+def certificate_uris(certificate: x509.Certificate) -> frozenset[str]:
+    """The URIs among ``certificate``'s subjectAltNames."""
+    try:
+        names = certificate.extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    except x509.ExtensionNotFound:
+        return frozenset()
+    return frozenset(names.value.get_values_for_type(x509.UniformResourceIdentifier))
 
 
 class Role(Enum):
@@ -105,20 +121,19 @@ def proof_mac(
 
 @attrs.frozen
 class PeerIdentity:
-    """Who this node is to its peers, and how peers authenticate: with the cluster ``secret``,
-    or with ``mutual_tls`` (the transport verifies certificates). Exactly one of the two."""
+    """Who this node is to its peers: the cluster ``secret`` each side proves it holds, and
+    whether peer connections are ``mutual_tls`` (the transport has verified the peer's
+    certificate, which must then name the node id the peer claims)."""
 
     cluster_id: str
     node_id: str
-    secret: bytes | None = attrs.field(default=None, repr=False)
+    secret: bytes = attrs.field(repr=False)
     mutual_tls: bool = False
 
     def __attrs_post_init__(self) -> None:
         if not self.cluster_id or not self.node_id:
             raise ValueError("a peer identity needs a cluster id and a node id")
-        if self.mutual_tls == (self.secret is not None):
-            raise ValueError("peers authenticate with a cluster secret or mutual TLS: one of them")
-        if self.secret is not None and not self.secret:
+        if not self.secret:
             raise ValueError("the cluster secret must not be empty")
 
 
@@ -168,13 +183,25 @@ class Handshake:
         self._expected_peer = expected_peer
         self._nonce = nonce
         self._peer_hello: Hello | None = None
+        #: The URIs of the peer's certificate, once TLS has verified it (``certified``).
+        self._certified: frozenset[str] | None = None
         self.state = HandshakeState.AWAITING_HELLO
         self.outcome: Established | Refused | None = None
+
+    @property
+    def mutual_tls(self) -> bool:
+        """Whether the connection is mutual TLS (``PeerIdentity.mutual_tls``)."""
+        return self._identity.mutual_tls
 
     @property
     def peer_node_id(self) -> str | None:
         """What the peer said its node id was (not yet verified before ``ESTABLISHED``)."""
         return None if self._peer_hello is None else self._peer_hello.node_id
+
+    def certified(self, uris: frozenset[str]) -> None:
+        """TLS verified the peer's certificate, which names ``uris``: under ``mutual_tls`` the
+        node id of the peer's Hello must be one of them."""
+        self._certified = uris
 
     def start(self) -> list[PeerMessage]:
         """What to send as soon as the connection is made."""
@@ -196,26 +223,12 @@ class Handshake:
         if state is HandshakeState.AWAITING_PROOF and isinstance(message, Proof):
             return self._proof(message)
         if state is HandshakeState.AWAITING_PROOF and isinstance(message, Welcome):
-            return self.fail(
-                PeerReason.BAD_CREDENTIALS,
-                "the peer sent no proof: it is set up for mutual TLS, this node for the"
-                " cluster secret",
-            )
+            return self.fail(PeerReason.BAD_CREDENTIALS, "the peer sent no proof")
         if state is HandshakeState.AWAITING_WELCOME and isinstance(message, Welcome):
             peer = self.peer_node_id
             assert peer is not None
             self._end(Established(peer))
             return []
-        if (
-            state is HandshakeState.AWAITING_WELCOME
-            and isinstance(message, Proof)
-            and self._identity.mutual_tls
-        ):
-            return self.fail(
-                PeerReason.BAD_CREDENTIALS,
-                "the peer sent a proof: it is set up for the cluster secret, this node for"
-                " mutual TLS",
-            )
         return self.fail(
             PeerReason.UNEXPECTED_MESSAGE,
             f"{type(message).__name__} while {state.name.lower().replace('_', ' ')}",
@@ -261,9 +274,19 @@ class Handshake:
                 PeerReason.UNEXPECTED_NODE,
                 f"dialed node {expected!r}, but node {hello.node_id!r} answered",
             )
-        if identity.secret is None:
-            self.state = HandshakeState.AWAITING_WELCOME
-            return [Welcome()]
+        if identity.mutual_tls:
+            claimed = node_uri(identity.cluster_id, hello.node_id)
+            certified = self._certified
+            if certified is None:
+                # TLS hands the certificate over before any byte: this is a wiring error.
+                return self.fail(PeerReason.BAD_CREDENTIALS, "no certificate from the peer")
+            if claimed not in certified:
+                named = ", ".join(sorted(certified)) or "no URI"
+                return self.fail(
+                    PeerReason.WRONG_CERTIFICATE,
+                    f"the peer says it is node {hello.node_id!r}, but its certificate names"
+                    f" {named}, not {claimed}",
+                )
         self.state = HandshakeState.AWAITING_PROOF
         mac = proof_mac(
             identity.secret,
@@ -279,7 +302,6 @@ class Handshake:
         identity = self._identity
         hello = self._peer_hello
         assert hello is not None
-        assert identity.secret is not None
         expected = proof_mac(
             identity.secret,
             self.role.other,

@@ -8,9 +8,16 @@ A ``PeerProtocol`` is one connection between two nodes of a cluster. Its lifecyc
 
 In ``HANDSHAKING`` every message goes to the ``Handshake`` (``logbroker.peer.handshake``); a
 handshake not over within ``PeerSettings.handshake_timeout_s`` is refused (``timeout``). A
-refusal, either way,
-is logged with its reason and the connection is closed; the ``Refuse`` goes out first when this
-side refused. In ``ESTABLISHED`` the connection carries pipelined requests:
+refusal, either way, is logged with its reason and the connection is closed; the ``Refuse``
+goes out first when this side refused.
+
+Over mutual TLS (the identity's ``mutual_tls``: the connection's transport is a TLS layer)
+``HANDSHAKING`` starts with the TLS handshake, which verifies the peer's certificate; once it is
+done (``handshakeCompleted``) the certificate's URIs go to the ``Handshake``, which checks that
+they name the node the peer claims to be. A TLS handshake that fails is logged with OpenSSL's
+reasons and ends the connection; this side closing before TLS is through aborts the socket
+(nothing written could be read anyway). In ``ESTABLISHED`` the connection carries pipelined
+requests:
 
 * ``request(op, payload)`` sends a ``Request`` with a fresh correlation id and returns a
   ``Deferred`` of the ok payload, failing with ``PeerError`` (the error response's reason). At
@@ -34,7 +41,13 @@ side refused. In ``ESTABLISHED`` the connection carries pipelined requests:
 Each connection reports to a ``PeerObserver``: it is ``opened`` when its handshake succeeds and
 ``closed`` when such a connection ends, however it ends (so connections refused or lost during
 the handshake are never counted); every byte read and written, handshake included, goes to
-``bytes`` as ``in`` or ``out``. ``logbroker.peer.connections`` holds both ends' factories.
+``bytes`` as ``in`` or ``out``; a connection this side refuses is ``refused`` with the reason
+(``REFUSALS``): ``tls`` when this side failed the TLS handshake (the peer's certificate is not
+from the cluster's CA, is missing or expired; the peer speaks no TLS), ``certificate`` when the
+certificate names another node than the peer claims, ``handshake`` for any other refusal of the
+peer handshake (``wrong_cluster``, ``bad_credentials``, ``timeout``...). A refusal by the peer
+is logged, not counted: the peer counts it. ``logbroker.peer.connections`` holds both ends'
+factories.
 """
 
 from __future__ import annotations
@@ -46,17 +59,20 @@ from enum import Enum, auto
 from typing import Any
 
 import attrs
+from OpenSSL import SSL
 from twisted.internet.defer import (
     CancelledError,
     Deferred,
     fail,
     maybeDeferred,
 )
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IHandshakeListener, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
+from logbroker._openssl import openssl_reasons
 from logbroker._tcp import no_delay
 from logbroker.peer.frames import (
     DEFAULT_MAX_PEER_FRAME_SIZE,
@@ -76,6 +92,7 @@ from logbroker.peer.handshake import (
     Established,
     Handshake,
     Refused,
+    certificate_uris,
 )
 
 log = Logger()
@@ -91,6 +108,11 @@ _MAX_CORRELATION_ID = 0xFFFFFFFF
 
 #: ``(peer node id, op, payload) -> Deferred[ok payload]``: serves the peer's requests.
 RequestHandler = Callable[[str, PeerOp, bytes], "Deferred[bytes]"]
+
+#: Why this side refused a peer connection (``PeerObserver.refused``): at accept, past the caps
+#: on connections in their handshake (``logbroker.peer.connections``), then as the module
+#: docstring says.
+REFUSALS = ("per_ip_limit", "total_limit", "tls", "certificate", "handshake")
 
 
 def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
@@ -112,6 +134,11 @@ class PeerSettings:
     ping_interval_s: float = attrs.field(default=5.0, validator=_positive)
     #: A connection that has received nothing for this long is dropped: the peer is dead.
     dead_after_s: float = attrs.field(default=15.0, validator=_positive)
+    #: Accepted connections still in their handshake, from one address and in all: past
+    #: these, a new one is refused at accept (``SVC_PEER_MAX_HANDSHAKES_PER_IP``,
+    #: ``SVC_PEER_MAX_HANDSHAKES``).
+    max_handshakes_per_ip: int = attrs.field(default=8, validator=_positive)
+    max_handshakes: int = attrs.field(default=64, validator=_positive)
 
     def __attrs_post_init__(self) -> None:
         if self.dead_after_s <= self.ping_interval_s:
@@ -149,6 +176,9 @@ class PeerObserver(typing.Protocol):
     def bytes(self, direction: str, n: int) -> None:
         """``n`` bytes were read (``in``) or written (``out``)."""
 
+    def refused(self, reason: str) -> None:
+        """This side refused a connection, for one of ``REFUSALS``."""
+
 
 class _Unobserved:
     def opened(self) -> None:
@@ -160,10 +190,14 @@ class _Unobserved:
     def bytes(self, direction: str, n: int) -> None:
         pass
 
+    def refused(self, reason: str) -> None:
+        pass
+
 
 UNOBSERVED: PeerObserver = _Unobserved()
 
 
+@implementer(IHandshakeListener)
 class PeerProtocol(Protocol):
     """One peer connection, either side (``handshake.role``)."""
 
@@ -204,6 +238,10 @@ class PeerProtocol(Protocol):
         self._writes_blocked = False
         self._requests_blocked = False
         self._reading_paused = False
+        #: Over mutual TLS: whether the TLS handshake is through.
+        self._tls_done = False
+        #: Whether this is the transport's producer (``_produce``).
+        self._producing = False
 
     @property
     def last_received(self) -> float:
@@ -227,13 +265,31 @@ class PeerProtocol(Protocol):
         transport = self.transport
         assert transport is not None
         no_delay(transport)
-        # Streaming producer: the transport pauses us when the peer stops reading.
-        transport.registerProducer(self, True)  # type: ignore[attr-defined]
+        if not self.handshake.mutual_tls:
+            self._produce()
         self._last_received = self._clock.seconds()
         self._handshake_timer = self._clock.callLater(
             self._settings.handshake_timeout_s, self._handshake_timed_out
         )
         self._send_all(self.handshake.start())
+
+    def _produce(self) -> None:
+        """Be the transport's streaming producer: it pauses us when the peer stops reading.
+        Over TLS, only once the TLS handshake is through: until then the TLS layer holds what
+        we write (the Hello) and pauses its producer for it, and a paused listener would stop
+        reading the very handshake that would let it resume."""
+        self.transport.registerProducer(self, True)  # type: ignore[union-attr]
+        self._producing = True
+
+    def handshakeCompleted(self) -> None:
+        """The TLS handshake is through: the peer's certificate, verified, names what it names."""
+        self._tls_done = True
+        self._produce()
+        transport = self.transport
+        certificate = transport.getPeerCertificate()  # type: ignore[union-attr]
+        self.handshake.certified(
+            frozenset() if certificate is None else certificate_uris(certificate.to_cryptography())
+        )
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         was = self.state
@@ -244,7 +300,9 @@ class PeerProtocol(Protocol):
                 timer.cancel()
         self._handshake_timer = self._liveness_timer = self._closing_timer = None
         peer = self.handshake.peer_node_id
-        if was is LinkState.HANDSHAKING:
+        if was is LinkState.HANDSHAKING and isinstance(reason.value, SSL.Error):
+            self._tls_failed(reason.value)
+        elif was is LinkState.HANDSHAKING:
             log.warn(
                 "Peer connection {peer_address} lost during the handshake: {why}",
                 peer_address=self._peer_address(),
@@ -270,6 +328,27 @@ class PeerProtocol(Protocol):
             self._observer.closed()
         self._on_ended(self)
 
+    def _tls_failed(self, error: SSL.Error) -> None:
+        reasons = openssl_reasons(error)
+        fields = {
+            "peer_address": self._peer_address(),
+            "role": self.handshake.role.value,
+            "reason": reasons,
+        }
+        # What the peer refused arrives as its TLS alert; what this side refused, as OpenSSL's
+        # own reason (certificate verify failed, peer did not return a certificate...).
+        if "alert" in reasons:
+            log.error(
+                "The peer at {peer_address} refused this node's TLS handshake ({role}): {reason}",
+                **fields,
+            )
+        else:
+            log.error(
+                "Refused the TLS handshake of the peer at {peer_address} ({role}): {reason}",
+                **fields,
+            )
+            self._observer.refused("tls")
+
     def close(self) -> None:
         """End the connection (its requests waiting for answers fail with ``unreachable``)."""
         if self.state is not LinkState.CLOSED:
@@ -277,10 +356,18 @@ class PeerProtocol(Protocol):
             self._close_transport()
 
     def _close_transport(self) -> None:
-        """Close once what was written is out, but for at most ``CLOSE_GRACE_SECONDS``."""
+        """Close once what was written is out, but for at most ``CLOSE_GRACE_SECONDS``; at once
+        while a TLS handshake is under way."""
         transport = self.transport
         if transport is None:
             return
+        if self.handshake.mutual_tls and not self._tls_done:
+            self._abort()
+            return
+        if self._producing:
+            # A TLS layer holds its close back for as long as a producer is registered.
+            self._producing = False
+            transport.unregisterProducer()  # type: ignore[attr-defined]
         transport.loseConnection()
         if self._closing_timer is None:
             self._closing_timer = self._clock.callLater(CLOSE_GRACE_SECONDS, self._abort)
@@ -409,6 +496,9 @@ class PeerProtocol(Protocol):
             self._established(outcome)
 
     def _refused(self, outcome: Refused) -> None:
+        if not outcome.by_peer:
+            wrong = outcome.reason == PeerReason.WRONG_CERTIFICATE
+            self._observer.refused("certificate" if wrong else "handshake")
         fields = {
             "peer_node_id": outcome.peer_node_id,
             "peer_address": self._peer_address(),

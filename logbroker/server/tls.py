@@ -51,8 +51,9 @@ from twisted.python.failure import Failure
 from zope.interface import alsoProvides, implementer
 
 from logbroker import wire
+from logbroker._openssl import openssl_reasons
 from logbroker.security.connections import client_identifier
-from logbroker.security.tls import HandshakeOutcome, ServerTls, openssl_reasons
+from logbroker.security.tls import HandshakeOutcome, ServerTls
 from logbroker.wire import Reason
 
 log = Logger()

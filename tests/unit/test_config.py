@@ -98,6 +98,7 @@ RULE_DEFAULTS = {
     "SVC_ADMIN_PASS",
     "SVC_NODE_ID",
     "SVC_ADVERTISE_HOST",
+    "SVC_PEER_TLS_CACERTFILE",
 }
 
 
@@ -684,6 +685,7 @@ def test_a_prod_cluster_node_needs_a_cluster_secret() -> None:
         "SVC_ADMIN_PASS": "a long admin password",
         "SVC_REQUIRE_TLS": "false",
         "SVC_CONTROL_PLANE": "etcd://e1:2379",
+        "SVC_ETCD_ALLOW_PLAINTEXT": "true",
     }
 
     with pytest.raises(ConfigError) as raised:

@@ -21,6 +21,7 @@ CREDENTIALS = {
     "SVC_APP_PASS",
     "SVC_CLIENT_PASSWORD",
     "SVC_CLUSTER_SECRET",
+    "SVC_ETCD_PASSWORD",
 }
 _ASSIGNMENT = re.compile(r"^(#?)([A-Z_]+)=(.*)$")
 
@@ -105,17 +106,24 @@ def test_the_cluster_template_sets_known_cluster_variables_and_no_secret() -> No
 
     assert set(active) <= known
     assert active["SVC_CLUSTER_SECRET"] == ""
-    assert active["SVC_CONTROL_PLANE"].startswith("etcd://")
+    assert active["SVC_ETCD_PASSWORD"] == ""
+    assert active["SVC_CONTROL_PLANE"].startswith("etcd+https://")
 
 
-def test_a_prod_node_from_the_cluster_template_needs_its_secret() -> None:
+def test_a_prod_node_from_the_cluster_template_needs_its_secret(tmp_path: Path) -> None:
     active, _ = assignments(CLUSTER)
+    authority = make_ca()
+    client = issue(authority, client=True)
     env = {
         **active,
         "SVC_ENV": "prod",
         "SVC_DATA_DIR": "/var/lib/logbroker",
         "SVC_ADMIN_PASS": "a long admin password",
         "SVC_REQUIRE_TLS": "false",
+        "SVC_ETCD_CACERTFILE": write(tmp_path / "etcd-ca.crt", authority.cert_pem),
+        "SVC_ETCD_CERTFILE": write(tmp_path / "etcd-client.crt", client.cert_pem),
+        "SVC_ETCD_KEYFILE": write(tmp_path / "etcd-client.key", client.key_pem),
+        "SVC_ETCD_PASSWORD": "the etcd user's password",
     }
     config, _ = BrokerConfig.from_env(env)
     with pytest.raises(ConfigError) as error:

@@ -24,8 +24,8 @@ from logbroker.testing import ImmediateExecutor, MemoryFileSystem, MemoryKeyValu
 from tests.etcd import EtcdCluster
 from tests.unit.controlplane.helpers import CONTROL_DIR
 
-#: The parametrization of the contract suites; "etcd" needs the real cluster.
-BACKENDS = ["local", "memory-etcd", "etcd"]
+#: The parametrization of the contract suites; "etcd" and "secured-etcd" need real clusters.
+BACKENDS = ["local", "memory-etcd", "etcd", "secured-etcd"]
 
 
 class Backend(Protocol):
@@ -110,7 +110,8 @@ class RealEtcdBackend(_Opened):
 
         super().__init__()
         self.reactor = reactor
-        self.store = EtcdGatewayStore(cluster.endpoints, reactor=reactor)  # type: ignore[arg-type]
+        # Over TLS and as an etcd user when the cluster is secured.
+        self.store: EtcdGatewayStore = cluster.store(reactor)
         self.prefix = f"/logbroker/test-{uuid.uuid4().hex}/"
 
     def unstarted(self) -> EtcdControlPlane:

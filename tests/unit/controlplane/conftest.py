@@ -8,7 +8,7 @@ import pytest
 import pytest_twisted
 
 from logbroker.controlplane import ControlPlane
-from tests.etcd import etcd_cluster  # noqa: F401 (a fixture)
+from tests.etcd import etcd_cluster, secured_etcd_cluster  # noqa: F401 (fixtures)
 from tests.unit.controlplane.backends import (
     Backend,
     LocalBackend,
@@ -18,7 +18,13 @@ from tests.unit.controlplane.backends import (
 
 
 @pytest_twisted.async_yield_fixture(
-    params=["local", "memory-etcd", pytest.param("etcd", marks=pytest.mark.integration)]
+    params=[
+        "local",
+        "memory-etcd",
+        pytest.param("etcd", marks=pytest.mark.integration),
+        # TLS with a client certificate, as an etcd user whose role reaches /logbroker/ only.
+        pytest.param("secured-etcd", marks=pytest.mark.integration),
+    ]
 )
 async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
     made: Backend
@@ -26,8 +32,10 @@ async def backend(request: pytest.FixtureRequest) -> AsyncIterator[Backend]:
         made = LocalBackend()
     elif request.param == "memory-etcd":
         made = MemoryEtcdBackend()
-    else:
+    elif request.param == "etcd":
         made = RealEtcdBackend(request.getfixturevalue("etcd_cluster"))
+    else:
+        made = RealEtcdBackend(request.getfixturevalue("secured_etcd_cluster"))
     yield made
     await made.close()
 

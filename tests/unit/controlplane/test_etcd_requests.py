@@ -51,7 +51,7 @@ class StubbedStore:
         self.store._post_once = self._post_once  # type: ignore[method-assign]
 
     async def _post_once(
-        self, endpoint: str, path: str, body: Any, *, stream: bool, write: bool
+        self, endpoint: str, path: str, body: Any, *, stream: bool, write: bool, token: str = ""
     ) -> Any:
         answer: Deferred[Any] = Deferred()
         self.posted.append((endpoint, path, answer))

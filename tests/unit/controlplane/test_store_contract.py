@@ -38,12 +38,16 @@ from logbroker.testing import MemoryKeyValueStore
 
 
 class Store:
-    """A store under test, a prefix of the test's own, and a way to let time pass."""
+    """A store under test, a prefix of the test's own, and a way to let time pass; ``admin``
+    compacts (etcd's auth gives compaction to ``root`` alone)."""
 
-    def __init__(self, kv: Any, prefix: bytes, clock: Clock | None) -> None:
+    def __init__(
+        self, kv: Any, prefix: bytes, clock: Clock | None, admin: EtcdGatewayStore | None = None
+    ) -> None:
         self.kv: KeyValueStore = kv
         self.prefix = prefix
         self.clock = clock
+        self.admin = admin
 
     def key(self, name: str) -> bytes:
         return self.prefix + name.encode()
@@ -71,14 +75,19 @@ class Store:
             self.kv.compact(revision)
         else:
             assert isinstance(self.kv, EtcdGatewayStore)
-            await self.kv.compact(revision)
+            await (self.admin or self.kv).compact(revision)
 
 
 @pytest_twisted.async_yield_fixture(
-    params=["memory", pytest.param("etcd", marks=pytest.mark.integration)]
+    params=[
+        "memory",
+        pytest.param("etcd", marks=pytest.mark.integration),
+        # TLS with a client certificate, as an etcd user whose role reaches /logbroker/ only.
+        pytest.param("secured-etcd", marks=pytest.mark.integration),
+    ]
 )
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
-    prefix = f"/store-test-{uuid.uuid4().hex}/".encode()
+    prefix = f"/logbroker/store-test-{uuid.uuid4().hex}/".encode()
     if request.param == "memory":
         clock = Clock()
         kv = MemoryKeyValueStore(clock)
@@ -88,11 +97,15 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[Store]:
     else:
         from twisted.internet import reactor
 
-        cluster = request.getfixturevalue("etcd_cluster")
-        real = EtcdGatewayStore(cluster.endpoints, reactor=reactor, timeout=5)  # type: ignore[arg-type]
-        yield Store(real, prefix, None)
+        secured = request.param == "secured-etcd"
+        cluster = request.getfixturevalue("secured_etcd_cluster" if secured else "etcd_cluster")
+        real = cluster.store(reactor, timeout=5)
+        admin = cluster.store(reactor, as_root=True) if secured else None
+        yield Store(real, prefix, None, admin)
         await real.delete_prefix(prefix)
         await real.close()
+        if admin is not None:
+            await admin.close()
 
 
 class Watched:

@@ -19,6 +19,7 @@ from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import (
     CONTROLPLANE_OPS,
     CONTROLPLANE_RESULTS,
+    PEER_REFUSALS,
     Metrics,
     MetricsSnapshot,
     ReactorLagProbe,
@@ -114,6 +115,7 @@ def test_every_series_shows_from_the_start_at_zero() -> None:
         ("svc_peer_connections", {}),
         ("svc_peer_bytes_total", {"direction": "in"}),
         ("svc_peer_bytes_total", {"direction": "out"}),
+        *[("svc_peer_connections_refused_total", {"reason": r}) for r in PEER_REFUSALS],
     ]
     for name, labels in expected_zero:
         assert exported[(name, tuple(sorted(labels.items())))] == 0, (name, labels)
@@ -445,6 +447,21 @@ def test_peer_connections_and_bytes() -> None:
     assert value(metrics, "svc_peer_bytes_total", direction="out") == 42
     with pytest.raises(KeyError):
         metrics.peer_bytes("sideways", 1)
+
+
+def test_refused_peer_connections_are_counted_by_reason() -> None:
+    metrics = Metrics(Clock())
+
+    metrics.peer_connection_refused("tls")
+    metrics.peer_connection_refused("tls")
+    metrics.peer_connection_refused("per_ip_limit")
+
+    assert PEER_REFUSALS == ("per_ip_limit", "total_limit", "tls", "certificate", "handshake")
+    assert value(metrics, "svc_peer_connections_refused_total", reason="tls") == 2
+    assert value(metrics, "svc_peer_connections_refused_total", reason="per_ip_limit") == 1
+    assert value(metrics, "svc_peer_connections_refused_total", reason="certificate") == 0
+    with pytest.raises(KeyError):
+        metrics.peer_connection_refused("bored")
 
 
 # -- clients and security ------------------------------------------------------------------------

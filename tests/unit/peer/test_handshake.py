@@ -1,4 +1,6 @@
-"""The peer handshake (``logbroker.peer.handshake``) between two sans-IO sides."""
+"""The peer handshake (``logbroker.peer.handshake``) between two sans-IO sides: the Hello
+checks, the proof of the cluster secret, and over mutual TLS the node names of the
+certificates."""
 
 from __future__ import annotations
 
@@ -26,18 +28,21 @@ from logbroker.peer.handshake import (
     PeerIdentity,
     Refused,
     Role,
+    certificate_uris,
+    node_uri,
     proof_mac,
 )
+from tests.certificates import issue, make_ca
 
 SECRET = b"cluster secret"
 DIALER_NONCE = b"d" * 32
 LISTENER_NONCE = b"l" * 32
 
 
-def identity(node_id: str, cluster_id: str = "c1", secret: bytes | None = SECRET) -> PeerIdentity:
-    if secret is None:
-        return PeerIdentity(cluster_id, node_id, mutual_tls=True)
-    return PeerIdentity(cluster_id, node_id, secret)
+def identity(
+    node_id: str, cluster_id: str = "c1", secret: bytes = SECRET, mutual_tls: bool = False
+) -> PeerIdentity:
+    return PeerIdentity(cluster_id, node_id, secret, mutual_tls)
 
 
 def pair(
@@ -206,36 +211,95 @@ def test_the_dialer_refuses_a_node_other_than_the_one_it_dialed() -> None:
     assert listener.outcome.by_peer
 
 
-def test_mutual_tls_skips_the_proof() -> None:
-    dialer, listener = pair(dialer=identity("a", secret=None), listener=identity("b", secret=None))
+# -- over mutual TLS: the certificates name the nodes -----------------------------------------
+
+
+def tls_pair(
+    dialer_names: frozenset[str] | None,
+    listener_names: frozenset[str] | None,
+    dialer_secret: bytes = SECRET,
+) -> tuple[Handshake, Handshake]:
+    """Two mutual TLS sides, each handed (unless None) the names of the other's certificate."""
+    dialer, listener = pair(
+        dialer=identity("a", secret=dialer_secret, mutual_tls=True),
+        listener=identity("b", mutual_tls=True),
+        expected_peer="b",
+    )
+    if dialer_names is not None:
+        listener.certified(dialer_names)
+    if listener_names is not None:
+        dialer.certified(listener_names)
+    return dialer, listener
+
+
+def test_a_node_is_named_by_the_uri_of_its_cluster_and_id() -> None:
+    assert node_uri("prod", "broker-1") == "logbroker://prod/broker-1"
+
+
+def test_certificates_naming_their_nodes_establish_and_the_secret_is_still_proven() -> None:
+    dialer, listener = tls_pair(
+        frozenset({"logbroker://c1/a"}), frozenset({"logbroker://c1/b", "logbroker://c1/x"})
+    )
     sent = run(dialer, listener)
     assert dialer.outcome == Established("b")
     assert listener.outcome == Established("a")
-    assert not any(isinstance(message, Proof) for _, message in sent)
+    assert sum(isinstance(message, Proof) for _, message in sent) == 2
 
 
-def test_mutual_tls_still_checks_the_cluster() -> None:
-    dialer, listener = pair(
-        dialer=identity("a", secret=None), listener=identity("b", cluster_id="c2", secret=None)
-    )
+@pytest.mark.parametrize(
+    "names",
+    [
+        pytest.param(frozenset({"logbroker://c1/x"}), id="another-node"),
+        pytest.param(frozenset({"logbroker://c2/a"}), id="another-cluster"),
+        pytest.param(frozenset(), id="no-uri"),
+    ],
+)
+def test_the_listener_refuses_a_dialer_whose_certificate_names_another(
+    names: frozenset[str],
+) -> None:
+    dialer, listener = tls_pair(names, frozenset({"logbroker://c1/b"}))
+    sent = run(dialer, listener)
+    assert isinstance(listener.outcome, Refused)
+    assert listener.outcome.reason == PeerReason.WRONG_CERTIFICATE
+    assert not listener.outcome.by_peer
+    assert "not logbroker://c1/a" in listener.outcome.detail
+    assert (", ".join(sorted(names)) or "no URI") in listener.outcome.detail
+    # Refused before anything of the secret is proven to the impostor.
+    assert not any(isinstance(m, Proof) for who, m in sent if who == "listener")
+    assert isinstance(dialer.outcome, Refused)
+    assert dialer.outcome.by_peer
+
+
+def test_the_dialer_refuses_a_listener_whose_certificate_names_another() -> None:
+    dialer, listener = tls_pair(frozenset({"logbroker://c1/a"}), frozenset({"logbroker://c1/a"}))
     run(dialer, listener)
     assert isinstance(dialer.outcome, Refused)
-    assert dialer.outcome.reason == PeerReason.WRONG_CLUSTER
+    assert dialer.outcome.reason == PeerReason.WRONG_CERTIFICATE
+    assert "node 'b'" in dialer.outcome.detail
 
 
-@pytest.mark.parametrize("tls_side", ["dialer", "listener"])
-def test_secret_on_one_side_and_mutual_tls_on_the_other_is_refused(tls_side: str) -> None:
-    dialer, listener = pair(
-        dialer=identity("a", secret=None if tls_side == "dialer" else SECRET),
-        listener=identity("b", secret=None if tls_side == "listener" else SECRET),
+def test_without_a_certificate_handed_over_a_mutual_tls_side_refuses() -> None:
+    dialer, listener = tls_pair(None, frozenset({"logbroker://c1/b"}))
+    run(dialer, listener)
+    assert isinstance(listener.outcome, Refused)
+    assert listener.outcome.reason == PeerReason.BAD_CREDENTIALS
+
+
+def test_over_mutual_tls_a_wrong_secret_is_still_refused() -> None:
+    dialer, listener = tls_pair(
+        frozenset({"logbroker://c1/a"}), frozenset({"logbroker://c1/b"}), dialer_secret=b"wrong"
     )
     run(dialer, listener)
-    for side in (dialer, listener):
-        assert isinstance(side.outcome, Refused)
-        assert side.outcome.reason == PeerReason.BAD_CREDENTIALS
-    refusing = dialer if tls_side == "listener" else listener
-    assert isinstance(refusing.outcome, Refused)
-    assert "mutual TLS" in refusing.outcome.detail
+    assert isinstance(listener.outcome, Refused)
+    assert listener.outcome.reason == PeerReason.BAD_CREDENTIALS
+
+
+def test_the_uris_of_a_certificate_are_its_uri_subject_alternative_names() -> None:
+    certificate = issue(
+        make_ca(), ("broker-1.example", "10.0.0.1"), uris=("logbroker://c1/a", "https://x/")
+    ).certificate
+    assert certificate_uris(certificate) == {"logbroker://c1/a", "https://x/"}
+    assert certificate_uris(issue(make_ca()).certificate) == frozenset()
 
 
 def test_an_unexpected_message_is_refused() -> None:
@@ -287,9 +351,8 @@ def test_messages_after_the_handshake_are_not_its_business() -> None:
 @pytest.mark.parametrize(
     "build",
     [
-        pytest.param(lambda: PeerIdentity("c1", "a"), id="neither-secret-nor-tls"),
-        pytest.param(lambda: PeerIdentity("c1", "a", SECRET, mutual_tls=True), id="both"),
         pytest.param(lambda: PeerIdentity("c1", "a", b""), id="empty-secret"),
+        pytest.param(lambda: PeerIdentity("c1", "a", b"", mutual_tls=True), id="tls-no-secret"),
         pytest.param(lambda: PeerIdentity("", "a", SECRET), id="no-cluster"),
         pytest.param(lambda: PeerIdentity("c1", "", SECRET), id="no-node"),
     ],

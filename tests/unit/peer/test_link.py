@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
@@ -34,10 +35,11 @@ from logbroker.peer.frames import (
     Welcome,
     encode,
 )
-from logbroker.peer.handshake import Handshake, PeerIdentity, Role, proof_mac
+from logbroker.peer.handshake import Handshake, PeerIdentity, Refused, Role, proof_mac
 from logbroker.peer.link import (
     CLOSE_GRACE_SECONDS,
     MAX_HANDSHAKE_BUFFER,
+    REFUSALS,
     LinkState,
     PeerError,
     PeerProtocol,
@@ -47,6 +49,8 @@ from logbroker.peer.link import (
 from logbroker.peer.range_ops import AppendRequest, decode_append_request, encode_append_request
 
 SECRET = b"cluster secret"
+#: Where the dialing node's connections come from.
+DIALER_ADDRESS = IPv4Address("TCP", "10.0.0.1", 40000)
 SETTINGS = PeerSettings(
     handshake_timeout_s=10.0,
     max_in_flight=4,
@@ -82,6 +86,7 @@ class Seen:
         self.open = 0
         self.opened_total = 0
         self.moved = {"in": 0, "out": 0}
+        self.refusals: list[str] = []
 
     def opened(self) -> None:
         self.open += 1
@@ -93,6 +98,10 @@ class Seen:
 
     def bytes(self, direction: str, n: int) -> None:
         self.moved[direction] += n
+
+    def refused(self, reason: str) -> None:
+        assert reason in REFUSALS
+        self.refusals.append(reason)
 
 
 class Result:
@@ -203,6 +212,11 @@ def test_a_refused_peer_is_logged_with_its_reason_and_closed(
     assert refusal["detail"]
     assert "{reason}" in refusal["log_format"]
     assert errors_with(logged_errors, role="dialer")
+    # Counted by each side that refused, not by a side that was refused.
+    assert pair.listener_seen.refusals == ["handshake"]
+    dialer_outcome = pair.dialer.handshake.outcome
+    assert isinstance(dialer_outcome, Refused)
+    assert pair.dialer_seen.refusals == ([] if dialer_outcome.by_peer else ["handshake"])
     # A request never goes out on a refused connection.
     assert Result(pair.dialer.request(PeerOp.APPEND, b"")).reason == PeerReason.UNREACHABLE
     logged_errors.clear()
@@ -277,21 +291,6 @@ def test_an_unauthenticated_peer_cannot_make_this_side_buffer_a_large_frame(
     assert logged_errors[0]["reason"] == PeerReason.FRAME_TOO_LARGE
     logged_errors.clear()
     protocol.connectionLost(Failure(ConnectionRefusedError()))
-
-
-def test_mutual_tls_links_establish_without_proofs(clock: Clock) -> None:
-    pair = Pair(
-        clock,
-        dialer=PeerIdentity("c1", "a", mutual_tls=True),
-        listener=PeerIdentity("c1", "b", mutual_tls=True),
-    )
-    assert pair.dialer.state is pair.listener.state is LinkState.ESTABLISHED
-    result = Result(pair.dialer.request(PeerOp.READ, b""))
-    pair.flush()
-    pair.handler.answer(0, b"ok")
-    pair.flush()
-    assert result.value == b"ok"
-    close(pair)
 
 
 def test_a_connection_lost_in_the_handshake_is_not_an_error(clock: Clock) -> None:
@@ -719,8 +718,9 @@ class FakeEndpoint:
         if self.refuse:
             return fail(ConnectionRefusedError())
         client = factory.buildProtocol(None)
-        server = self.server.buildProtocol(None)
+        server = self.server.buildProtocol(DIALER_ADDRESS)
         assert client is not None
+        assert server is not None
         pump = connect(
             server,
             FakeTransport(server, isServer=True),
