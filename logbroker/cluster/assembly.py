@@ -31,7 +31,12 @@ from logbroker.replication.health import ReplicationHealth
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica import ReplicaOp, ReplicaServer
 from logbroker.replication.replica_sets import ReplicaSets
-from logbroker.replication.takeover import ClaimContext, SegmentClaims, ignore_leadership
+from logbroker.replication.takeover import (
+    ClaimContext,
+    SegmentClaims,
+    ignore_commit,
+    ignore_leadership,
+)
 from logbroker.storage import OpenLogs
 
 #: ``(peer node id, op, payload) -> ok payload``: what the peer port serves.
@@ -50,6 +55,8 @@ class Replication:
     replica_sets: ReplicaSets
     #: Counts the under-replicated segments of the cluster.
     health: ReplicationHealth
+    #: Reads a range's committed records from its copies (when its primary cannot serve).
+    copies: CommittedCopies
 
     def sweep(self, range_ids: Sequence[str]) -> None:
         """Claim what this node should lead, and check its leaders hear a quorum (run every
@@ -90,10 +97,12 @@ def assemble_ranges(
     replace_after_seconds: float = 300.0,
     heard_at: Callable[[str], float | None] = lambda node: None,
     on_lead: Callable[[str, int, int, str], None] = ignore_leadership,
+    on_commit: Callable[[str, int], None] = ignore_commit,
 ) -> RangeParts:
     """``live_nodes`` lists the live members for placement; ``is_live`` answers for one node,
     cheaply (it is asked for every replica of every produce); ``heard_at`` says when the peer
-    link last heard from a node; ``on_lead`` is told of every leadership this node begins."""
+    link last heard from a node; ``on_lead`` is told of every leadership this node begins, and
+    ``on_commit`` of every move of a commit index it leads."""
     waits = RemoteWaits(peers)
 
     def forward(primary: str, range_id: str) -> RangeHandle:
@@ -120,6 +129,7 @@ def assemble_ranges(
         holds_lease=holds_lease,
         heard_at=heard_at,
         on_lead=on_lead,
+        on_commit=on_commit,
     )
     copies = CommittedCopies(context)
     lead = LeadRanges(storage, SegmentClaims(context), copies, roll_bytes)
@@ -134,6 +144,7 @@ def assemble_ranges(
         healer=healer,
         replica_sets=ReplicaSets(context, lead, replace_after_seconds, holds_chores),
         health=health,
+        copies=copies,
     )
     serve = _serve(RangeServer(ranges.led_here(), clock), ops)
     return RangeParts(ranges, serve, parts)

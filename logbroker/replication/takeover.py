@@ -58,6 +58,10 @@ def ignore_leadership(range_id: str, segment: int, epoch: int, node_id: str) -> 
     pass
 
 
+def ignore_commit(range_id: str, offset: int) -> None:
+    pass
+
+
 @attrs.frozen
 class ClaimContext:
     """What claims need of the node: who it is, how to reach copies, and who is alive."""
@@ -78,6 +82,8 @@ class ClaimContext:
     heard_at: Callable[[str], float | None] = lambda node: None
     #: Told of every leadership this node begins: ``(range id, segment, epoch, node id)``.
     on_lead: Callable[[str, int, int, str], None] = ignore_leadership
+    #: Told whenever a range's commit index moves on this node: ``(range id, offset)``.
+    on_commit: Callable[[str, int], None] = ignore_commit
 
     def heard_recently(self, node: str) -> bool:
         """Whether the peer link heard from ``node`` within a lease TTL."""
@@ -346,6 +352,10 @@ class SegmentClaims:
         def stepped_down(step: StepDown) -> None:
             on_step_down(leader, step)
 
+        def committed(index: int) -> None:
+            ctx.on_commit(meta.range_id, index)
+            on_commit(index)
+
         leader = SegmentLeader(
             node_id=ctx.node_id,
             range_id=meta.range_id,
@@ -358,10 +368,12 @@ class SegmentClaims:
             clock=ctx.clock,
             settings=ctx.settings,
             is_live=ctx.is_live,
-            on_commit=on_commit,
+            on_commit=committed,
             holds_lease=ctx.holds_lease,
             on_step_down=stepped_down,
         )
+        # What the copies already hold on a quorum is committed from the start.
+        ctx.on_commit(meta.range_id, leader.commit)
         return leader
 
     # -- rolls ------------------------------------------------------------------------------

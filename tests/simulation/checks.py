@@ -11,8 +11,9 @@
 - **Nothing acknowledged is lost, nothing stored twice**: read back through random nodes,
   every acknowledged value is there once, and no value (acknowledged, refused or unanswered,
   each retried with its stamp through other nodes) is there twice.
-- **Nothing read is later absent**: every record a consumer read during the faults is in the
-  final log, at the offset it was read at.
+- **Only committed records are read**: no read, through a range's primary or from its
+  copies, goes past the highest commit index a leader of the range had reached; and every
+  record a consumer read during the faults is in the final log, at the offset it was read at.
 - **Per-key order**: a value acknowledged before another was sent sits at a lower offset.
 """
 
@@ -55,6 +56,7 @@ def check(world: World) -> list[str]:
         problems.extend(nothing_read_is_absent(world.history, range_id, values))
         problems.extend(per_key_order(world.history, range_id, values))
     problems.extend(world.history.conflicts)
+    problems.extend(world.history.uncommitted_reads[:10])
     return problems
 
 

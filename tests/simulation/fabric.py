@@ -96,9 +96,18 @@ class NodeClock:
         self.alive = True
         self.frozen = False
         self._held: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
+        #: How far this node's clock is behind the others (``step_back``).
+        self.skew = 0.0
 
     def seconds(self) -> float:
-        return self._clock.seconds()
+        return self._clock.seconds() - self.skew
+
+    def step_back(self, seconds: float) -> None:
+        """The node's clock is stepped back (as NTP may, or a paused VM's): it reads
+        ``seconds`` less from now on, so it thinks less time passed since it last renewed its
+        lease than etcd does. Only fencing keeps such a node from leading after etcd expired
+        its lease."""
+        self.skew += seconds
 
     def freeze(self) -> None:
         self.frozen = True
@@ -368,11 +377,12 @@ class Network:
         target = self._serve.get(b)
         return target is not None and target[0].alive and frozenset((a, b)) not in self._cut
 
-    def heard_at(self, node: str, peer: str) -> float | None:
-        """When ``node``'s link last heard from ``peer`` (a frozen peer answers no pings)."""
+    def heard_at(self, node: str, peer: str, now: float) -> float | None:
+        """When (``now`` on ``node``'s clock) ``node``'s link last heard from ``peer`` (a
+        frozen peer answers no pings)."""
         target = self._serve.get(peer)
         if self.reachable(node, peer) and target is not None and not target[0].frozen:
-            self._heard[node, peer] = self._clock.seconds()
+            self._heard[node, peer] = now
         return self._heard.get((node, peer))
 
     def requester(self, node: str, clock: NodeClock) -> _Requester:
@@ -485,4 +495,4 @@ class _Requester:
         return self._network.send(self._node, self._clock, node_id, op, payload)
 
     def heard_at(self, node_id: str) -> float | None:
-        return self._network.heard_at(self._node, node_id)
+        return self._network.heard_at(self._node, node_id, self._clock.seconds())

@@ -139,6 +139,7 @@ class SimNode:
             replace_after_seconds=REPLACE_AFTER,
             heard_at=peers.heard_at,
             on_lead=world.leadership_began,
+            on_commit=world.committed,
         )
         world.network.attach(self.node_id, clock, parts.serve)
         self.up = True
@@ -208,6 +209,10 @@ class History:
     errors: list[str] = attrs.field(factory=list)
     #: Every leadership begun: ``(range id, segment, epoch) -> nodes``.
     leaders: dict[tuple[str, int, int], set[str]] = attrs.field(factory=dict)
+    #: The highest commit index any leader of each range reached so far.
+    commits: dict[str, int] = attrs.field(factory=dict)
+    #: Reads past every commit index a leader had reached when they were made.
+    uncommitted_reads: list[str] = attrs.field(factory=list)
 
     def acked(self, range_id: str) -> list[Produced]:
         return [p for p in self.produced if p.range_id == range_id and p.acked_at is not None]
@@ -247,6 +252,10 @@ class World:
 
     def leadership_began(self, range_id: str, segment: int, epoch: int, node_id: str) -> None:
         self.history.leaders.setdefault((range_id, segment, epoch), set()).add(node_id)
+
+    def committed(self, range_id: str, offset: int) -> None:
+        commits = self.history.commits
+        commits[range_id] = max(commits.get(range_id, 0), offset)
 
     def boot(self) -> None:
         for node in self.nodes.values():
@@ -359,10 +368,20 @@ class World:
             return
         node = self.rng.choice(nodes)
         assert node.parts is not None
+        # As the broker reads: through the range's primary, or (as it does when the primary
+        # cannot serve) from the copies; either must show only committed records.
+        from_copies = self.rng.random() < 0.3
 
         def read(result: RangeRead) -> None:
             reader = Reader(b"".join(result.data))
             at = result.next_offset - result.count
+            committed = self.history.commits.get(range_id, 0)
+            if result.next_offset > committed:
+                path = "its copies" if from_copies else "its primary"
+                self.history.uncommitted_reads.append(
+                    f"{range_id}: a read through {node.node_id} from {path} ended at "
+                    f"{result.next_offset}, past the highest commit index, {committed}"
+                )
             for index in range(result.count):
                 self._saw(range_id, at + index, reader.record().value)
             self.clock.callLater(0.2, self._consume, range_id, result.next_offset)
@@ -371,7 +390,10 @@ class World:
             self.clock.callLater(0.5, self._consume, range_id, offset)
 
         try:
-            reading = node.parts.ranges.handle(range_id).read(offset, 50, 1 << 20)
+            if from_copies:
+                reading = node.replication.copies.read(range_id, offset, 50, 1 << 20)
+            else:
+                reading = node.parts.ranges.handle(range_id).read(offset, 50, 1 << 20)
         except Exception:
             failed(None)
             return
@@ -399,6 +421,7 @@ class World:
             "compaction",
             "lossy",
             "slow",
+            "clock_step",
             "heal",
         )
         while True:
@@ -439,6 +462,9 @@ class World:
             self.network.duplication = self.rng.uniform(0.0, 0.2)
         elif kind == "slow":
             self.network.slow = self.rng.uniform(0.0, 0.2)
+        elif kind == "clock_step":
+            if node.up:
+                node.clock.step_back(self.rng.uniform(0.5, 3.0))
         else:
             self.network.heal()
             self.network.calm()
