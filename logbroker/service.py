@@ -754,6 +754,7 @@ def build_service(
         )
         view = SingleNodeView(config.cluster.cluster_id, record, control)
     factory.cluster = view
+    factory.verifier = cluster.verifier if cluster is not None else None
     app.cluster = view
     metrics.watch_cluster(view)
     if shared is not None:
