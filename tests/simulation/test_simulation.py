@@ -12,6 +12,9 @@ import os
 import pytest
 
 from logbroker.replication.primary import ReplicationSettings
+from logbroker.storage import FileSystem, _operations
+from logbroker.storage._jobs import _seal_files
+from logbroker.storage._segment import Sealed
 from tests.simulation.world import simulate
 
 SIMULATION_SEEDS = int(os.environ.get("LOGBROKER_SIMULATION_SEEDS", "2000"))
@@ -56,3 +59,20 @@ def test_the_checker_catches_acknowledging_before_a_quorum() -> None:
         seed for seed in range(40) if any("is lost" in p for p in simulate(seed, settings=broken))
     ]
     assert caught, "40 seeds of a primary acknowledging alone lost nothing: the checker is blind"
+
+
+def test_the_checker_catches_a_copy_fetched_whole_without_its_epoch_marker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The broken variant: a copy healing fetches whole is installed without the epoch the
+    # control plane sealed the segment at, as before the epoch was passed down; its siblings,
+    # sealed in place, carry one. The checker compares every file, not only the .log.
+    def without_epoch(fs: FileSystem, path: str, data: bytes, sealed: Sealed, epoch: int) -> None:
+        _seal_files(fs, path, sealed.seal, sealed.index, None)
+        fs.write_atomic(path, data)
+
+    monkeypatch.setattr(_operations, "_install_job", without_epoch)
+    caught = [
+        seed for seed in range(40) if any("missing_files .epoch" in p for p in simulate(seed))
+    ]
+    assert caught, "40 seeds of copies installed without their epoch: the checker is blind"

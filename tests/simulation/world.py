@@ -20,7 +20,9 @@ from twisted.python.failure import Failure
 
 from logbroker.broker.ranges import RangeRead
 from logbroker.cluster.assembly import RangeParts, assemble_ranges
+from logbroker.cluster.digests import NodeCopy
 from logbroker.cluster.membership import Membership, NodeRecord
+from logbroker.cluster.verify import ProblemKind, compare_copies
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import EtcdControlPlane, Range, RangeState, SegmentState, Topic
 from logbroker.controlplane._memory_kv import MemoryKeyValueStore
@@ -29,6 +31,7 @@ from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
 from logbroker.replication.primary import ReplicationSettings
 from logbroker.storage import DataDirectory, LogConfig, RangeLog
+from logbroker.storage._digests import CopyFiles, digest_copies
 from logbroker.testing import MemoryFileSystem
 from logbroker.wire.primitives import Reader
 from tests.simulation.fabric import EtcdLink, Network, NodeClock, SimClock, SlowDisk
@@ -368,33 +371,34 @@ class World:
         return values, problems
 
     def sealed_copies(self) -> list[str]:
-        """Sealed segments that a member of their replica set does not hold whole (sealed
-        here, with the recorded size), or whose copies are not byte-identical."""
-        problems = []
-        control = self.live()[0].control
-        for range_id in RANGES:
-            for meta in control.segments(range_id):
-                if meta.state is not SegmentState.SEALED or not meta.record_count:
-                    continue
-                stem = f"/data/ranges/{range_id}/{meta.base_offset:020d}"
-                found: dict[str, bytes] = {}
-                for node_id in meta.replicas:
-                    fs = self.nodes[node_id].fs
-                    if not fs.exists(stem + ".sealed") or not fs.exists(stem + ".log"):
-                        problems.append(
-                            f"{node_id} lacks a sealed copy of {range_id}@{meta.base_offset}"
-                        )
-                        continue
-                    found[node_id] = fs.read_file(stem + ".log")
-                sizes = {node: len(data) for node, data in found.items()}
-                if any(size != meta.byte_size for size in sizes.values()):
-                    problems.append(
-                        f"{range_id}@{meta.base_offset}: sizes {sizes}, sealed at {meta.byte_size}"
-                    )
-                if len(set(found.values())) > 1:
-                    problems.append(
-                        f"{range_id}@{meta.base_offset}: copies differ on {sorted(found)}"
-                    )
+        """Sealed segments whose copies are not complete and byte-identical, every file of them,
+        on every member of their replica set (``compare_copies``, the check ``logbroker cluster
+        verify`` runs, over every live node's files); or whose copies' size is not the one
+        recorded."""
+        live = self.live()
+        metas = [meta for range_id in RANGES for meta in live[0].control.segments(range_id)]
+        report = compare_copies(metas, {node.node_id: _copies(node) for node in live}, {})
+        # Not judged here: healing does not remove the copy a node keeps of a segment whose
+        # replica set it was dropped from (replaced while dead, say); it is never read.
+        problems = [
+            f"{p.range_id}@{p.base_offset} on {p.node_id}: {p.kind.value}"
+            f" {' '.join(kind.suffix for kind in p.files)} {p.detail}"
+            for p in report.problems
+            if p.kind is not ProblemKind.STALE_COPY
+        ]
+        for meta in metas:
+            if meta.state is not SegmentState.SEALED or not meta.record_count:
+                continue
+            path = f"/data/ranges/{meta.range_id}/{meta.base_offset:020d}.log"
+            sizes = {
+                node.node_id: node.fs.size(path)
+                for node in live
+                if node.node_id in meta.replicas and node.fs.exists(path)
+            }
+            if any(size != meta.byte_size for size in sizes.values()):
+                problems.append(
+                    f"{meta.range_id}@{meta.base_offset}: sizes {sizes}, sealed at {meta.byte_size}"
+                )
         return problems
 
     def check(self) -> list[str]:
@@ -433,6 +437,21 @@ class World:
             (m.base_offset, m.state is SegmentState.SEALED, m.replicas, m.epoch)
             for m in node.control.segments(range_id)
         ]
+
+
+def _copies(node: SimNode) -> list[NodeCopy]:
+    """The segment copies a node holds, with the digests of their files as its disk has them."""
+    found = []
+    for range_id, log in sorted(node.storage.logs.items()):
+        files = [
+            CopyFiles(
+                info.base_offset, info.state, f"/data/ranges/{range_id}/{info.base_offset:020d}"
+            )
+            for info in log.segments()
+        ]
+        digests, _ = digest_copies(node.fs, files, 2**62, 2**31)
+        found.extend(NodeCopy(range_id, copy) for copy in digests)
+    return found
 
 
 def simulate(seed: int, *, settings: ReplicationSettings | None = None) -> list[str]:
