@@ -1,9 +1,10 @@
 """The ``logbroker`` command: a client of the broker (topics, produce, consume, users, ACLs, the
-cluster's status) and an offline check of a data directory (``storage verify``). docs/clients.md
-shows every subcommand.
+cluster's status and a check of its copies) and an offline check of a data directory
+(``storage verify``). docs/clients.md shows every subcommand.
 
 Exit statuses (``logbroker.exitcodes``): 0 success; 1 the broker refused a request (its reason
-is on stderr), the broker cannot be reached, or damage was found; 2 bad usage, including no
+is on stderr), the broker cannot be reached, or damage (or, for ``cluster verify``, a copy
+missing, differing or stale, or a node not checked) was found; 2 bad usage, including no
 credentials; 3 a data directory from a newer storage format.
 """
 
@@ -26,7 +27,13 @@ from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.records import Record
 from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.inspect import SegmentReport, verify_data_directory
-from logbroker.wire import ClusterInfo, ClusterNodeInfo, ProtocolViolation
+from logbroker.wire import (
+    ClusterInfo,
+    ClusterNodeInfo,
+    ProtocolViolation,
+    VerifyInfo,
+    VerifyProblemInfo,
+)
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IOpenSSLClientConnectionCreator
@@ -449,6 +456,80 @@ def _cluster_status(args: argparse.Namespace, client: BlockingClient) -> int:
     return exitcodes.OK
 
 
+def _where(problem: VerifyProblemInfo) -> str:
+    if problem.range_id is None:
+        return problem.node_id
+    return f"{problem.range_id}@{problem.base_offset} on {problem.node_id}"
+
+
+def verify_lines(report: VerifyInfo) -> list[str]:
+    """The report as ``cluster verify`` prints it: a line per problem, then the summary."""
+    lines = []
+    for problem in report.problems:
+        line = f"{_where(problem)}: {problem.kind}"
+        if problem.files:
+            line += ": " + ", ".join(f".{name}" for name in problem.files)
+        if problem.detail:
+            line += f" ({problem.detail})"
+        lines.append(line)
+    unlisted = report.problem_count - len(report.problems)
+    if unlisted:
+        lines.append(f"... and {unlisted} more problems, not listed")
+    checked = f"checked {report.segments_checked} sealed segments, {report.copies_checked} copies"
+    if report.copies_unchecked:
+        checked += f" ({report.copies_unchecked} more on nodes not checked)"
+    if report.problem_count:
+        lines.append(f"{checked}: {report.problem_count} problems")
+    else:
+        lines.append(f"{checked}: every copy complete and identical")
+    return lines
+
+
+def verify_json(report: VerifyInfo) -> dict[str, object]:
+    """The report as ``cluster verify --json`` prints it (docs/clients.md)."""
+    return {
+        "node_id": report.node_id,
+        "ok": report.problem_count == 0,
+        "segments_checked": report.segments_checked,
+        "copies_checked": report.copies_checked,
+        "copies_unchecked": report.copies_unchecked,
+        "problem_count": report.problem_count,
+        "problems": [
+            {
+                "kind": problem.kind,
+                "node_id": problem.node_id,
+                "range_id": problem.range_id,
+                "base_offset": problem.base_offset,
+                "files": list(problem.files),
+                "detail": problem.detail,
+            }
+            for problem in report.problems
+        ],
+    }
+
+
+def _cluster_verify(args: argparse.Namespace, client: BlockingClient) -> int:
+    try:
+        report = client.verify_cluster(timeout=args.timeout)
+    except BrokerRefused as refused:
+        if refused.reason != "invalid_operation":
+            raise
+        return _fail(
+            f"invalid_operation (verify the cluster on {args.server}): this broker is not a node"
+            " of a cluster; check a single node's data with `logbroker storage verify`"
+        )
+    except TimeoutError:
+        return _fail(
+            f"{args.server} did not finish verifying within {args.timeout:g} s; pass a longer"
+            " --timeout"
+        )
+    if args.json:
+        print(json.dumps(verify_json(report), ensure_ascii=False))
+    else:
+        print("\n".join(verify_lines(report)))
+    return exitcodes.OK if report.problem_count == 0 else exitcodes.FAILURE
+
+
 #: What to suggest after a refusal with this reason.
 _HINTS = {
     "invalid_credentials": f"check --user and --password (or {USER_VARIABLE} and "
@@ -843,6 +924,22 @@ def _add_cluster_commands(commands: argparse._SubParsersAction[argparse.Argument
         "every node of the cluster, alive or dead, and who holds the chores lease",
     )
     status.add_argument("--json", action="store_true", help="print one JSON object")
+    verify = _client_command(
+        cluster,
+        "verify",
+        _cluster_verify,
+        "verify the cluster's copies",
+        "check that every sealed segment's copies are complete and byte-identical on every"
+        " node of its replica set, and held nowhere else (exit status 1 if not)",
+    )
+    verify.add_argument("--json", action="store_true", help="print one JSON object")
+    verify.add_argument(
+        "--timeout",
+        type=float,
+        default=3600.0,
+        metavar="SECONDS",
+        help="give up after SECONDS (default 3600: the nodes read every sealed byte they hold)",
+    )
 
 
 def _add_bench_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

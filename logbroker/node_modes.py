@@ -27,6 +27,7 @@ from logbroker.broker.groups import GroupCoordinator
 from logbroker.broker.ranges import LocalRanges, RangeDirectory
 from logbroker.cluster.membership import NodeRecord
 from logbroker.cluster.node import PeerPortService, build_cluster
+from logbroker.cluster.verify import ClusterVerifier
 from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.config import BrokerConfig
 from logbroker.controlplane import ControlPlane, LocalControlPlane
@@ -60,6 +61,10 @@ class NodeMode(Protocol):
     @property
     def open_session(self) -> OpenSession | None:
         """``None``: the dashboard opens sessions in the node's own session store."""
+
+    @property
+    def verifier(self) -> ClusterVerifier | None:
+        """Compares every node's copies (``logbroker cluster verify``); ``None`` on one node."""
 
     def beside_control_plane(self) -> Sequence[Service]:
         """Named services started right after the control plane, stopped right before it."""
@@ -97,6 +102,7 @@ class SingleNode:
 
     groups: GroupCoordinator | None = None
     open_session: OpenSession | None = None
+    verifier: ClusterVerifier | None = None
 
     def __init__(
         self,
@@ -162,6 +168,7 @@ class ClusterMember:
         self.control = parts.control
         self.ranges = parts.ranges
         self.groups = parts.groups
+        self.verifier = parts.verifier
         # Sessions valid on every node: kept in etcd, each node following them.
         self._shared = SharedSessions(
             sessions,

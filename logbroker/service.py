@@ -690,6 +690,7 @@ def build_service(
     # carries them).
     view = mode.describe(clients.port_number, dashboard.port_number)
     factory.cluster = view
+    factory.verifier = mode.verifier
     app.cluster = view
     metrics.watch_cluster(view)
     if mode.open_session is not None:

@@ -171,6 +171,18 @@ class BlockingClient:
         only)."""
         return wire.decode_cluster(self.call(wire.DescribeCluster()))
 
+    def verify_cluster(self, timeout: float | None = None) -> wire.VerifyInfo:
+        """Whether every sealed segment's copies are complete and identical on every node
+        (extension ``verify_cluster``, key 68; admin only). The broker reads every sealed byte
+        of the cluster to answer: ``timeout`` (seconds; None: none) replaces the connection's
+        timeout while it does."""
+        previous = self._socket.gettimeout()
+        self._socket.settimeout(timeout)
+        try:
+            return wire.decode_verify(self.call(wire.VerifyCluster()))
+        finally:
+            self._socket.settimeout(previous)
+
     def produce(
         self, topic: str, records: Iterable[Record], *, give_up_after: float | None = None
     ) -> int:

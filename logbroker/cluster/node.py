@@ -26,9 +26,11 @@ from twisted.logger import Logger
 from logbroker import __version__
 from logbroker.broker.groups import LocalGroups
 from logbroker.cluster.assembly import assemble_ranges
+from logbroker.cluster.digests import DigestServer
 from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.cluster.membership import Membership, NodeRecord
 from logbroker.cluster.ranges import ClusterRanges
+from logbroker.cluster.verify import ClusterVerifier, recorded_segments
 from logbroker.cluster.view import MembershipView
 from logbroker.config import BrokerConfig, ConfigError, EnvMode
 from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore, EtcdUser
@@ -38,6 +40,7 @@ from logbroker.peer.connections import PeerConnections, PeerServerFactory
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.handshake import PeerIdentity, certificate_uris, node_uri
 from logbroker.peer.link import PeerSettings
+from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.security.etcd_tls import load_etcd_tls
@@ -68,6 +71,8 @@ class ClusterParts:
     groups: ClusterGroups
     peer_factory: PeerServerFactory
     store: EtcdGatewayStore
+    #: Checks that every sealed segment's copies are complete and identical on every node.
+    verifier: ClusterVerifier
 
     def set_record(self, host: str, client_port: int, dashboard_port: int, peer_port: int) -> None:
         """The node's record, once its ports are bound (a port of 0 is a free one)."""
@@ -260,10 +265,20 @@ def build_cluster(
     local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
     serve_group = group_handler(local_groups)
+    digests = DigestServer(storage)
+    verifier = ClusterVerifier(
+        node_id,
+        lambda: recorded_segments(control),
+        lambda: [(view.record.node_id, view.alive) for view in membership.nodes()],
+        Loopback(node_id, peers, {PeerOp.DIGESTS: lambda sender, payload: digests.serve(payload)}),
+        reactor,
+    )
 
     def serve(peer: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         if op is PeerOp.GROUP:
             return serve_group(payload)
+        if op is PeerOp.DIGESTS:
+            return digests.serve(payload)
         return parts.serve(peer, op, payload)
 
     return ClusterParts(
@@ -284,6 +299,7 @@ def build_cluster(
             identity, reactor, serve, peer_settings, observer=peer_metrics, tls=tls_options
         ),
         store=store,
+        verifier=verifier,
     )
 
 

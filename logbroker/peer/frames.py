@@ -33,8 +33,8 @@ does not know still decodes (its op is kept as a number), so that it can be answ
 ``unknown_op`` rather than end the connection.
 
 The ops' payloads are laid out in ``logbroker.peer.range_ops`` (append, read, bounds, group,
-stamped append) and ``logbroker.replication.replica_codec`` (replicate, fence, seal, fetch,
-read committed).
+stamped append), ``logbroker.replication.replica_codec`` (replicate, fence, seal, fetch,
+read committed) and ``logbroker.cluster.digests`` (digests).
 
 Every decoder is strict: a body or payload that does not parse exactly to its end raises
 ``MalformedPeerMessage``. A peer that sends one has broken the protocol: the connection ends.
@@ -106,6 +106,9 @@ class PeerOp(IntEnum):
     STAMPED_APPEND = 9
     # The committed records of a copy, for reads while a range's primary cannot serve them.
     READ_COMMITTED = 10
+    # The digests of a node's segment copies, for ``logbroker cluster verify``
+    # (``logbroker.cluster.digests``).
+    DIGESTS = 11
     # The sealed copies a node should hold and does not yet, for the under-replicated count.
     COPY_HEALTH = 12
 

@@ -20,7 +20,9 @@ is which), except ``stream_ack``, which is answered only when it fails. A connec
 dropped for being idle, so long polls and subscriptions can wait as long as they need to.
 
 ``describe_cluster`` (admin only) answers the factory's ``cluster`` view as it is at that moment;
-a factory without one answers ``invalid_operation``.
+a factory without one answers ``invalid_operation``. ``verify_cluster`` (admin only) answers what
+the factory's ``verifier`` finds comparing every sealed segment's copies on every node (taking
+as long as reading them takes); a factory without one answers ``invalid_operation``.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from logbroker.server.tls import secure_protocol
 from logbroker.wire import Reason
 
 if TYPE_CHECKING:
+    from logbroker.cluster.verify import ClusterVerifier, VerifyReport
     from logbroker.cluster.view import ClusterStatus, ClusterView
 
 log = Logger()
@@ -420,6 +423,8 @@ class ClientProtocol(Protocol):
                 self._send(wire.encode_ok(correlation_id, wire.encode_topics(topics)))
             case wire.DescribeCluster():
                 self._describe_cluster(correlation_id)
+            case wire.VerifyCluster():
+                self._verify_cluster(correlation_id)
             case wire.LeaveGroup(topic, group, member):
                 try:
                     broker.leave_group(topic, group, member)
@@ -441,6 +446,22 @@ class ClientProtocol(Protocol):
             return
         payload = wire.encode_cluster(cluster_info(cluster.status()))
         self._send(wire.encode_ok(correlation_id, payload))
+
+    def _verify_cluster(self, correlation_id: int) -> None:
+        verifier = self.factory.verifier
+        if verifier is None:
+            log.info(
+                "verify_cluster answered invalid_operation: this broker is not a node of a"
+                " cluster, it has no copies to compare"
+            )
+            self._send(wire.encode_error(correlation_id, Reason.INVALID_OPERATION))
+            return
+        node_id = verifier.node_id
+        self._track(
+            correlation_id,
+            verifier.verify(),
+            lambda report: wire.encode_verify(verify_info(node_id, report)),
+        )
 
     def _admin(self, request: wire.Request) -> Deferred[bytes]:
         users = self._users
@@ -716,6 +737,28 @@ def cluster_info(status: ClusterStatus) -> wire.ClusterInfo:
     )
 
 
+def verify_info(node_id: str, report: VerifyReport) -> wire.VerifyInfo:
+    """``report`` as ``verify_cluster`` carries it."""
+    return wire.VerifyInfo(
+        node_id=node_id,
+        segments_checked=report.segments_checked,
+        copies_checked=report.copies_checked,
+        copies_unchecked=report.copies_unchecked,
+        problem_count=len(report.problems),
+        problems=tuple(
+            wire.VerifyProblemInfo(
+                kind=problem.kind.value,
+                node_id=problem.node_id,
+                range_id=problem.range_id,
+                base_offset=problem.base_offset,
+                files=tuple(kind.value for kind in problem.files),
+                detail=problem.detail,
+            )
+            for problem in report.problems[: wire.MAX_LISTED_PROBLEMS]
+        ),
+    )
+
+
 def _records_payload(result: FetchResult) -> list[bytes]:
     return wire.records_payload_parts(result.count, result.data, result.next_cursor)
 
@@ -759,6 +802,9 @@ class ClientFactory(Factory):
         #: composition root may set it after building the factory (once its ports are bound,
         #: so that the node's record carries them), before the port accepts.
         self.cluster = cluster
+        #: What ``verify_cluster`` runs; None (not a node of a cluster): it answers
+        #: ``invalid_operation``. Set by the composition root like ``cluster``.
+        self.verifier: ClusterVerifier | None = None
         #: The open connections, for draining at shutdown.
         self.connections: set[ClientProtocol] = set()
         #: Refused connections waiting to show which layer they speak (``_Refused``).

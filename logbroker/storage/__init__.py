@@ -4,6 +4,7 @@ See ``docs/storage-format.md`` for the bytes on disk and ``RangeLog`` for the AP
 """
 
 from logbroker.records import Record, StoredRecord
+from logbroker.storage._digests import DIGEST_SIZE, CopyDigests, SegmentFile
 from logbroker.storage._executor import Executor, ThreadPoolExecutor
 from logbroker.storage._format import (
     BATCH_ENCODER,
@@ -43,9 +44,11 @@ from logbroker.storage.store import DataDirectory, OpenLogs, OpenOnce
 
 __all__ = [
     "BATCH_ENCODER",
+    "DIGEST_SIZE",
     "FORMAT_VERSION",
     "Appended",
     "BatchSlice",
+    "CopyDigests",
     "CopyState",
     "Damage",
     "DamageReason",
@@ -72,6 +75,7 @@ __all__ = [
     "RangeLog",
     "Record",
     "Seal",
+    "SegmentFile",
     "SegmentInfo",
     "SegmentNotFoundError",
     "SegmentStateError",

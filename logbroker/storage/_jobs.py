@@ -73,6 +73,15 @@ def _create_segment(fs: FileSystem, directory: str, path: str) -> AppendFile:
     return writer
 
 
+def _read_prefix(fs: FileSystem, path: str, byte_size: int) -> bytes:
+    """The first ``byte_size`` bytes of the file at ``path`` (fewer if it is shorter)."""
+    reader = fs.open_read(path)
+    try:
+        return reader.read(0, byte_size)
+    finally:
+        reader.close()
+
+
 def _seal_files(
     fs: FileSystem, path: str, seal: Seal, index: list[IndexEntry], epoch: int | None
 ) -> None:
@@ -103,11 +112,7 @@ def _seal_log(
     sealed length, which sealing again completes. Bytes past that length were never
     acknowledged by a quorum, and every byte before it stays.
     """
-    reader = fs.open_read(path)
-    try:
-        data = reader.read(0, byte_size)
-    finally:
-        reader.close()
+    data = _read_prefix(fs, path, byte_size)
     sealed = sealed_files(data, base_offset) if len(data) == byte_size else None
     if sealed is None:
         raise SegmentStateError(
@@ -141,11 +146,7 @@ def _seal_rolled(fs: FileSystem, plan: SealPlan) -> Rolled:
     as the log holds it, never cut, as it was before the roll, its sidecars derived from the
     batches before the rot, and the rot is reported like any other.
     """
-    reader = fs.open_read(plan.path)
-    try:
-        data = reader.read(0, plan.byte_size)
-    finally:
-        reader.close()
+    data = _read_prefix(fs, plan.path, plan.byte_size)
     sealed = sealed_files(data, plan.base_offset) if len(data) == plan.byte_size else None
     damage = None
     if sealed is None or sealed.seal.record_count != plan.record_count:
@@ -215,11 +216,7 @@ def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
 def _whole_batches(fs: FileSystem, path: str, base_offset: int, byte_size: int) -> list[BatchInfo]:
     """The batches of the first ``byte_size`` bytes of a segment, which must all verify and
     end exactly there; ``SegmentStateError`` (nothing changed) otherwise."""
-    reader = fs.open_read(path)
-    try:
-        data = reader.read(0, byte_size)
-    finally:
-        reader.close()
+    data = _read_prefix(fs, path, byte_size)
     scan = scan_batches(data, 0, base_offset)
     if len(data) != byte_size or scan.damage is not None:
         raise SegmentStateError(

@@ -100,8 +100,8 @@ class SegmentOperations:
             job = self._executor.run(_roll_job, self._fs, state.directory, plan, next_path)
 
             def rolled(result: tuple[AppendFile, Rolled]) -> SegmentInfo:
-                writer, sealed = result
-                return state.apply_seal(active, sealed.sealed, sealed.damage, writer)
+                writer, roll = result
+                return state.apply_seal(active, roll.sealed, roll.damage, writer)
 
             return job.addCallbacks(rolled, self._out_of_service)
 

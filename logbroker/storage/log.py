@@ -33,6 +33,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from logbroker.records import ProducerStamp, Record, StoredRecord
+from logbroker.storage._digests import CopyDigests, CopyFiles, digest_copies
 from logbroker.storage._executor import Executor
 from logbroker.storage._format import encode_batch, stamp_batch
 from logbroker.storage._fs import FileSystem
@@ -130,6 +131,8 @@ class RangeLog:
             reader=reader or executor,
         )
         self._reads = LogReader(self._state, fs, reader or executor)
+        self._fs = fs
+        self._reader = reader or executor
         for event in recovered.events:
             self._state.report(event)
         for name in recovered.removed:
@@ -518,6 +521,21 @@ class RangeLog:
         Returns at least one batch when there is one, and stops at the end of a segment.
         """
         return self._reads.read_raw(offset, max_bytes)
+
+    def copy_digests(
+        self, after: int | None = None, max_bytes: int = 256 * 1024 * 1024, max_copies: int = 4096
+    ) -> Deferred[tuple[list[CopyDigests], int]]:
+        """The SHA-256 of each file of this log's segment copies whose base offset is above
+        ``after`` (all with ``None``), in offset order, computed in a reader thread: at most
+        ``max_copies`` copies, stopping once ``max_bytes`` of files are hashed (always at least
+        one copy, when there is one); and the bytes hashed. The active copy is listed without
+        digests. What ``logbroker cluster verify`` compares between nodes."""
+        copies = [
+            CopyFiles(segment.base_offset, segment.state, segment.stem)
+            for segment in self._state.segments
+            if after is None or segment.base_offset > after
+        ]
+        return self._reader.run(digest_copies, self._fs, copies, max_bytes, max_copies)
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -38,6 +38,7 @@ from logbroker.wire.messages import (
     StreamAck,
     Subscribe,
     TopicInfo,
+    VerifyCluster,
     decode_acls,
     decode_cluster,
     decode_count,
@@ -63,12 +64,22 @@ from logbroker.wire.messages import (
     records_payload_parts,
 )
 from logbroker.wire.primitives import record as encode_record
+from logbroker.wire.verify import (
+    MAX_LISTED_PROBLEMS,
+    VERIFY_PAYLOAD_VERSION,
+    VerifyInfo,
+    VerifyProblemInfo,
+    decode_verify,
+    encode_verify,
+)
 
 __all__ = [
     "CLUSTER_PAYLOAD_VERSION",
     "DEFAULT_MAX_FRAME_SIZE",
+    "MAX_LISTED_PROBLEMS",
     "PRODUCER_WINDOW",
     "REQUEST_TYPES",
+    "VERIFY_PAYLOAD_VERSION",
     "ApiKey",
     "Auth",
     "ChangePassword",
@@ -99,6 +110,9 @@ __all__ = [
     "StreamAck",
     "Subscribe",
     "TopicInfo",
+    "VerifyCluster",
+    "VerifyInfo",
+    "VerifyProblemInfo",
     "WireError",
     "decode_acls",
     "decode_cluster",
@@ -110,6 +124,7 @@ __all__ = [
     "decode_token",
     "decode_topics",
     "decode_users",
+    "decode_verify",
     "encode_acls",
     "encode_cluster",
     "encode_count",
@@ -123,6 +138,7 @@ __all__ = [
     "encode_token",
     "encode_topics",
     "encode_users",
+    "encode_verify",
     "ok_frame_parts",
     "records_payload_parts",
 ]

@@ -55,6 +55,7 @@ class ApiKey(IntEnum):
     LIST_TOPICS = 64
     DESCRIBE_CLUSTER = 66
     PRODUCE_IDEMPOTENT = 67
+    VERIFY_CLUSTER = 68
 
 
 @attrs.frozen
@@ -248,6 +249,14 @@ class ProduceIdempotent(Request):
     records: tuple[Record, ...]
 
 
+@attrs.frozen
+class VerifyCluster(Request):
+    """Extension: are every sealed segment's copies complete and identical on every node
+    (admin only)? Answered as ``logbroker.wire.verify`` lays out."""
+
+    API_KEY = ApiKey.VERIFY_CLUSTER
+
+
 REQUEST_TYPES: dict[int, type[Request]] = {
     kind.API_KEY: kind
     for kind in (
@@ -269,6 +278,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         ListTopics,
         DescribeCluster,
         ProduceIdempotent,
+        VerifyCluster,
     )
 }
 

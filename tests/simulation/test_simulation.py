@@ -22,7 +22,9 @@ from logbroker.replication.core import replica as rules
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.core.replica import CopyView
-from logbroker.storage import CopyState
+from logbroker.storage import CopyState, FileSystem, _operations
+from logbroker.storage._jobs import _seal_files
+from logbroker.storage._segment import Sealed
 from tests.simulation.world import simulate
 
 SIMULATION_SEEDS = int(os.environ.get("LOGBROKER_SIMULATION_SEEDS", "2000"))
@@ -123,3 +125,18 @@ def test_the_checker_catches_replication_factor_left_unrestored(
     monkeypatch.setattr(replica_sets, "restore_replication_factor", lambda meta, context: None)
     seed = _caught(lambda problem: "fewer than 3" in problem or "under-replicated" in problem)
     assert seed >= 0, "short replica sets stayed short unseen: the checker is blind"
+
+
+def test_the_checker_catches_a_copy_fetched_whole_without_its_epoch_marker(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A copy healing fetches whole, installed without the epoch the control plane sealed the
+    # segment at (as before the epoch was passed down), while its siblings, sealed in place,
+    # carry one: the checker compares every file of every copy, not only the .log.
+    def without_epoch(fs: FileSystem, path: str, data: bytes, sealed: Sealed, epoch: int) -> None:
+        _seal_files(fs, path, sealed.seal, sealed.index, None)
+        fs.write_atomic(path, data)
+
+    monkeypatch.setattr(_operations, "_install_job", without_epoch)
+    seed = _caught(lambda problem: ".epoch files differ" in problem)
+    assert seed >= 0, "copies installed without their epoch went unseen: the checker is blind"

@@ -141,3 +141,26 @@ def test_a_broker_without_produce_idempotent_is_sent_plain_produces(
     sent = [request.request for request in requests_read(far)]
     assert isinstance(sent[0], wire.ProduceIdempotent)
     assert sent[1:] == [wire.Produce("t", (Record(b"a"),)), wire.Produce("t", (Record(b"b"),))]
+
+
+def test_verify_cluster_waits_as_long_as_asked_then_restores_the_timeout(
+    pair: tuple[BlockingClient, socket.socket],
+) -> None:
+    client, far = pair
+    report = wire.VerifyInfo("n1", 2, 6, 0, 0, ())
+    far.sendall(wire.encode_ok(1, wire.encode_verify(report)))
+
+    assert client.verify_cluster(timeout=0.5) == report
+    assert requests_read(far) == [wire.ReceivedRequest(1, wire.VerifyCluster())]
+    assert client._socket.gettimeout() == 5
+
+
+def test_verify_cluster_gives_up_after_its_timeout(
+    pair: tuple[BlockingClient, socket.socket],
+) -> None:
+    client, _ = pair
+
+    with pytest.raises(TimeoutError):
+        client.verify_cluster(timeout=0.05)
+
+    assert client._socket.gettimeout() == 5

@@ -13,10 +13,13 @@ from twisted.internet.testing import StringTransport
 
 from logbroker import wire
 from logbroker.broker.core import BrokerSettings
+from logbroker.cluster.digests import DigestServer
 from logbroker.cluster.membership import NodeRecord
+from logbroker.cluster.verify import ClusterVerifier
 from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.metrics import Metrics
+from logbroker.peer.frames import PeerOp
 from logbroker.records import ProducerStamp, Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import (
@@ -28,7 +31,7 @@ from logbroker.server.protocol import (
 from logbroker.testing import ImmediateExecutor, ManualExecutor
 from tests.unit.broker.helpers import make_broker_and_control
 from tests.unit.server.helpers import make_guards
-from tests.unit.storage.helpers import result_of
+from tests.unit.storage.helpers import MemoryLogs, result_of
 from tests.unit.test_tcp import AbortableTransport, TcpTransport
 
 CHEAP = PasswordHasher(time_cost=1, memory_cost=8, parallelism=1)
@@ -480,6 +483,81 @@ def test_a_view_set_on_the_factory_after_it_was_built_is_the_one_answered(world:
     client.send(wire.DescribeCluster(), 9)
 
     assert wire.decode_cluster(client.one().payload).cluster_id == "late"
+
+
+# -- verify_cluster ------------------------------------------------------------------------
+
+
+class EmptyNode:
+    """A requester whose every node answers ``digests`` from ``storage``."""
+
+    def __init__(self, storage: MemoryLogs) -> None:
+        self._server = DigestServer(storage)
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        return self._server.serve(payload)
+
+
+def verifier_of(segments: list[SegmentMeta]) -> ClusterVerifier:
+    """n1 (alive, holding no copy) checks a cluster whose n2 is dead."""
+    return ClusterVerifier(
+        "n1",
+        lambda: segments,
+        lambda: [("n1", True), ("n2", False)],
+        EmptyNode(MemoryLogs()),
+        Clock(),
+    )
+
+
+@pytest.mark.parametrize("chunk", [None, 1, 5], ids=["whole", "one byte at a time", "split"])
+def test_an_admin_is_told_what_the_verifier_found(world: World, chunk: int | None) -> None:
+    _, server = world
+    admin = server.connect()
+    admin.login()
+    meta = SegmentMeta("orders.0", 0, SegmentState.SEALED, 3, 200, ("n1", "n2"), 4)
+    server.factories[-1].verifier = verifier_of([meta])
+    frame = wire.encode_request(12, wire.VerifyCluster())
+
+    for start in range(0, len(frame), chunk or len(frame)):
+        admin.protocol.dataReceived(frame[start : start + (chunk or len(frame))])
+
+    response = admin.one()
+    assert (response.correlation_id, response.ok) == (12, True)
+    assert wire.decode_verify(response.payload) == wire.VerifyInfo(
+        node_id="n1",
+        segments_checked=1,
+        copies_checked=1,
+        copies_unchecked=1,
+        problem_count=2,
+        problems=(
+            wire.VerifyProblemInfo(
+                "unavailable", "n2", None, None, (), "dead: its membership lease is gone"
+            ),
+            wire.VerifyProblemInfo("missing_copy", "n1", "orders.0", 0, (), ""),
+        ),
+    )
+
+
+def test_verify_cluster_is_for_admins_only(world: World) -> None:
+    _, server = world
+    consumer = server.connect()
+    consumer.login("consumer", "consumer123")
+    server.factories[-1].verifier = verifier_of([])
+
+    consumer.send(wire.VerifyCluster(), 5)
+
+    assert consumer.one() == wire.Response(5, b"", "permission_denied")
+
+
+def test_without_a_verifier_verify_cluster_is_an_invalid_operation(world: World) -> None:
+    _, server = world
+    client = server.connect()
+    client.login()
+
+    client.send(wire.VerifyCluster(), 8)
+
+    assert client.one() == wire.Response(8, b"", "invalid_operation")
+    assert client.transport.connected, "the connection goes on"
 
 
 # -- subscribe -----------------------------------------------------------------------------

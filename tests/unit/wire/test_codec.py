@@ -50,6 +50,7 @@ from logbroker.wire import (
     StreamAck,
     Subscribe,
     TopicInfo,
+    VerifyCluster,
     WireError,
     decode_acls,
     decode_cluster,
@@ -107,6 +108,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.builds(ListAcls, texts),
     st.just(ListTopics()),
     st.just(DescribeCluster()),
+    st.just(VerifyCluster()),
 )
 names = st.text(max_size=12)
 cluster_nodes = st.builds(
@@ -216,6 +218,7 @@ def test_extensions_take_keys_from_64_up() -> None:
         "list_topics": 64,
         "describe_cluster": 66,
         "produce_idempotent": 67,
+        "verify_cluster": 68,
     }
 
 
@@ -434,7 +437,7 @@ def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: byt
     assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
 
 
-@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 68, 0xFFFF])
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 69, 0xFFFF])
 def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
     with pytest.raises(WireError) as raised:
         decode_request(struct.pack(">HI", api_key, 42))
