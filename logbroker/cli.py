@@ -386,6 +386,7 @@ def cluster_json(cluster: ClusterInfo) -> dict[str, object]:
         "control_plane": cluster.control_plane,
         "chores_holder": cluster.chores_holder,
         "domain_violations": cluster.domain_violations,
+        "under_replicated_segments": cluster.under_replicated,
         "lease_age_seconds": None if lease is None else lease / 1000,
         "nodes": [
             {
@@ -416,6 +417,8 @@ def cluster_table(cluster: ClusterInfo) -> list[str]:
         ("chores holder", cluster.chores_holder or "none"),
         ("domain violations", str(cluster.domain_violations)),
     ]
+    if cluster.under_replicated is not None:
+        facts.append(("under-replicated", f"{cluster.under_replicated} segments"))
     if lease is not None:
         facts.append(("lease age", f"{lease / 1000:.1f} s"))
     lines = [f"{name + ':':<19}{value}" for name, value in facts]

@@ -611,10 +611,11 @@ class _ClusterValues:
     nodes: dict[str, int]
     domain_violations: int
     lease_age_seconds: float | None
+    under_replicated: int
 
 
 def _no_cluster() -> _ClusterValues:
-    return _ClusterValues(dict.fromkeys(NODE_STATES, 0), 0, None)
+    return _ClusterValues(dict.fromkeys(NODE_STATES, 0), 0, None, 0)
 
 
 class _ClusterGauges:
@@ -633,6 +634,7 @@ class _ClusterGauges:
             {"alive": alive, "dead": len(status.nodes) - alive},
             status.domain_violations,
             status.lease_age_seconds,
+            status.under_replicated,
         )
 
     def describe(self) -> Iterable[Metric]:
@@ -663,6 +665,12 @@ class _ClusterGauges:
                 "svc_domain_violations",
                 "Segments whose replicas do not meet their placement spread.",
                 value=values.domain_violations,
+            ),
+            GaugeMetricFamily(
+                "svc_under_replicated_segments",
+                "Segments of the cluster with fewer whole copies on live nodes than the"
+                " replication factor, as this node last counted them (0 is healthy).",
+                value=values.under_replicated,
             ),
             lease,
         ]

@@ -230,6 +230,7 @@ def cluster_payload(cluster: ClusterStatus, snapshot: MetricsSnapshot) -> dict[s
         "control_plane": cluster.control_plane.value,
         "chores_holder": cluster.chores_holder,
         "domain_violations": cluster.domain_violations,
+        "under_replicated": cluster.under_replicated,
         "lease_age_seconds": None if lease is None else round(lease, 3),
         "nodes": [
             {

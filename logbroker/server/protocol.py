@@ -720,6 +720,7 @@ def cluster_info(status: ClusterStatus) -> wire.ClusterInfo:
         chores_holder=status.chores_holder,
         domain_violations=status.domain_violations,
         lease_age_ms=None if lease is None else round(lease * 1000),
+        under_replicated=status.under_replicated,
         nodes=tuple(
             wire.ClusterNodeInfo(
                 node_id=node.record.node_id,

@@ -530,7 +530,7 @@ def decode_topics(payload: bytes) -> list[TopicInfo]:
 #: field of the earlier ones where it is and only appends: at the end of the payload and at the
 #: end of a node's entry (which is why each entry carries its length), so a reader of version 1
 #: reads a later payload's version 1 fields and skips the rest.
-CLUSTER_PAYLOAD_VERSION = 1
+CLUSTER_PAYLOAD_VERSION = 2
 #: A lease age of this many milliseconds or more is written as this (about 49 days).
 _MAX_LEASE_AGE_MS = p.MAX_U32
 
@@ -567,6 +567,9 @@ class ClusterInfo:
     #: Milliseconds since etcd last renewed the answering node's lease; None on one node.
     lease_age_ms: int | None
     nodes: tuple[ClusterNodeInfo, ...]
+    #: Segments with fewer whole copies on live nodes than the replication factor; None from
+    #: a node that does not say (payload version 1).
+    under_replicated: int | None = None
 
 
 def _encode_cluster_node(node: ClusterNodeInfo) -> bytes:
@@ -606,6 +609,7 @@ def encode_cluster(cluster: ClusterInfo) -> bytes:
             lease,
             p.u32(len(cluster.nodes)),
             *(_encode_cluster_node(node) for node in cluster.nodes),
+            p.u32(cluster.under_replicated or 0),
         ]
     )
 
@@ -655,7 +659,8 @@ def _cluster_node(reader: Reader) -> ClusterNodeInfo:
 
 def decode_cluster(payload: bytes) -> ClusterInfo:
     """Read a ``describe_cluster`` payload of version 1 or later (a later one's added fields
-    are skipped); ``ProtocolViolation`` for version 0 or a payload cut short."""
+    are skipped; version 1 says nothing of under-replication); ``ProtocolViolation`` for
+    version 0 or a payload cut short."""
     reader = Reader(payload)
     try:
         version = reader.u8()
@@ -672,13 +677,21 @@ def decode_cluster(payload: bytes) -> ClusterInfo:
         if count * 4 > reader.remaining:
             raise Truncated(f"{count} nodes cannot fit in {reader.remaining} bytes")
         nodes = tuple(_cluster_node(reader) for _ in range(count))
-        if version == CLUSTER_PAYLOAD_VERSION:
+        under_replicated = reader.u32() if version >= 2 else None
+        if version <= CLUSTER_PAYLOAD_VERSION:
             reader.end()
         # A later version's fields follow: skipped.
     except (Truncated, ValueError) as error:
         raise ProtocolViolation(str(error)) from None
     return ClusterInfo(
-        cluster_id, node_id, control_plane, chores_holder, domain_violations, lease_age_ms, nodes
+        cluster_id,
+        node_id,
+        control_plane,
+        chores_holder,
+        domain_violations,
+        lease_age_ms,
+        nodes,
+        under_replicated,
     )
 
 

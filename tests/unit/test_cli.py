@@ -238,6 +238,7 @@ THREE_NODES = ClusterInfo(
     chores_holder="n1",
     domain_violations=1,
     lease_age_ms=1250,
+    under_replicated=4,
     nodes=(
         ClusterNodeInfo("n1", "10.0.0.1", 4040, 4041, 4042, True, 3, (("zone", "a"),), "0.1"),
         ClusterNodeInfo("n2", "fd00::2", 4040, 4041, 4042, True, 1, (("zone", "b"),), "0.1"),
@@ -252,6 +253,7 @@ def test_cluster_status_is_facts_then_one_row_per_node_with_its_marks() -> None:
         "control plane:     etcd",
         "chores holder:     n1",
         "domain violations: 1",
+        "under-replicated:  4 segments",
         "lease age:         1.2 s",
         "",
         "NODE  STATE  ADDRESS         PEER PORT  ATTRIBUTES  SEGMENTS LED",
@@ -297,6 +299,7 @@ def test_cluster_status_json_is_one_object() -> None:
         "control_plane": "etcd",
         "chores_holder": "n1",
         "domain_violations": 1,
+        "under_replicated_segments": 4,
         "lease_age_seconds": 1.25,
     }
     assert document["nodes"][1] == {

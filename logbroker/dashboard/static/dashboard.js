@@ -132,6 +132,8 @@
     byId("cluster-chores").classList.toggle("alert", cluster.chores_holder === null);
     setText("cluster-violations", count(cluster.domain_violations));
     byId("cluster-violations").classList.toggle("alert", cluster.domain_violations > 0);
+    setText("cluster-under-replicated", count(cluster.under_replicated));
+    byId("cluster-under-replicated").classList.toggle("alert", cluster.under_replicated > 0);
     setText("peer-connections", count(cluster.peers.connections));
     setText("peer-bytes-in", bytes(cluster.peers.bytes_in));
     setText("peer-bytes-out", bytes(cluster.peers.bytes_out));

@@ -238,6 +238,7 @@ async def test_json_metrics_shows_the_cluster_as_the_node_s_view_has_it(
         "control_plane": "local",
         "chores_holder": "n1",
         "domain_violations": 0,
+        "under_replicated": 0,
         "lease_age_seconds": None,
         "nodes": [
             {

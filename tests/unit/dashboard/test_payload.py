@@ -93,6 +93,7 @@ def test_the_cluster_object_lists_every_node_with_its_state_and_marks() -> None:
         chores_holder="n1",
         domain_violations=2,
         lease_age_seconds=0.12345,
+        under_replicated=3,
     )
     metrics = Metrics(Clock())
     metrics.peer_connection_opened()
@@ -107,6 +108,7 @@ def test_the_cluster_object_lists_every_node_with_its_state_and_marks() -> None:
         "control_plane": "etcd",
         "chores_holder": "n1",
         "domain_violations": 2,
+        "under_replicated": 3,
         "lease_age_seconds": 0.123,
         "peers": {"connections": 1, "bytes_in": 10, "bytes_out": 20},
     }

@@ -424,6 +424,7 @@ EXPECTED_CLUSTER = wire.ClusterInfo(
             "n1", "broker-1.internal", 4040, 4041, 4042, True, 2, (("zone", "a"),), "0.1"
         ),
     ),
+    under_replicated=0,
 )
 
 

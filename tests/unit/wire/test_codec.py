@@ -132,6 +132,7 @@ clusters = st.builds(
     domain_violations=U32,
     lease_age_ms=st.one_of(st.none(), U32),
     nodes=st.lists(cluster_nodes, max_size=4).map(tuple),
+    under_replicated=U32,
 )
 
 
@@ -278,9 +279,10 @@ ONE_NODE = ClusterInfo(
     domain_violations=2,
     lease_age_ms=None,
     nodes=(ClusterNodeInfo("n1", "h", 4040, 4041, 4042, True, 3, (("zone", "a"),), "0.1"),),
+    under_replicated=5,
 )
 ONE_NODE_BYTES = (
-    b"\x01"  # payload version 1
+    b"\x02"  # payload version 2
     b"\x01\x00\x00\x00\x01c"  # cluster id
     b"\x01\x00\x00\x00\x02n1"  # answering node
     b"\x01\x00\x00\x00\x05local"  # control plane
@@ -297,7 +299,10 @@ ONE_NODE_BYTES = (
     b"\x00\x00\x00\x01"  # attribute count
     b"\x01\x00\x00\x00\x04zone\x01\x00\x00\x00\x01a"  # zone=a
     b"\x01\x00\x00\x00\x030.1"  # version
+    b"\x00\x00\x00\x05"  # under-replicated segments (version 2)
 )
+#: The same as a node of version 1 sent it: nothing after the nodes.
+ONE_NODE_BYTES_V1 = b"\x01" + ONE_NODE_BYTES[1:-4]
 
 
 def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
@@ -309,20 +314,27 @@ def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
 
 
 def test_a_later_cluster_payload_version_is_read_for_the_fields_this_one_knows() -> None:
-    # Version 2 appends a field to the node's entry and one to the payload.
+    # Version 3 appends a field to the node's entry and one to the payload.
     entry_start = 40
-    entry = ONE_NODE_BYTES[entry_start + 4 :] + b"\x07more"
+    entry = ONE_NODE_BYTES_V1[entry_start + 4 :] + b"\x07more"
     later = (
-        b"\x02"
+        b"\x03"
         + ONE_NODE_BYTES[1:entry_start]
         + struct.pack(">I", len(entry))
         + entry
+        + b"\x00\x00\x00\x05"
         + b"\x00\x00\x00\x09"
     )
 
     assert decode_cluster(later) == ONE_NODE
     with pytest.raises(ProtocolViolation, match="bytes left"):
-        decode_cluster(ONE_NODE_BYTES + b"\x00")  # version 1 has nothing after its nodes
+        decode_cluster(ONE_NODE_BYTES + b"\x00")  # version 2 has nothing after its count
+
+
+def test_a_version_1_cluster_payload_says_nothing_of_under_replication() -> None:
+    assert decode_cluster(ONE_NODE_BYTES_V1) == attrs.evolve(ONE_NODE, under_replicated=None)
+    with pytest.raises(ProtocolViolation, match="bytes left"):
+        decode_cluster(ONE_NODE_BYTES_V1 + b"\x00")  # version 1 has nothing after its nodes
 
 
 @pytest.mark.parametrize(
@@ -331,7 +343,7 @@ def test_a_later_cluster_payload_version_is_read_for_the_fields_this_one_knows()
         (b"\x00" + ONE_NODE_BYTES[1:], "version 0"),
         (b"\x01\x00" + ONE_NODE_BYTES[7:], "cluster id is null"),
         (ONE_NODE_BYTES[:35] + b"\x02", "lease marker"),
-        (ONE_NODE_BYTES[:-1], "needs"),
+        (ONE_NODE_BYTES_V1[:-1], "needs"),
         (ONE_NODE_BYTES[:40] + b"\xff\xff\xff\xff" + ONE_NODE_BYTES[44:], "needs"),
         (ONE_NODE_BYTES[:36] + b"\x7f\xff\xff\xff", "nodes cannot fit"),
     ],
