@@ -9,6 +9,7 @@ Every choice is drawn from one seeded ``random.Random``, so a seed replays exact
 from __future__ import annotations
 
 import heapq
+import math
 import random
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -47,9 +48,13 @@ class SimClock:
         return self._now
 
     def callLater(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
-        call = DelayedCall(
-            self._now + delay, f, args, kw, _ignore, self._push, seconds=self.seconds
-        )
+        at = self._now + delay
+        if delay > 0 and at <= self._now:
+            # A delay below the clock's resolution still lets time pass, as a real clock does:
+            # a loop that waits "almost nothing" (a ``LoopingCall`` on a stepped clock) would
+            # otherwise never see time move.
+            at = math.nextafter(self._now, math.inf)
+        call = DelayedCall(at, f, args, kw, _ignore, self._push, seconds=self.seconds)
         self._push(call)
         return call
 
