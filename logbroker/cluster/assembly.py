@@ -98,11 +98,13 @@ def assemble_ranges(
     heard_at: Callable[[str], float | None] = lambda node: None,
     on_lead: Callable[[str, int, int, str], None] = ignore_leadership,
     on_commit: Callable[[str, int], None] = ignore_commit,
+    control_follows: Callable[[], bool] = lambda: True,
 ) -> RangeParts:
     """``live_nodes`` lists the live members for placement; ``is_live`` answers for one node,
     cheaply (it is asked for every replica of every produce); ``heard_at`` says when the peer
-    link last heard from a node; ``on_lead`` is told of every leadership this node begins, and
-    ``on_commit`` of every move of a commit index it leads."""
+    link last heard from a node; ``control_follows`` whether this node's view of the control
+    plane follows etcd now (claims wait for it); ``on_lead`` is told of every leadership this
+    node begins, and ``on_commit`` of every move of a commit index it leads."""
     waits = RemoteWaits(peers)
 
     def forward(primary: str, range_id: str) -> RangeHandle:
@@ -127,6 +129,7 @@ def assemble_ranges(
         live_nodes=live_nodes,
         is_live=is_live,
         holds_lease=holds_lease,
+        control_follows=control_follows,
         heard_at=heard_at,
         on_lead=on_lead,
         on_commit=on_commit,

@@ -234,6 +234,7 @@ def build_cluster(
         holds_chores=lambda: membership.holds_chores,
         replace_after_seconds=cluster.replica_replace_after_ms / 1000,
         heard_at=peers.heard_at,
+        control_follows=lambda: control.following,
     )
     chores: list[PeriodicTask] = []
     replication = parts.replication

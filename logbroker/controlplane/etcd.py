@@ -342,6 +342,12 @@ class EtcdControlPlane(StateControlPlane):
         self._closed = False
         self._close_waiters: list[Deferred[None]] = []
 
+    @property
+    def following(self) -> bool:
+        """Whether the cache follows etcd now (its watch runs): when it does not (etcd was out
+        of reach, and the watch is not resumed yet), what it shows may be stale."""
+        return self._follower.watching
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def start(self) -> Deferred[None]:

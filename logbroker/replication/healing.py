@@ -111,7 +111,7 @@ class Healer:
         key = (meta.range_id, meta.base_offset)
         if key in self._healing:
             return
-        info = next((s for s in copy.segments() if s.base_offset == meta.base_offset), None)
+        info = copy.segment(meta.base_offset)
         assert meta.byte_size is not None
         if (
             info is not None

@@ -247,7 +247,16 @@ class LeadRanges:
         if waiting is not None:
             waiting.append(waiter)
             return waiter
-        now = self._claims.context.clock.seconds()
+        ctx = self._claims.context
+        if not ctx.control_follows():
+            return fail(
+                BrokerError(
+                    Reason.UNREACHABLE,
+                    f"range {range_id} is not claimed while this node's view of the control"
+                    " plane catches up with etcd",
+                )
+            )
+        now = ctx.clock.seconds()
         backoff = self._backoff.get(range_id)
         if backoff is not None and now < backoff.until:
             return fail(
@@ -326,6 +335,8 @@ class LeadRanges:
         for leading in self.leading():
             if leading.leader is not None:
                 leading.leader.check_quorum(ctx.heard_at)
+        if not ctx.control_follows():
+            return
         for range_id in range_ids:
             meta = self._claims.active(range_id)
             if meta is None or range_id in self._claiming:

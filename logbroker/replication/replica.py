@@ -75,7 +75,7 @@ class _Tail:
 
 def find_copy(copy: RangeLog, segment: int) -> SegmentInfo | None:
     """This node's copy of the segment at ``segment``, if it holds one."""
-    return next((s for s in copy.segments() if s.base_offset == segment), None)
+    return copy.segment(segment)
 
 
 def copy_epoch(copy: RangeLog, segment: int) -> int | None:
@@ -206,7 +206,7 @@ class ReplicaServer:
                 "unreadable): it takes nothing until it is fenced again",
             )
         if decision.step is Step.NOTE_COMMIT:
-            copy.commit(min(request.commit, copy.durable_offset))
+            copy.commit(rules.known_commit(request.commit, copy.durable_offset))
             return succeed(self._status(copy, segment, CopyOutcome.OK))
         if decision.step is Step.START:
             return self._exclusive_then(range_id, self._start(copy, request), again)
@@ -295,7 +295,7 @@ class ReplicaServer:
         tail.position = request.position + len(request.data)
 
         def stored(_: object) -> bytes:
-            copy.commit(min(request.commit, copy.durable_offset))
+            copy.commit(rules.known_commit(request.commit, copy.durable_offset))
             return self._status(copy, request.segment, CopyOutcome.OK)
 
         def failed(failure: Failure) -> bytes:

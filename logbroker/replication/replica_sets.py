@@ -39,6 +39,8 @@ def restore_replication_factor(meta: SegmentMeta, context: ClaimContext) -> Segm
     short of the factor and live nodes can be added."""
     if meta.state is not SegmentState.SEALED or not meta.record_count:
         return None
+    if len(meta.replicas) >= context.rule.replication_factor:
+        return None
     try:
         return claims.completed_set(meta, list(context.live_nodes()), context.rule)
     except PlacementError:

@@ -78,6 +78,9 @@ class ClaimContext:
     is_live: Callable[[str], bool]
     #: Whether this node holds its membership lease now.
     holds_lease: Callable[[], bool] = lambda: True
+    #: Whether this node's view of the control plane follows etcd now (not stale after etcd
+    #: was out of reach): claims are decided on it.
+    control_follows: Callable[[], bool] = lambda: True
     #: When the peer link last heard from a node (``None``: never, or no link).
     heard_at: Callable[[str], float | None] = lambda node: None
     #: Told of every leadership this node begins: ``(range id, segment, epoch, node id)``.
@@ -247,6 +250,12 @@ class SegmentClaims:
             raise BrokerError(
                 Reason.UNREACHABLE,
                 f"this node holds no membership lease, so it claims nothing ({range_id})",
+            )
+        if not self._context.control_follows():
+            raise BrokerError(
+                Reason.UNREACHABLE,
+                f"this node's view of the control plane is catching up with etcd, so it claims"
+                f" nothing yet ({range_id})",
             )
 
     async def _fence(self, meta: SegmentMeta) -> dict[str, CopyEnd]:

@@ -60,7 +60,12 @@ from logbroker.storage._values import (
     LogConfig,
     Written,
 )
-from logbroker.storage.errors import FencedError, NotContiguousError, StorageError
+from logbroker.storage.errors import (
+    FencedError,
+    NotContiguousError,
+    SegmentNotFoundError,
+    StorageError,
+)
 
 __all__ = [
     "DEFAULT_SEGMENT_MAX_BYTES",
@@ -270,6 +275,14 @@ class RangeLog:
 
     def segments(self) -> list[SegmentInfo]:
         return [segment.info() for segment in self._state.segments]
+
+    def segment(self, base_offset: int) -> SegmentInfo | None:
+        """The segment at ``base_offset``, if this log holds one (found by bisection: a range
+        of many segments is not listed whole to find one)."""
+        try:
+            return self._state.find(base_offset).info()
+        except SegmentNotFoundError:
+            return None
 
     def segment_epoch(self, base_offset: int) -> int:
         """The replication epoch of a segment (0 unless fenced or started at another).

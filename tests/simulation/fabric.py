@@ -103,9 +103,22 @@ class NodeClock:
         self._held: list[tuple[Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = []
         #: How far this node's clock is behind the others (``step_back``).
         self.skew = 0.0
+        #: How fast this node's clock runs against the others' (``run_at``), from when.
+        self._rate = 1.0
+        self._origin_global = self._origin_local = clock.seconds()
 
     def seconds(self) -> float:
-        return self._clock.seconds() - self.skew
+        elapsed = (self._clock.seconds() - self._origin_global) * self._rate
+        return self._origin_local + elapsed - self.skew
+
+    def run_at(self, rate: float) -> None:
+        """From now on this node's clock runs at ``rate`` times the others' speed (below 1: it
+        lags, as a drifting clock or a starved VM's does): its timers fire late, so it finds
+        out late that etcd stopped renewing its lease. Only fencing keeps such a node from
+        getting anything acknowledged once another took its ranges over."""
+        self._origin_local = self.seconds() + self.skew
+        self._origin_global = self._clock.seconds()
+        self._rate = rate
 
     def step_back(self, seconds: float) -> None:
         """The node's clock is stepped back (as NTP may, or a paused VM's): it reads
@@ -125,6 +138,8 @@ class NodeClock:
                 f(*args, **kw)
 
     def callLater(self, delay: float, f: Callable[..., Any], *args: Any, **kw: Any) -> IDelayedCall:
+        delay /= self._rate
+
         def run() -> None:
             self._calls.discard(call)
             if not self.alive:
@@ -194,9 +209,12 @@ class EtcdFaults:
     def __init__(self) -> None:
         self.errors = 0.0
         self.lost_answers = 0.0
+        #: The slowest answer (seconds): etcd under load answers in tens of milliseconds.
+        self.slowest = 0.003
 
     def calm(self) -> None:
         self.errors = self.lost_answers = 0.0
+        self.slowest = 0.003
 
 
 class EtcdLink:
@@ -220,7 +238,7 @@ class EtcdLink:
 
     def _late(self, answer: Deferred[_T]) -> Deferred[_T]:
         late: Deferred[_T] = Deferred()
-        delay = self._rng.uniform(0.0002, 0.003)
+        delay = self._rng.uniform(0.0002, self._faults.slowest)
 
         def arrive(result: object) -> None:
             self._clock.callLater(delay, _fire, late, result)

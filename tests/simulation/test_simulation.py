@@ -21,8 +21,7 @@ from logbroker.replication.core import claims
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.leader import ReplicationSettings
 from logbroker.replication.core.quorum import CopyEnd
-from logbroker.replication.core.replica import CopyView
-from logbroker.storage import CopyState, FileSystem, _operations
+from logbroker.storage import FileSystem, _operations
 from logbroker.storage._jobs import _seal_files
 from logbroker.storage._segment import Sealed
 from tests.simulation.world import simulate
@@ -103,11 +102,10 @@ def test_the_checker_catches_a_claimer_sealing_at_its_own_end(
 def test_the_checker_catches_copies_served_past_the_commit(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    def durable_end(view: CopyView, record: object, node_id: str, commit: int) -> int:
-        return view.durable_offset if view.state is CopyState.ACTIVE else view.next_offset
-
-    monkeypatch.setattr(rules, "committed_end", durable_end)
-    seed = _caught(lambda problem: "read during the faults" in problem or "read as" in problem)
+    # A replica that takes its copy as committed up to its durable end, not the commit index
+    # its primary told it.
+    monkeypatch.setattr(rules, "known_commit", lambda told, durable: durable)
+    seed = _caught(lambda problem: "past the highest commit" in problem or "read during" in problem)
     assert seed >= 0, "copies serving uncommitted records went unseen: the checker is blind"
 
 

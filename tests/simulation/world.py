@@ -138,6 +138,7 @@ class SimNode:
             holds_chores=lambda: membership.holds_chores,
             replace_after_seconds=REPLACE_AFTER,
             heard_at=peers.heard_at,
+            control_follows=lambda: control.following,
             on_lead=world.leadership_began,
             on_commit=world.committed,
         )
@@ -422,6 +423,7 @@ class World:
             "lossy",
             "slow",
             "clock_step",
+            "stale_leader",
             "heal",
         )
         while True:
@@ -465,6 +467,28 @@ class World:
         elif kind == "clock_step":
             if node.up:
                 node.clock.step_back(self.rng.uniform(0.5, 3.0))
+        elif kind == "stale_leader":
+            # A node whose clock runs slow (its timers fire late) is cut from etcd under load
+            # (slow for everyone): it believes in its lease for a while after etcd expired it
+            # and another node took its ranges over. Only fencing keeps what it writes
+            # meanwhile from being acknowledged.
+            if node.up:
+                clock = node.clock
+                clock.run_at(self.rng.uniform(0.3, 0.6))
+                link = node.link
+
+                def cut() -> None:
+                    link.sever()
+                    self.etcd_faults.slowest = self.rng.uniform(0.02, 0.2)
+
+                def over() -> None:
+                    link.mend()
+                    clock.run_at(1.0)
+                    self.etcd_faults.slowest = 0.003
+
+                # Cut once it has renewed its lease at its slow pace.
+                self.clock.callLater(2.5, cut)
+                self.clock.callLater(2.5 + self.rng.uniform(3.0, 6.0), over)
         else:
             self.network.heal()
             self.network.calm()

@@ -147,6 +147,13 @@ def trusted(view: CopyView, record: SegmentMeta, node_id: str) -> bool:
     )
 
 
+def known_commit(told: int, durable: int) -> int:
+    """How far a replica may take its copy as committed (what its readers may see): the
+    commit index its primary told it, as far as the copy holds it durably. Never its durable
+    end alone: a record there may be on no other copy, and be cut by the next claim."""
+    return min(told, durable)
+
+
 def committed_end(view: CopyView, record: SegmentMeta, node_id: str, commit: int) -> int:
     """Where the records of this copy that are known to be committed end (the segment's base:
     none). ``commit`` is the commit index the copy last heard from its primary.
