@@ -49,10 +49,18 @@ def under_replicated(
     return count
 
 
+#: How often a node asks the others what they lack (its count is as old as this, at most).
+REFRESH_SECONDS = 2.0
+
+
 class ReplicationHealth:
-    def __init__(self, context: ClaimContext, healer: Healer) -> None:
+    def __init__(
+        self, context: ClaimContext, healer: Healer, every_seconds: float = REFRESH_SECONDS
+    ) -> None:
         self._context = context
         self._healer = healer
+        self._every = every_seconds
+        self._last: float | None = None
         #: The last count, and what each node said it lacks.
         self.count = 0
         self.missing: dict[str, set[SegmentKey]] = {}
@@ -62,7 +70,12 @@ class ReplicationHealth:
         return succeed(encode_missing(sorted(self._healer.missing)))
 
     def refresh(self, range_ids: Sequence[str]) -> Deferred[None]:
-        """Ask every live node what it lacks, and count again."""
+        """Ask every live node what it lacks, and count again (at most every
+        ``every_seconds``: asked more often, it does nothing)."""
+        now = self._context.clock.seconds()
+        if self._last is not None and now - self._last < self._every:
+            return succeed(None)
+        self._last = now
         return Deferred.fromCoroutine(self._refresh(range_ids))
 
     async def _refresh(self, range_ids: Sequence[str]) -> None:

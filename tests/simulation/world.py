@@ -13,12 +13,14 @@ checker (``checks``) holds the cluster to its guarantees, on every node.
 
 from __future__ import annotations
 
+import gc
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from logbroker.broker.ranges import RangeRead
@@ -56,6 +58,22 @@ REPLACE_AFTER = 5.0
 TRIES = 6
 #: How long a client waits for an answer before it counts the try as failed.
 CLIENT_TIMEOUT = 10.0
+#: The faults a run draws from (see ``World._fault``).
+FAULTS = (
+    "crash",
+    "crash",
+    "stall",
+    "partition",
+    "etcd_cut",
+    "etcd_flaky",
+    "compaction",
+    "lossy",
+    "slow",
+    "clock_step",
+    "stale_leader",
+    "lease_flap",
+    "heal",
+)
 
 
 class _Storage:
@@ -304,11 +322,17 @@ class World:
         node = self.rng.choice(nodes)
         assert node.parts is not None
         produced.tries += 1
-        answered = {"done": False}
+        answered: dict[str, Any] = {"done": False, "timeout": None}
+
+        def settled() -> None:
+            answered["done"] = True
+            timeout = answered["timeout"]
+            if timeout is not None and timeout.active():
+                timeout.cancel()
 
         def acked(_: object) -> None:
             if not answered["done"]:
-                answered["done"] = True
+                settled()
                 if produced.acked_at is None:
                     produced.acked_at = self.clock.seconds()
                 if on_done is not None:
@@ -316,7 +340,7 @@ class World:
 
         def failed(why: object) -> None:
             if not answered["done"]:
-                answered["done"] = True
+                settled()
                 reason = why.getErrorMessage() if isinstance(why, Failure) else "no answer"
                 self._failed(produced, node, reason, on_done)
 
@@ -328,7 +352,8 @@ class World:
             failed(Failure())
             return
         # A node that dies never answers: the client gives up on its own clock.
-        self.clock.callLater(CLIENT_TIMEOUT, failed, None)
+        if not answered["done"]:
+            answered["timeout"] = self.clock.callLater(CLIENT_TIMEOUT, failed, None)
 
     def _failed(
         self,
@@ -385,7 +410,7 @@ class World:
                 )
             for index in range(result.count):
                 self._saw(range_id, at + index, reader.record().value)
-            self.clock.callLater(0.2, self._consume, range_id, result.next_offset)
+            self.clock.callLater(0.5, self._consume, range_id, result.next_offset)
 
         def failed(_: object) -> None:
             self.clock.callLater(0.5, self._consume, range_id, offset)
@@ -409,23 +434,10 @@ class World:
 
     # -- faults ------------------------------------------------------------------------------
 
-    def faults(self, seconds: float) -> None:
-        """Schedule random faults over the next ``seconds``."""
+    def faults(self, seconds: float, kinds: Sequence[str] = FAULTS) -> None:
+        """Schedule random faults of ``kinds`` (some kinds twice, to come twice as often)
+        over the next ``seconds``."""
         at = 0.0
-        kinds = (
-            "crash",
-            "crash",
-            "stall",
-            "partition",
-            "etcd_cut",
-            "etcd_flaky",
-            "compaction",
-            "lossy",
-            "slow",
-            "clock_step",
-            "stale_leader",
-            "heal",
-        )
         while True:
             at += self.rng.uniform(1.0, 4.0)
             if at >= seconds:
@@ -457,6 +469,20 @@ class World:
         elif kind == "etcd_flaky":
             self.etcd_faults.errors = self.rng.uniform(0.0, 0.1)
             self.etcd_faults.lost_answers = self.rng.uniform(0.0, 0.05)
+        elif kind == "lease_flap":
+            # etcd under load loses a node's lease (cut from it just past a TTL, all answers
+            # slow): the others take its ranges over while it registers again and claims
+            # them back; only the claims' compare-and-swap makes one of each pair win.
+            if node.up:
+                link = node.link
+                link.sever()
+                self.etcd_faults.slowest = self.rng.uniform(0.02, 0.2)
+
+                def mend() -> None:
+                    link.mend()
+                    self.clock.callLater(2.0, self._etcd_fast)
+
+                self.clock.callLater(LEASE_MS / 1000 + self.rng.uniform(0.0, 1.0), mend)
         elif kind == "compaction":
             self.etcd.compact(self.etcd.revision)
         elif kind == "lossy":
@@ -494,6 +520,9 @@ class World:
             self.network.calm()
             self.etcd_faults.calm()
 
+    def _etcd_fast(self) -> None:
+        self.etcd_faults.slowest = 0.003
+
     def _restart(self, node_id: str) -> None:
         node = self.nodes[node_id]
         if not node.up:
@@ -518,15 +547,35 @@ class World:
                 node.start()
 
 
-def simulate(seed: int, *, settings: ReplicationSettings | None = None) -> list[str]:
-    """One seeded run: boot, load with faults, calm, check. The problems found."""
+def simulate(
+    seed: int, *, settings: ReplicationSettings | None = None, faults: Sequence[str] = FAULTS
+) -> list[str]:
+    """One seeded run: boot, load with ``faults``, calm, check. The problems found, with every
+    error the nodes logged (an unhandled failure included) on the way."""
     from tests.simulation.checks import check
 
-    world = World(seed, settings=settings)
-    world.boot()
-    world.workload(20.0, rate=15.0)
-    world.faults(20.0)
-    world.run(20.0)
-    world.calm()
-    world.run(5.0)
-    return check(world)
+    logged: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_level") in (LogLevel.error, LogLevel.critical):
+            failure = event.get("log_failure")
+            text = formatEvent(event)
+            if isinstance(failure, Failure):
+                text += "\n" + failure.getTraceback()
+            logged.append(f"logged: {text}")
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        world = World(seed, settings=settings)
+        world.boot()
+        world.workload(20.0, rate=15.0)
+        world.faults(20.0, faults)
+        world.run(20.0)
+        world.calm()
+        world.run(5.0)
+        problems = check(world)
+        del world
+        gc.collect()
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    return problems + logged
