@@ -17,7 +17,7 @@ from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from logbroker.broker.errors import BrokerError
+from logbroker.broker.errors import BrokerError, InDoubtError
 from logbroker.controlplane import (
     ControlPlane,
     ControlPlaneError,
@@ -180,8 +180,20 @@ class SegmentClaims:
             claim = await self._keep_answered(claim, ends)
             return self._leader(claim, ends, on_commit, on_step_down)
         leader = self._leader(claim, ends, on_commit, on_step_down)
-        await leader.wait_committed(own_end.offset)
-        return await self.roll(leader, on_commit, on_step_down)
+        try:
+            await leader.wait_committed(own_end.offset)
+        except InDoubtError as short:
+            # The others cannot take the seal point's records now (a copy damaged, or out of
+            # reach since the fence). Every acknowledged record is in this copy, durable: it is
+            # sealed here all the same, so that the range takes produces again (on a new
+            # segment) and healing copies the sealed segment to its replicas.
+            log.warn(
+                "Sealing {segment} at {end} though only this copy holds it whole yet: {why}",
+                segment=where,
+                end=own_end.offset,
+                why=str(short),
+            )
+        return await self._seal_and_open(leader, on_commit, on_step_down)
 
     async def _keep_answered(self, meta: SegmentMeta, ends: dict[str, CopyEnd]) -> SegmentMeta:
         ctx = self._context
@@ -398,6 +410,12 @@ class SegmentClaims:
         self, leader: SegmentLeader, on_commit: Callable[[int], None], on_step_down: OnStepDown
     ) -> SegmentLeader:
         await leader.wait_committed(leader.written)
+        return await self._seal_and_open(leader, on_commit, on_step_down)
+
+    async def _seal_and_open(
+        self, leader: SegmentLeader, on_commit: Callable[[int], None], on_step_down: OnStepDown
+    ) -> SegmentLeader:
+        """Seal ``leader``'s segment at what it wrote, then open the next and lead it."""
         self._require_lease(leader.range_id)
         meta = self.active(leader.range_id)
         if (
