@@ -42,7 +42,7 @@ from logbroker.replication.core.leader import (
 )
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.replica_codec import CopyStatus, decode_status, encode_replicate
-from logbroker.storage import Appended, OverloadedError, RangeLog, StorageError
+from logbroker.storage import Appended, FencedError, OverloadedError, RangeLog, StorageError
 
 log = Logger()
 
@@ -145,7 +145,11 @@ class SegmentLeader:
         if refused is not None:
             return fail(refused)
         try:
-            written = self._log.write(records, stamp)
+            written = self._log.write(records, stamp, self.epoch)
+        except FencedError as error:
+            # Another node claimed the segment (its fence reached this copy first).
+            self._run(self._core.stop(Reason.NOT_PRIMARY, f"{self.range_id}: {error}"))
+            return fail(BrokerError(Reason.NOT_PRIMARY, f"{self.range_id}: {error}"))
         except StorageError as error:
             return fail(_storage_error(error))
         end = written.base_offset + written.record_count

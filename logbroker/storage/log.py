@@ -315,15 +315,26 @@ class RangeLog:
         caller writing to several logs refuse the whole write before any part of it is stored."""
         return self._pipeline.refusal(count)
 
-    def write(self, records: Sequence[Record], stamp: ProducerStamp | None = None) -> Written:
+    def write(
+        self,
+        records: Sequence[Record],
+        stamp: ProducerStamp | None = None,
+        epoch: int | None = None,
+    ) -> Written:
         """Take ``records`` as one batch: their offsets and stored bytes at once (what a primary
         streams to its followers while the local fsync runs), and a Deferred that fires once
         they are durable here. With ``stamp`` (the produce's, ``produce_idempotent``), the
-        batch carries it, for ``recent_stamps`` to find.
+        batch carries it, for ``recent_stamps`` to find. With ``epoch`` (the writing primary's),
+        refused with ``FencedError`` when the segment was fenced at a later one: a primary that
+        another node took the segment over from writes nothing more even into its own copy.
 
         Raises the refusal (a ``StorageError``, as ``refusal`` gives it) instead of taking
         them, and ``ValueError`` for no records.
         """
+        if epoch is not None:
+            fenced = self._fenced_out(epoch)
+            if fenced is not None:
+                raise fenced
         append = self._write(records, stamp)
         return Written(append.base_offset, append.record_count, append.data, append.deferred)
 

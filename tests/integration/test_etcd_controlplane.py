@@ -122,12 +122,16 @@ async def test_of_nodes_bumping_one_segment_s_epoch_exactly_one_wins(nodes: Node
     a, b = await nodes.node(), await nodes.node()
     topic, ranges = make_topic("orders")
     await a.create_topic(topic, ranges)
-    await a.put_segment(active("orders.0", 0, epoch=1))
-    await eventually(lambda: b.segments("orders.0") == [active("orders.0", 0, epoch=1)])
+    read = active("orders.0", 0, epoch=1)
+    await a.put_segment(read)
+    await eventually(lambda: b.segments("orders.0") == [read])
     mine = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-2",))
     theirs = attrs.evolve(active("orders.0", 0, epoch=2), replicas=("node-3",))
 
-    bumped = await outcomes(a.put_segment(mine), b.put_segment(theirs))
+    # Each claims from the record it read: a compare-and-swap on etcd's revision of the key.
+    bumped = await outcomes(
+        a.put_segment(mine, expected=read), b.put_segment(theirs, expected=read)
+    )
 
     assert bumped.count(None) == 1, bumped
     [lost] = [e for e in bumped if e is not None]

@@ -101,6 +101,20 @@ def test_write_raises_the_refusal_instead_of_taking_the_records() -> None:
     assert failure_of(log.append([record(0), record(1)])).check(OverloadedError)
 
 
+def test_write_at_an_epoch_older_than_the_copys_fence_is_refused_and_stores_nothing() -> None:
+    # A primary another node took the segment over from must not go on writing into its own
+    # copy: those bytes would be a second primary's in one segment.
+    log = started(MemoryFileSystem(), epoch=4)
+    result_of(log.write([record(0)], epoch=4).durable)
+    result_of(log.fence(0, 5))
+
+    with pytest.raises(FencedError, match="epoch 5"):
+        log.write([record(1)], epoch=4)
+
+    assert log.next_offset == 1
+    assert result_of(log.write([record(1)], epoch=5).durable).next_offset == 2
+
+
 # -- epochs and fencing --------------------------------------------------------------------
 
 
