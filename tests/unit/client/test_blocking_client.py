@@ -20,6 +20,7 @@ CLUSTER = wire.ClusterInfo(
     domain_violations=0,
     lease_age_ms=None,
     nodes=(wire.ClusterNodeInfo("n1", "::1", 4040, 4041, 4042, True, 2, (("zone", "a"),)),),
+    under_replicated=3,
 )
 
 

@@ -87,6 +87,7 @@ CLUSTER = wire.ClusterInfo(
         wire.ClusterNodeInfo("n1", "h1", 4040, 4041, 4042, True, 3),
         wire.ClusterNodeInfo("n2", "h2", 4040, 4041, 4042, False, 0, (("zone", "b"),), "0.1"),
     ),
+    under_replicated=3,
 )
 
 
