@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredLock
 from twisted.logger import Logger
 
 from logbroker.controlplane import SegmentMeta, SegmentState
@@ -61,6 +61,10 @@ class Healer:
         self._queue: list[SegmentMeta] = []
         #: Copies that could not be healed here yet (no live holder), not to be logged twice.
         self._reported: set[SegmentKey] = set()
+        #: Per range: held while a fetched copy is put in place. Fetches run in parallel, but
+        #: each install decides what is in its way from the log as the previous one left it
+        #: (two deciding at once would each start or delete segments the other did not see).
+        self._placing: dict[str, DeferredLock] = {}
 
     @property
     def fetching_bytes(self) -> int:
@@ -173,9 +177,13 @@ class Healer:
         if data is None:
             return False
         copy = ctx.storage.logs[meta.range_id]
+        placing = self._placing.setdefault(meta.range_id, DeferredLock())
         try:
-            await self._make_room(copy, meta)
-            await copy.install_segment(meta.base_offset, data, meta.record_count, epoch=meta.epoch)
+            async with placing:
+                await self._make_room(copy, meta)
+                await copy.install_segment(
+                    meta.base_offset, data, meta.record_count, epoch=meta.epoch
+                )
         except StorageError as error:
             self._report(meta, f"the whole copy cannot be put in place here ({error})")
             return False

@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.logger import Logger
 
 from logbroker.controlplane import ControlPlaneError, SegmentMeta, SegmentState
@@ -32,6 +32,9 @@ from logbroker.replication.leading import LeadRanges
 from logbroker.replication.takeover import ClaimContext
 
 log = Logger()
+
+#: Replica-set changes sent to the control plane at once.
+CHANGES_IN_FLIGHT = 16
 
 
 def restore_replication_factor(meta: SegmentMeta, context: ClaimContext) -> SegmentMeta | None:
@@ -72,28 +75,39 @@ class ReplicaSets:
         self._roll_weak_sets()
         if not self._holds_chores() or not ctx.holds_lease():
             return
-        for metas in segments.values():
-            for meta in metas:
-                updated = self._repaired(meta)
-                if updated is None:
-                    continue
-                try:
-                    await ctx.control.put_segment(updated, expected=meta)
-                except ControlPlaneError as error:
-                    log.info(
-                        "Could not change the replica set of {range_id}@{segment} now: {error}",
-                        range_id=meta.range_id,
-                        segment=meta.base_offset,
-                        error=str(error),
-                    )
-                    continue
-                log.info(
-                    "The replica set of {range_id}@{segment} is now {replicas} (was {was})",
-                    range_id=meta.range_id,
-                    segment=meta.base_offset,
-                    replicas=",".join(updated.replicas),
-                    was=",".join(meta.replicas),
-                )
+        changes = [
+            (meta, updated)
+            for metas in segments.values()
+            for meta in metas
+            if (updated := self._repaired(meta)) is not None
+        ]
+        # A node back from an outage joins the set of every segment sealed while it was away,
+        # thousands at realistic sizes: the changes go to the control plane several at a time,
+        # and the node fetches what it is named for as they land.
+        changing = DeferredSemaphore(CHANGES_IN_FLIGHT)
+        await gatherResults(
+            [changing.run(self._change, meta, updated) for meta, updated in changes],
+            consumeErrors=True,
+        )
+
+    async def _change(self, meta: SegmentMeta, updated: SegmentMeta) -> None:
+        try:
+            await self._context.control.put_segment(updated, expected=meta)
+        except ControlPlaneError as error:
+            log.info(
+                "Could not change the replica set of {range_id}@{segment} now: {error}",
+                range_id=meta.range_id,
+                segment=meta.base_offset,
+                error=str(error),
+            )
+            return
+        log.info(
+            "The replica set of {range_id}@{segment} is now {replicas} (was {was})",
+            range_id=meta.range_id,
+            segment=meta.base_offset,
+            replicas=",".join(updated.replicas),
+            was=",".join(meta.replicas),
+        )
 
     def _repaired(self, meta: SegmentMeta) -> SegmentMeta | None:
         """``meta`` with its replica set brought back to the factor, if it needs it now."""

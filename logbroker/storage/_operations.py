@@ -475,7 +475,9 @@ class SegmentOperations:
         """Why a sealed segment of offsets ``[base_offset, end)`` cannot join this log, if so."""
         state = self._state
         for segment in state.segments:
-            if segment.base_offset < end and base_offset < segment.end_offset:
+            # An empty segment at the same base overlaps nothing but holds the file's name.
+            same_name = segment.base_offset == base_offset
+            if same_name or (segment.base_offset < end and base_offset < segment.end_offset):
                 return (
                     f"{state.directory}: the segment of offsets {base_offset} to {end} "
                     f"overlaps {segment.path} (offsets {segment.base_offset} to "

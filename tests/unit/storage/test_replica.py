@@ -584,6 +584,20 @@ def test_install_segment_refuses_overlaps_and_bytes_that_do_not_verify() -> None
     assert not fs.exists(segment_path(200))
 
 
+def test_install_segment_refuses_the_base_of_an_empty_segment_it_shares_a_name_with() -> None:
+    fs = MemoryFileSystem()
+    log = started(fs, 100)
+    result_of(log.start_segment(200, 1))
+
+    refused = failure_of(log.install_segment(100, batch(100, 5), 5, epoch=1))
+
+    assert refused.check(SegmentStateError)
+    assert [(s.base_offset, s.next_offset) for s in log.segments()] == [(100, 100), (200, 200)]
+    assert fs.read_file(segment_path(100)) == b""
+    result_of(log.delete_segment(100))
+    assert result_of(log.install_segment(100, batch(100, 5), 5, epoch=1)).next_offset == 105
+
+
 def test_a_fresh_copy_can_take_an_installed_segment_past_its_end() -> None:
     log = replica(MemoryFileSystem())
 

@@ -1,0 +1,83 @@
+"""Healing a node back from an outage: every sealed segment it should hold is fetched, in
+parallel, and put in place once, byte for byte its replicas' copies."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from twisted.logger import globalLogPublisher
+
+from logbroker.controlplane import SegmentState
+from logbroker.records import Record
+from logbroker.replication.copies import CommittedCopies
+from logbroker.replication.healing import Healer
+from logbroker.replication.leading import LeadRanges
+from logbroker.replication.replica_sets import ReplicaSets
+from logbroker.replication.takeover import SegmentClaims
+from tests.unit.replication.harness import RANGE, Cluster, cluster
+from tests.unit.storage.helpers import result_of
+
+#: Small segments: the range rolls every few appends.
+ROLL_BYTES = 400
+
+
+@pytest.fixture
+def logged() -> Any:
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
+def _lead_with_small_segments(world: Cluster, node: str) -> LeadRanges:
+    context = world.context(node)
+    lead = LeadRanges(context.storage, SegmentClaims(context), CommittedCopies(context), ROLL_BYTES)
+    claiming = lead.open([RANGE])
+    world.settle()
+    result_of(claiming)
+    return lead
+
+
+def _append(world: Cluster, lead: LeadRanges, count: int) -> None:
+    for index in range(count):
+        result = lead.handle(RANGE).append([Record(b"value-%03d" % index, key=b"k")])
+        world.settle()
+        world.clock.advance(0.1)
+        world.settle()
+        result_of(result)
+
+
+def test_a_node_back_from_an_outage_puts_each_missing_segment_in_place_once(
+    logged: list[dict[str, Any]],
+) -> None:
+    world = cluster()
+    lead = _lead_with_small_segments(world, "a")
+    _append(world, lead, 2)
+    world.peers.dead.add("c")  # c holds the first segment's start, active, as its last copy
+    _append(world, lead, 60)
+    world.peers.dead.discard("c")
+    replica_sets = ReplicaSets(world.context("a"), lead, 60.0, lambda: True)
+    for _ in range(2):  # the first rolls the active segment back onto c; the second seals it
+        replica_sets.tick([RANGE])
+        world.settle()
+    sealed = [m for m in world.control.segments(RANGE) if m.state is SegmentState.SEALED]
+    assert len(sealed) >= 8, "enough segments to fetch many at once"
+    assert all("c" in m.replicas for m in sealed), [
+        (m.base_offset, m.replicas) for m in sealed if "c" not in m.replicas
+    ]
+    logged.clear()
+
+    healer = Healer(world.context("c"))
+    healer.tick([RANGE])
+    world.settle()
+
+    assert healer.missing == set()
+    fetched = [e for e in logged if "whole" in e.get("log_format", "")]
+    assert sorted(e["segment"] for e in fetched) == [m.base_offset for m in sealed]
+    assert not [e for e in logged if "cannot be healed" in e.get("log_format", "")]
+    a_fs, c_fs = world.storages["a"].fs, world.storages["c"].fs
+    for meta in sealed:
+        path = f"/data/ranges/{RANGE}/{meta.base_offset:020d}"
+        for suffix in (".log", ".index", ".sealed", ".epoch"):
+            assert c_fs.read_file(path + suffix) == a_fs.read_file(path + suffix), path + suffix
