@@ -25,7 +25,7 @@ from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback, PeerRequester
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
-from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.replication.healing import Healer
 from logbroker.replication.health import ReplicationHealth
 from logbroker.replication.leading import LeadRanges

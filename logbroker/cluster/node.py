@@ -42,7 +42,7 @@ from logbroker.peer.handshake import PeerIdentity, certificate_uris, node_uri
 from logbroker.peer.link import PeerSettings
 from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
-from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.security.etcd_tls import load_etcd_tls
 from logbroker.security.tls import PeerTls
 from logbroker.storage import OpenLogs

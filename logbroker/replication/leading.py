@@ -35,7 +35,7 @@ from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
 from logbroker.replication.copies import CommittedCopies, segment_read
 from logbroker.replication.core import replica as rules
-from logbroker.replication.core.leader import StepDown
+from logbroker.replication.core.actions import StepDown
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica import view_of
 from logbroker.replication.stamps import recent_range_stamps

@@ -28,11 +28,10 @@ from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.requester import PeerRequester
 from logbroker.records import ProducerStamp, Record
-from logbroker.replication.core.leader import (
+from logbroker.replication.core.actions import (
     Acknowledge,
     Action,
     Commit,
-    LeaderCore,
     ReadBack,
     Refuse,
     ReplicationSettings,
@@ -40,6 +39,7 @@ from logbroker.replication.core.leader import (
     Settle,
     StepDown,
 )
+from logbroker.replication.core.leader import LeaderCore
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.replica_codec import CopyStatus, decode_status, encode_replicate
 from logbroker.storage import Appended, FencedError, OverloadedError, RangeLog, StorageError

@@ -30,8 +30,8 @@ from logbroker.peer.frames import PeerOp
 from logbroker.peer.requester import PeerRequester
 from logbroker.placement import PlacementError, PlacementNode, PlacementRule
 from logbroker.replication.core import claims
+from logbroker.replication.core.actions import ReplicationSettings, StepDown
 from logbroker.replication.core.claims import Ends, FencedOut, NoQuorum
-from logbroker.replication.core.leader import ReplicationSettings, StepDown
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica import find_copy

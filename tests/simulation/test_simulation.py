@@ -22,7 +22,7 @@ from logbroker.controlplane import _state
 from logbroker.replication import replica_sets
 from logbroker.replication.core import claims
 from logbroker.replication.core import replica as rules
-from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.storage import FileSystem, _operations
 from logbroker.storage._jobs import _seal_files

@@ -32,7 +32,7 @@ from logbroker.controlplane._memory_kv import MemoryKeyValueStore
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
-from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.storage import DataDirectory, LogConfig, OpenOnce, RangeLog
 from logbroker.testing import MemoryFileSystem
 from logbroker.wire.primitives import Reader

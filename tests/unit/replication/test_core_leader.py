@@ -17,11 +17,10 @@ from hypothesis.stateful import (
 )
 
 from logbroker.errors import Reason
-from logbroker.replication.core.leader import (
+from logbroker.replication.core.actions import (
     Acknowledge,
     Action,
     Commit,
-    LeaderCore,
     ReadBack,
     Refuse,
     ReplicationSettings,
@@ -29,6 +28,7 @@ from logbroker.replication.core.leader import (
     Settle,
     StepDown,
 )
+from logbroker.replication.core.leader import LeaderCore
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.replica_codec import CopyOutcome, CopyStatus
 

@@ -23,7 +23,7 @@ from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
-from logbroker.replication.core.leader import ReplicationSettings
+from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.takeover import ClaimContext, SegmentClaims

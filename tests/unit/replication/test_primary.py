@@ -15,7 +15,7 @@ from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.link import PeerError
 from logbroker.records import Record
-from logbroker.replication.core.leader import ReplicationSettings, StepDown
+from logbroker.replication.core.actions import ReplicationSettings, StepDown
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica_codec import (
