@@ -21,10 +21,11 @@ Events:
   within a lease TTL (Raft's CheckQuorum).
 - ``stop(reason, message)``: the node stops leading (sealed, lease lost, stopping).
 
-Actions (``logbroker.replication.core.actions``): ``Send`` (a replicate message or a commit notice), ``ReadBack`` (read the local log),
-``Commit`` (the commit index moved), ``Acknowledge`` / ``Refuse`` (answer waiting appends),
-``Settle`` (what became of appends refused while their records could still commit) and
-``StepDown`` (this leader stopped; with ``resign``, another replica should lead).
+Actions (``logbroker.replication.core.actions``): ``Send`` (a replicate message or a commit
+notice), ``ReadBack`` (read the local log), ``Commit`` (the commit index moved), ``Acknowledge``
+/ ``Refuse`` (answer waiting appends), ``Settle`` (what became of appends refused while their
+records could still commit) and ``StepDown`` (this leader stopped; with ``resign``, another
+replica should lead).
 
 The rules:
 
