@@ -27,11 +27,15 @@ Per round and as medians over the rounds: the **bytes ``n3`` fetched** (the ``.l
 the topic that are new or of another size than before the restart: every one is a whole
 segment fetched from a peer), the **segments** fetched, the **seconds** from ready to done,
 **MB/s** (fetched bytes over those seconds), and the CPU of each broker, of etcd and of the
-script (which polls) from ready to done, as cores busy on average. And, to see where the time
-goes, the seconds from ready to: the others seeing ``n3`` alive (``alive``), every sealed
-segment's replica set naming ``n3`` (``sets``: the chores holder adds it, one compare-and-swap
-in etcd per segment), the first fetched segment on disk (``first``), ``n3`` whole (``whole``),
-and the count at 0 on every node (``count``); each the moment from which it held until done.
+script (which polls) from ready to done, as cores busy on average. Also the whole copies
+``n3``'s log says healing put in place ("Fetched <range>@<base> whole") and could not put in
+place ("cannot be put in place"), which exceed the segments when some are fetched more than
+once, and the bytes ``n3`` wrote to storage meanwhile (``write_bytes`` of ``/proc/<pid>/io``).
+And, to see where the time goes, the seconds from ready to: the others seeing ``n3`` alive
+(``alive``), every sealed segment's replica set naming ``n3`` (``sets``: the chores holder adds
+it, one compare-and-swap in etcd per segment), the first fetched segment on disk (``first``),
+``n3`` whole (``whole``), and the count at 0 on every node (``count``); each the moment from
+which it held until done.
 The start-up itself (from the process's start to listening: opening its ranges) is
 ``startup``. After the timed window, ``verify_cluster`` (``logbroker cluster verify``) checks
 that every sealed segment's copies are complete and identical on every node; its problem count
@@ -45,16 +49,18 @@ each round's cluster under its own cluster id, ``twistd -n logbroker`` processes
 removed after it. The produce is ``logbroker.benchmark``'s request frame (``produce_frame``
 with ``keyed=True``: keys ``key-0`` to ``key-<batch - 1>``, one per record) sent by a closed
 loop until the requests that make ``--megabytes`` are acknowledged; a refused request is sent
-again. The brokers run with their defaults otherwise (the scrub included).
+again. The brokers run with their defaults otherwise. With large segments (``--segment-bytes``
+near the broker's 64 MiB) most of what was written stays in the ranges' active segments, which
+``n3`` catches up by replication from their primaries rather than by healing.
 
 ``--profile DIR`` runs every broker under cProfile (its reactor thread) and leaves
-``DIR/backfill-<round>-<node>.prof`` (and ``...-n3-restarted.prof`` for the returning node's
-second life) when it stops; cProfile slows the brokers down, so such a run's figures only say
-where the time goes.
+``DIR/backfill-<round>-<node>.prof`` when it stops (``...-n3-restarted.prof`` for the
+returning node's second life; the killed first one leaves none); cProfile slows the brokers
+down, so such a run's figures only say where the time goes.
 
 Everything it starts is stopped, and the temporary directories are removed, at the end, also
 after an error, SIGTERM or Ctrl-C; every wait is bounded. Loopback only. Run it from the
-repository root with the project's virtualenv (about three minutes with the defaults)::
+repository root with the project's virtualenv (about two and a half minutes with the defaults)::
 
     .venv/bin/python bench/backfill.py
     .venv/bin/python bench/backfill.py --megabytes 500 --ranges 8 --json
