@@ -56,7 +56,9 @@ near the broker's 64 MiB) most of what was written stays in the ranges' active s
 ``--profile DIR`` runs every broker under cProfile (its reactor thread) and leaves
 ``DIR/backfill-<round>-<node>.prof`` when it stops (``...-n3-restarted.prof`` for the
 returning node's second life; the killed first one leaves none); cProfile slows the brokers
-down, so such a run's figures only say where the time goes.
+down, so such a run's figures only say where the time goes. ``--logs DIR`` keeps the brokers'
+logs of each round (in ``DIR/backfill-<round>/<node>/``): when the chores holder changed each
+replica set ("The replica set of ... is now"), and when the returning node installed each copy.
 
 Everything it starts is stopped, and the temporary directories are removed, at the end, also
 after an error, SIGTERM or Ctrl-C; every wait is bounded. Loopback only. Run it from the
@@ -518,6 +520,8 @@ class Run:
                 verified = client.verify_cluster(timeout=READY_SECONDS)
             with open(back.log, errors="replace") as f:
                 done = installs(f.read(), TOPIC)
+        if args.logs is not None:
+            _keep_logs(directory, os.path.join(args.logs, cluster_id))
         # Kept after an error, for the nodes' logs; else 600 MB a round would pile up.
         shutil.rmtree(directory, ignore_errors=True)
         got = fetched(before, after)
@@ -619,6 +623,15 @@ def _line(result: Mapping[str, Any], prefix: str | None = None) -> str:
     return line
 
 
+def _keep_logs(directory: str, into: str) -> None:
+    """Copy the brokers' logs of a round's ``directory`` (``<node>/twistd*.log``) into ``into``."""
+    for node in sorted(os.listdir(directory)):
+        for name in os.listdir(os.path.join(directory, node)):
+            if name.startswith("twistd") and name.endswith(".log"):
+                os.makedirs(os.path.join(into, node), exist_ok=True)
+                shutil.copy(os.path.join(directory, node, name), os.path.join(into, node, name))
+
+
 async def _measure(reactor: Any, run: Run) -> None:
     await run.rounds_of(reactor)
     run.summarise()
@@ -676,6 +689,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         metavar="DIR",
         help="run every broker under cProfile (its reactor thread), writing "
         "<cluster id>-<node>.prof into DIR when it stops",
+    )
+    parser.add_argument(
+        "--logs",
+        metavar="DIR",
+        help="copy the brokers' logs of each round into DIR/<cluster id>/<node>/ (the "
+        "returning node's second life logs to twistd-2.log)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args(argv)

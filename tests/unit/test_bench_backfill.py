@@ -285,3 +285,24 @@ def test_the_loop_sends_until_enough_are_acknowledged_and_resends_refused_ones()
     assert loop.refusals == {"no_quorum": 1}
     assert connection.pending == []
     assert not clock.getDelayedCalls()
+
+
+def test_keeping_a_rounds_logs_copies_every_brokers_log_files_and_nothing_else(
+    tmp_path: Path,
+) -> None:
+    round_directory = tmp_path / "backfill-1"
+    for node, names in {"n1": ["twistd.log"], "n3": ["twistd.log", "twistd-2.log"]}.items():
+        (round_directory / node / "data").mkdir(parents=True)
+        (round_directory / node / "data" / "x.log").write_text("data")
+        for name in names:
+            (round_directory / node / name).write_text(f"{node} {name}")
+
+    backfill._keep_logs(str(round_directory), str(tmp_path / "kept" / "backfill-1"))
+
+    kept = tmp_path / "kept" / "backfill-1"
+    assert sorted(str(p.relative_to(kept)) for p in kept.rglob("*") if p.is_file()) == [
+        "n1/twistd.log",
+        "n3/twistd-2.log",
+        "n3/twistd.log",
+    ]
+    assert (kept / "n3" / "twistd-2.log").read_text() == "n3 twistd-2.log"
