@@ -382,7 +382,8 @@ def wait_until_dead(nodes: Sequence[Node], name: str) -> None:
 class Catchup:
     seconds: float
     milestones: Milestones
-    under_replicated_at_ready: int
+    #: What each node's describe_cluster said at the first poll.
+    under_replicated_at_ready: dict[str, int | None]
     cpu: dict[str, float]
     chores_holder: str | None
     #: Bytes the returning node wrote to storage meanwhile.
@@ -405,7 +406,7 @@ def watch_catchup(
     with contextlib.ExitStack() as stack:
         clients = {node.name: stack.enter_context(node.client()) for node in nodes}
         cpu = CpuMeter({**{node.name: [node.process.pid] for node in nodes}, "etcd": etcd.pids})
-        first_count = None
+        first_counts: dict[str, int | None] | None = None
         written_before = write_bytes(returning.process.pid)
         while True:
             segments = topic_segments(etcd, cluster_id, TOPIC)
@@ -414,8 +415,8 @@ def watch_catchup(
             other_sizes = [segment_sizes(node.data, TOPIC) for node in others]
             at = time.perf_counter() - ready_at
             counts = [info.under_replicated for info in infos.values()]
-            if first_count is None:
-                first_count = max(count or 0 for count in counts)
+            if first_counts is None:
+                first_counts = {name: info.under_replicated for name, info in infos.items()}
             seen_alive = all(
                 any(m.node_id == returning.name and m.alive for m in infos[node.name].nodes)
                 for node in others
@@ -434,7 +435,7 @@ def watch_catchup(
                 return Catchup(
                     at,
                     milestones,
-                    first_count,
+                    first_counts,
                     cpu.read(),
                     infos[returning.name].chores_holder,
                     write_bytes(returning.process.pid) - written_before,
@@ -590,6 +591,10 @@ _MEDIANS = (
 )
 
 
+def _counts(by_node: Mapping[str, int | None]) -> str:
+    return f"({'/'.join(by_node)}) " + "/".join(str(count) for count in by_node.values())
+
+
 def _seconds(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -614,7 +619,7 @@ def _line(result: Mapping[str, Any], prefix: str | None = None) -> str:
             f"\n         produced {result['produced_mb']:,.0f} MB through 2 nodes in"
             f" {result['produce_s']:.1f} s; {result['segments_sealed']} sealed segments,"
             f" {result['segments_short_at_restart']} without {RETURNING} at its restart;"
-            f" under-replicated at ready {result['under_replicated_at_ready']};"
+            f" under-replicated at ready {_counts(result['under_replicated_at_ready'])};"
             f" chores held by {result['chores_holder']}"
         )
         if result["produce_refusals"]:
