@@ -262,20 +262,17 @@ def write_bytes(pid: int) -> int:
 class Milestones:
     """When each condition of a catch-up came to hold for good: fed what was seen at each
     poll, it keeps for each condition the time of the poll from which it held at every poll
-    since (None while it does not hold), and for each the first time it held at all."""
+    since (None while it does not hold)."""
 
     def __init__(self) -> None:
         self.since: dict[str, float | None] = {}
-        self.first: dict[str, float] = {}
 
     def observe(self, at: float, conditions: Mapping[str, bool]) -> None:
         for name, holds in conditions.items():
             if not holds:
                 self.since[name] = None
-                continue
-            if self.since.get(name) is None:
+            elif self.since.get(name) is None:
                 self.since[name] = at
-            self.first.setdefault(name, at)
 
     def holding(self, *names: str) -> bool:
         return all(self.since.get(name) is not None for name in names)

@@ -179,7 +179,6 @@ def test_a_milestone_is_when_its_condition_came_to_hold_for_good() -> None:
     milestones.observe(0.5, {"sets": True, "whole": True})
 
     assert milestones.since == {"sets": 0.4, "whole": 0.4}
-    assert milestones.first == {"sets": 0.2, "whole": 0.4}
     assert milestones.holding("sets", "whole")
 
 
