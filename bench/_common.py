@@ -280,6 +280,12 @@ class Node:
     port: int
     log: str
     data: str
+    #: The ``SVC_`` settings it was started with (``restart`` starts it again with them).
+    settings: Mapping[str, str] = attrs.field(eq=False, repr=False)
+
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(self.data)
 
     def client(self, account: tuple[str, str] = ADMIN) -> BlockingClient:
         from logbroker.client.blocking import BlockingClient
@@ -289,14 +295,21 @@ class Node:
 
 @contextlib.contextmanager
 def running_node(
-    name: str, directory: str, settings: Mapping[str, str], profile: str | None = None
+    name: str,
+    directory: str,
+    settings: Mapping[str, str],
+    profile: str | None = None,
+    *,
+    restart: bool = False,
 ) -> Iterator[Node]:
     """``twistd -n logbroker`` in env mode test on free loopback ports, its output in a file;
     only ``settings`` of this process's ``SVC_`` variables reach it. With ``profile`` (a file),
     it runs under cProfile, which profiles its main (reactor) thread and writes the statistics
-    to that file when it stops."""
-    os.makedirs(directory)
-    log = os.path.join(directory, "twistd.log")
+    to that file when it stops. ``directory`` must not exist, unless ``restart``: then it is a
+    stopped node's, whose data directory is kept, and the output goes to a new file
+    (``twistd-2.log``, ``twistd-3.log``...) so that the first one's is kept too."""
+    os.makedirs(directory, exist_ok=restart)
+    log = _new_log(directory)
     data = os.path.join(directory, "data")
     env = {
         key: value
@@ -332,6 +345,21 @@ def running_node(
             if process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{name} did not start:\n{tail(log)}")
             time.sleep(0.05)
-        yield Node(name, process, int(match.group(2)), log, data)
+        yield Node(name, process, int(match.group(2)), log, data, dict(settings))
     finally:
         stop(process, 30)
+
+
+def restarted(node: Node, profile: str | None = None) -> contextlib.AbstractContextManager[Node]:
+    """``node`` (stopped or killed) started again on its directory, with its settings."""
+    return running_node(node.name, node.directory, node.settings, profile, restart=True)
+
+
+def _new_log(directory: str) -> str:
+    """``twistd.log`` in ``directory``, or ``twistd-<n>.log`` with the first free ``n``."""
+    path = os.path.join(directory, "twistd.log")
+    number = 1
+    while os.path.exists(path):
+        number += 1
+        path = os.path.join(directory, f"twistd-{number}.log")
+    return path
