@@ -417,8 +417,13 @@ def cluster_table(cluster: ClusterInfo) -> list[str]:
         ("chores holder", cluster.chores_holder or "none"),
         ("domain violations", str(cluster.domain_violations)),
     ]
-    if cluster.under_replicated is not None:
-        facts.append(("under-replicated", f"{cluster.under_replicated} segments"))
+    under_replicated = cluster.under_replicated
+    facts.append(
+        (
+            "under-replicated",
+            "not counted yet" if under_replicated is None else f"{under_replicated} segments",
+        )
+    )
     if lease is not None:
         facts.append(("lease age", f"{lease / 1000:.1f} s"))
     lines = [f"{name + ':':<19}{value}" for name, value in facts]

@@ -611,7 +611,7 @@ class _ClusterValues:
     nodes: dict[str, int]
     domain_violations: int
     lease_age_seconds: float | None
-    under_replicated: int
+    under_replicated: int | None
 
 
 def _no_cluster() -> _ClusterValues:
@@ -659,6 +659,15 @@ class _ClusterGauges:
         )
         if values.lease_age_seconds is not None:
             lease.add_metric([], values.lease_age_seconds)
+        # Absent until this node has first counted: a node just started knows nothing yet.
+        under_replicated = GaugeMetricFamily(
+            "svc_under_replicated_segments",
+            "Segments of the cluster with fewer whole copies on live nodes than the"
+            " replication factor, as this node last counted them (0 is healthy).",
+            labels=[],
+        )
+        if values.under_replicated is not None:
+            under_replicated.add_metric([], values.under_replicated)
         return [
             nodes,
             GaugeMetricFamily(
@@ -666,12 +675,7 @@ class _ClusterGauges:
                 "Segments whose replicas do not meet their placement spread.",
                 value=values.domain_violations,
             ),
-            GaugeMetricFamily(
-                "svc_under_replicated_segments",
-                "Segments of the cluster with fewer whole copies on live nodes than the"
-                " replication factor, as this node last counted them (0 is healthy).",
-                value=values.under_replicated,
-            ),
+            under_replicated,
             lease,
         ]
 

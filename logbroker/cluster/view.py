@@ -48,8 +48,9 @@ class ClusterStatus:
     #: Seconds since etcd last renewed this node's lease; None on one node or without a lease.
     lease_age_seconds: float | None
     #: Segments with fewer whole copies on live nodes than the replication factor
-    #: (``svc_under_replicated_segments``); 0 without replication.
-    under_replicated: int = 0
+    #: (``svc_under_replicated_segments``); 0 without replication, None until this node has
+    #: first counted them (it asks every live node what it lacks).
+    under_replicated: int | None = 0
 
 
 class ClusterView(Protocol):
@@ -100,10 +101,11 @@ class SingleNodeView:
 
 
 class ReplicationCount(Protocol):
-    """The under-replicated count, as last counted (``ReplicationHealth``)."""
+    """The under-replicated count, as last counted (``ReplicationHealth``; None before the
+    first count)."""
 
     @property
-    def count(self) -> int: ...
+    def count(self) -> int | None: ...
 
 
 @attrs.frozen

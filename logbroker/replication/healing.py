@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from twisted.internet.defer import Deferred, DeferredLock
+from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.logger import Logger
 
 from logbroker.controlplane import SegmentMeta, SegmentState
@@ -54,6 +54,8 @@ class Healer:
         self._max_fetch_bytes = max_fetch_bytes
         #: Sealed segments this node should hold whole and does not, as of the last tick.
         self.missing: set[SegmentKey] = set()
+        #: Waiting for the first tick to have looked (``looked``).
+        self._looking: list[Deferred[None]] | None = []
         #: Copies being healed (sealed in place or fetched), and the bytes being fetched.
         self._healing: set[SegmentKey] = set()
         self._fetching_bytes = 0
@@ -93,6 +95,18 @@ class Healer:
             await self._drop_stale(copy, metas)
         self.missing = missing
         self._start_fetches()
+        waiting, self._looking = self._looking, None
+        for waiter in waiting or ():
+            waiter.callback(None)
+
+    def looked(self) -> Deferred[None]:
+        """Fires once a tick has looked at every range (at once if one has): until then,
+        ``missing`` knows nothing."""
+        if self._looking is None:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._looking.append(waiter)
+        return waiter
 
     # -- this node's copies -------------------------------------------------------------------
 

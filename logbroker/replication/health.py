@@ -6,7 +6,7 @@ is dead, or names a live node that does not hold it whole yet (a sealed segment 
 Every node knows the first two from the control plane and the member list; the third each node
 knows of itself (``Healer.missing``) and tells the others through the ``copy_health`` peer op.
 ``ReplicationHealth.refresh`` (run periodically) asks every live node and recounts; the count is
-read synchronously between refreshes. 0 is the healthy state: every segment written is on the
+read synchronously between refreshes (None before the first). 0 is the healthy state: every segment written is on the
 factor's number of nodes, whole.
 """
 
@@ -61,13 +61,16 @@ class ReplicationHealth:
         self._healer = healer
         self._every = every_seconds
         self._last: float | None = None
-        #: The last count, and what each node said it lacks.
-        self.count = 0
+        #: The last count (None before the first), and what each node said it lacks.
+        self.count: int | None = None
         self.missing: dict[str, set[SegmentKey]] = {}
 
     def serve(self, sender: str, payload: bytes) -> Deferred[bytes]:
-        """The ``copy_health`` op: the sealed copies this node lacks."""
-        return succeed(encode_missing(sorted(self._healer.missing)))
+        """The ``copy_health`` op: the sealed copies this node lacks, answered once its
+        healer has looked (a node just started would otherwise say it lacks nothing)."""
+        return self._healer.looked().addCallback(
+            lambda _: encode_missing(sorted(self._healer.missing))
+        )
 
     def refresh(self, range_ids: Sequence[str]) -> Deferred[None]:
         """Ask every live node what it lacks, and count again (at most every

@@ -568,7 +568,7 @@ class ClusterInfo:
     lease_age_ms: int | None
     nodes: tuple[ClusterNodeInfo, ...]
     #: Segments with fewer whole copies on live nodes than the replication factor; None from
-    #: a node that does not say (payload version 1).
+    #: a node that has not counted them yet (it just started) or does not say (version 1).
     under_replicated: int | None = None
 
 
@@ -591,12 +591,17 @@ def _encode_cluster_node(node: ClusterNodeInfo) -> bytes:
     return p.u32(len(body)) + body
 
 
+def _optional_u32(value: int | None) -> bytes:
+    """A marker byte (0x00: none), then the value if there is one."""
+    return p.u8(0) if value is None else p.u8(1) + p.u32(value)
+
+
 def encode_cluster(cluster: ClusterInfo) -> bytes:
     """The ok payload of ``describe_cluster`` (docs/protocol.md, "describe_cluster")."""
-    lease = (
-        p.u8(0)
+    lease = _optional_u32(
+        None
         if cluster.lease_age_ms is None
-        else p.u8(1) + p.u32(min(max(cluster.lease_age_ms, 0), _MAX_LEASE_AGE_MS))
+        else min(max(cluster.lease_age_ms, 0), _MAX_LEASE_AGE_MS)
     )
     return b"".join(
         [
@@ -609,7 +614,7 @@ def encode_cluster(cluster: ClusterInfo) -> bytes:
             lease,
             p.u32(len(cluster.nodes)),
             *(_encode_cluster_node(node) for node in cluster.nodes),
-            p.u32(cluster.under_replicated or 0),
+            _optional_u32(cluster.under_replicated),
         ]
     )
 
@@ -677,7 +682,9 @@ def decode_cluster(payload: bytes) -> ClusterInfo:
         if count * 4 > reader.remaining:
             raise Truncated(f"{count} nodes cannot fit in {reader.remaining} bytes")
         nodes = tuple(_cluster_node(reader) for _ in range(count))
-        under_replicated = reader.u32() if version >= 2 else None
+        under_replicated = (
+            reader.u32() if version >= 2 and _flag(reader, "the under-replicated marker") else None
+        )
         if version <= CLUSTER_PAYLOAD_VERSION:
             reader.end()
         # A later version's fields follow: skipped.

@@ -81,7 +81,9 @@ def replication_problems(world: World) -> list[str]:
                 problems.extend(_sealed_problems(world, meta, factor))
     for live in world.live():
         count = live.replication.health.count
-        if count:
+        if count is None:
+            problems.append(f"{live.node_id} has not counted under-replicated segments")
+        elif count:
             problems.append(f"{live.node_id} counts {count} under-replicated segments")
     return problems
 

@@ -8,6 +8,7 @@ import base64
 import io
 import json
 
+import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -261,6 +262,8 @@ def test_cluster_status_is_facts_then_one_row_per_node_with_its_marks() -> None:
         "n2    alive  [fd00::2]:4040  4042       zone=b      1             answering",
         "n3    dead   10.0.0.3:4040   4042       -           0",
     ]
+    just_started = cli.cluster_table(attrs.evolve(THREE_NODES, under_replicated=None))
+    assert just_started[4] == "under-replicated:  not counted yet"
 
 
 def test_a_single_node_shows_no_lease_and_is_both_answering_and_chores() -> None:

@@ -369,6 +369,12 @@ def test_a_single_node_is_one_live_node_without_a_lease_age() -> None:
     assert b"# TYPE svc_membership_lease_age_seconds gauge" in metrics.render_text()
 
 
+class _Counted:
+    """A replication count (``ReplicationHealth``), before its first count."""
+
+    count: int | None = None
+
+
 def test_a_cluster_s_nodes_violations_and_lease_age_are_read_at_scrape_time() -> None:
     cluster = Cluster()
     try:
@@ -380,11 +386,21 @@ def test_a_cluster_s_nodes_violations_and_lease_age_are_read_at_scrape_time() ->
         meta = SegmentMeta("orders.0", 0, SegmentState.ACTIVE, None, None, ("n2", "n3"), 0)
         result_of(control.put_segment(meta))
         metrics = Metrics(cluster.clock)
+        replication = _Counted()
         metrics.watch_cluster(
             MembershipView(
-                "prod", nodes[0], control, PlacementRule(2, "zone", 2, SpreadPolicy.SOFT)
+                "prod",
+                nodes[0],
+                control,
+                PlacementRule(2, "zone", 2, SpreadPolicy.SOFT),
+                replication,
             )
         )
+        assert not [n for n, _ in samples(metrics) if n == "svc_under_replicated_segments"], (
+            "not counted yet, no sample"
+        )
+        replication.count = 4
+        assert value(metrics, "svc_under_replicated_segments") == 4
         assert metrics.snapshot().cluster_nodes == {"alive": 3, "dead": 0}
         assert metrics.snapshot().domain_violations == 1
         assert value(metrics, "svc_domain_violations") == 1

@@ -89,11 +89,12 @@ class Cluster:
             is_live=lambda n: n not in self.peers.dead,
         )
 
-    def lead(self, node: str) -> LeadRanges:
-        """Node ``node`` claims the range, and leads it once the claim is done."""
+    def lead(self, node: str, roll_bytes: int = CONFIG.roll_bytes) -> LeadRanges:
+        """Node ``node`` claims the range, and leads it once the claim is done (rolling its
+        segments at ``roll_bytes``)."""
         context = self.context(node)
         lead = LeadRanges(
-            context.storage, SegmentClaims(context), CommittedCopies(context), CONFIG.roll_bytes
+            context.storage, SegmentClaims(context), CommittedCopies(context), roll_bytes
         )
         claiming = lead.open([RANGE])
         self.settle()

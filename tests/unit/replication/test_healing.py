@@ -10,11 +10,9 @@ from twisted.logger import globalLogPublisher
 
 from logbroker.controlplane import SegmentState
 from logbroker.records import Record
-from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.healing import Healer
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica_sets import ReplicaSets
-from logbroker.replication.takeover import SegmentClaims
 from tests.unit.replication.harness import RANGE, Cluster, cluster
 from tests.unit.storage.helpers import result_of
 
@@ -30,16 +28,7 @@ def logged() -> Any:
     globalLogPublisher.removeObserver(events.append)
 
 
-def _lead_with_small_segments(world: Cluster, node: str) -> LeadRanges:
-    context = world.context(node)
-    lead = LeadRanges(context.storage, SegmentClaims(context), CommittedCopies(context), ROLL_BYTES)
-    claiming = lead.open([RANGE])
-    world.settle()
-    result_of(claiming)
-    return lead
-
-
-def _append(world: Cluster, lead: LeadRanges, count: int) -> None:
+def append_each(world: Cluster, lead: LeadRanges, count: int) -> None:
     for index in range(count):
         result = lead.handle(RANGE).append([Record(b"value-%03d" % index, key=b"k")])
         world.settle()
@@ -52,10 +41,10 @@ def test_a_node_back_from_an_outage_puts_each_missing_segment_in_place_once(
     logged: list[dict[str, Any]],
 ) -> None:
     world = cluster()
-    lead = _lead_with_small_segments(world, "a")
-    _append(world, lead, 2)
+    lead = world.lead("a", ROLL_BYTES)
+    append_each(world, lead, 2)
     world.peers.dead.add("c")  # c holds the first segment's start, active, as its last copy
-    _append(world, lead, 60)
+    append_each(world, lead, 60)
     world.peers.dead.discard("c")
     replica_sets = ReplicaSets(world.context("a"), lead, 60.0, lambda: True)
     for _ in range(2):  # the first rolls the active segment back onto c; the second seals it

@@ -299,10 +299,10 @@ ONE_NODE_BYTES = (
     b"\x00\x00\x00\x01"  # attribute count
     b"\x01\x00\x00\x00\x04zone\x01\x00\x00\x00\x01a"  # zone=a
     b"\x01\x00\x00\x00\x030.1"  # version
-    b"\x00\x00\x00\x05"  # under-replicated segments (version 2)
+    b"\x01\x00\x00\x00\x05"  # under-replicated segments: counted, 5 (version 2)
 )
 #: The same as a node of version 1 sent it: nothing after the nodes.
-ONE_NODE_BYTES_V1 = b"\x01" + ONE_NODE_BYTES[1:-4]
+ONE_NODE_BYTES_V1 = b"\x01" + ONE_NODE_BYTES[1:-5]
 
 
 def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
@@ -311,6 +311,9 @@ def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
     with_lease = encode_cluster(attrs.evolve(ONE_NODE, lease_age_ms=1500, chores_holder=None))
     assert with_lease[:29] == ONE_NODE_BYTES[:24] + b"\x00" + b"\x00\x00\x00\x02"
     assert with_lease[29:34] == b"\x01\x00\x00\x05\xdc"  # a lease age of 1500 ms
+    not_counted = encode_cluster(attrs.evolve(ONE_NODE, under_replicated=None))
+    assert not_counted == ONE_NODE_BYTES[:-5] + b"\x00"
+    assert decode_cluster(not_counted) == attrs.evolve(ONE_NODE, under_replicated=None)
 
 
 def test_a_later_cluster_payload_version_is_read_for_the_fields_this_one_knows() -> None:
@@ -322,13 +325,15 @@ def test_a_later_cluster_payload_version_is_read_for_the_fields_this_one_knows()
         + ONE_NODE_BYTES[1:entry_start]
         + struct.pack(">I", len(entry))
         + entry
-        + b"\x00\x00\x00\x05"
+        + b"\x01\x00\x00\x00\x05"
         + b"\x00\x00\x00\x09"
     )
 
     assert decode_cluster(later) == ONE_NODE
     with pytest.raises(ProtocolViolation, match="bytes left"):
         decode_cluster(ONE_NODE_BYTES + b"\x00")  # version 2 has nothing after its count
+    with pytest.raises(ProtocolViolation, match="under-replicated marker"):
+        decode_cluster(ONE_NODE_BYTES[:-5] + b"\x02")
 
 
 def test_a_version_1_cluster_payload_says_nothing_of_under_replication() -> None:

@@ -1,0 +1,58 @@
+"""The under-replicated count: every node counts the cluster's segments with fewer whole
+copies on live nodes than the factor, asking the others what they lack; a node knows nothing
+before its first count, and says what it lacks only once its healer has looked."""
+
+from __future__ import annotations
+
+from logbroker.peer.frames import PeerOp
+from logbroker.replication.healing import Healer
+from logbroker.replication.health import ReplicationHealth
+from logbroker.replication.replica import ReplicaServer
+from logbroker.replication.replica_codec import decode_missing
+from tests.unit.replication.harness import CONFIG, RANGE, Cluster, cluster
+from tests.unit.replication.test_healing import ROLL_BYTES, append_each
+from tests.unit.storage.helpers import MemoryLogs, result_of
+
+
+def _health(world: Cluster, node: str) -> tuple[ReplicationHealth, Healer]:
+    healer = Healer(world.context(node))
+    health = ReplicationHealth(world.context(node), healer)
+    world.peers.ops[node][PeerOp.COPY_HEALTH] = health.serve
+    return health, healer
+
+
+def test_the_count_follows_a_node_away_and_back_and_is_unknown_before_the_first() -> None:
+    world = cluster()
+    append_each(world, world.lead("a", ROLL_BYTES), 30)
+    sealed = [m for m in world.control.segments(RANGE) if m.record_count]
+    assert len(sealed) >= 3
+    a, a_healer = _health(world, "a")
+    _, b_healer = _health(world, "b")
+    for healer in (a_healer, b_healer):
+        healer.tick([RANGE])
+    world.settle()
+
+    assert a.count is None, "not counted yet"
+    world.peers.dead.add("c")
+    result_of(a.refresh([RANGE]))
+    # Every segment names c, which is down: the sealed ones and the active one.
+    assert a.count == len(sealed) + 1
+
+    # c is back with none of its copies (a new disk), and has not looked yet: asked what it
+    # lacks, it answers once its healer has looked, not "nothing" before.
+    world.peers.dead.discard("c")
+    world.storages["c"] = MemoryLogs(
+        clock=world.clock, executor=world.executors["c"], config=CONFIG
+    )
+    world.peers.ops["c"] = ReplicaServer("c", world.storages["c"], world.control).ops
+    c, c_healer = _health(world, "c")
+    world.clock.advance(2.0)
+    asked = world.peers.request("c", PeerOp.COPY_HEALTH, b"")
+    assert not asked.called
+    c_healer.tick([RANGE])
+    world.settle()  # c opens the range, looks, and fetches its copies
+    assert sorted(decode_missing(result_of(asked))) == [(RANGE, m.base_offset) for m in sealed]
+
+    result_of(a.refresh([RANGE]))
+    result_of(c.refresh([RANGE]))
+    assert (a.count, c.count) == (0, 0)
