@@ -10,6 +10,7 @@ must be caught by the checker within the seeds it runs, or the checker is blind 
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 from collections.abc import Callable, Iterator, Sequence
@@ -49,7 +50,11 @@ def seeds_in_parallel() -> Iterator[Executor | None]:
     if WORKERS <= 1:
         yield None
         return
-    with ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("fork")) as pool:
+    # Each worker moves what it inherited (the whole test session) out of the garbage
+    # collector's sight: the collection after each run then scans that run's objects alone.
+    with ProcessPoolExecutor(
+        WORKERS, mp_context=multiprocessing.get_context("fork"), initializer=gc.freeze
+    ) as pool:
         yield pool
 
 
