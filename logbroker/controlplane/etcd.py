@@ -101,9 +101,15 @@ _V = TypeVar("_V")
 
 #: How often a change is tried when other nodes keep changing what it depends on.
 MAX_ATTEMPTS = 5
-#: The most group commits sent in one transaction: each compares two keys, and etcd takes
-#: at most 128 compares (``--max-txn-ops``).
+#: The most changes sent in one transaction: a group commit or a segment's record compares two
+#: keys (its own and its topic's or range's), and etcd takes at most 128 compares
+#: (``--max-txn-ops``).
 MAX_BATCH = 64
+#: The changes that go out together when they are queued right behind one another: group
+#: commits, and segment records (a node back from an outage joins the replica sets of hundreds
+#: of sealed segments at once; one transaction each, each waiting for the one before, made its
+#: catch-up wait on etcd's round trips).
+_BATCHED = (CommitGroupPosition, PutSegment)
 #: How long a change that took effect may wait for the watch to bring it back before the cache
 #: is reloaded: a watch on a member cut off without a word (no reset, no "no leader") delivers
 #: nothing and never ends, and a change must not wait on it for ever.
@@ -502,12 +508,15 @@ class EtcdControlPlane(StateControlPlane):
         self._maybe_finish_close()
 
     def _next_batch(self) -> list[_Queued]:
-        """The head of the queue, with the group commits right behind it if it is one: they
-        go out in one transaction (group commit, as the local control plane does)."""
+        """The head of the queue, with the changes of its kind right behind it if it is a
+        kind that batches: they go out in one transaction (group commit, as the local control
+        plane does). Each is decided on the state the ones before it leave, as if sent alone,
+        and one refused does not stop the others."""
         batch = [self._queue[0]]
-        if isinstance(batch[0].change, CommitGroupPosition):
+        kind = type(batch[0].change)
+        if kind in _BATCHED:
             for queued in itertools.islice(self._queue, 1, MAX_BATCH):
-                if not isinstance(queued.change, CommitGroupPosition):
+                if type(queued.change) is not kind:
                     break
                 batch.append(queued)
         return batch

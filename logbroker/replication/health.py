@@ -6,8 +6,8 @@ is dead, or names a live node that does not hold it whole yet (a sealed segment 
 Every node knows the first two from the control plane and the member list; the third each node
 knows of itself (``Healer.missing``) and tells the others through the ``copy_health`` peer op.
 ``ReplicationHealth.refresh`` (run periodically) asks every live node and recounts; the count is
-read synchronously between refreshes (None before the first). 0 is the healthy state: every segment written is on the
-factor's number of nodes, whole.
+read synchronously between refreshes (None before the first). 0 is the healthy state: every
+segment written is on the factor's number of nodes, whole.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ import attrs
 import pytest
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
+from twisted.python.failure import Failure
 
 from logbroker.controlplane import (
     AclGrant,
@@ -30,7 +31,7 @@ from logbroker.controlplane._kv import Compare, DeletePrefix, Put, Result, Targe
 from logbroker.controlplane.etcd import CATCH_UP_SECONDS, MAX_ATTEMPTS
 from logbroker.controlplane.follower import RESUME_DELAY
 from logbroker.testing import MemoryKeyValueStore
-from tests.unit.controlplane.helpers import active, make_topic, make_user
+from tests.unit.controlplane.helpers import active, make_topic, make_user, sealed
 from tests.unit.storage.helpers import failure_of, result_of
 
 PREFIX = "/logbroker/c1/"
@@ -511,6 +512,43 @@ def test_group_commits_queued_together_go_out_in_one_transaction(cluster: Cluste
     assert b.group_position("orders", "g149") == "AQ"
     assert b.group_position("orders", "g0") == "AR"
     assert b.user("alice") == make_user("alice")
+
+
+def test_segment_records_queued_together_go_out_together_and_one_refused_spares_the_rest(
+    cluster: Cluster,
+) -> None:
+    # What a node back from an outage meets: the chores holder adds it to the replica sets of
+    # every segment sealed without it, all at once, while another node changes one of them.
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders")
+    result_of(a.create_topic(topic, ranges))
+    records = [sealed("orders.0", 10 * i, 10, 100) for i in range(100)]
+    for meta in records:
+        result_of(a.put_segment(meta))
+    before = len(cluster.store.transactions)
+    cluster.store.hold()
+
+    joined = [attrs.evolve(meta, replicas=("node-1", "node-2")) for meta in records]
+    outcomes: list[object] = []
+    for old, new in zip(records, joined, strict=True):
+        a.put_segment(new, expected=old).addBoth(outcomes.append)
+    # b's change lands after a's first transaction and before the batch behind it.
+    rival = attrs.evolve(records[50], replicas=("node-1", "node-3"))
+    b.put_segment(rival, expected=records[50])
+    cluster.store.release(1)
+    cluster.store.release()
+
+    assert len(outcomes) == 100
+    refused = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, Failure)]
+    assert refused == [50]
+    failure = outcomes[50]
+    assert isinstance(failure, Failure)
+    failure.trap(InvalidChangeError)
+    assert b.segments("orders.0") == [rival if i == 50 else meta for i, meta in enumerate(joined)]
+    # a: the first alone, the rest 64 at a time; the first batch met b's change (its compare
+    # failed) and went again without the refused one. Not a hundred round trips.
+    sizes = [len(operations) for _, operations in cluster.store.transactions[before:]]
+    assert sizes == [1, 1, 64, 63, 35]
 
 
 def test_a_change_that_keeps_losing_races_gives_up_with_a_typed_error(cluster: Cluster) -> None:
