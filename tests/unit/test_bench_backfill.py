@@ -5,10 +5,7 @@ benchmark's figures, and its decision that a catch-up is done, are only as right
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -16,28 +13,10 @@ from twisted.internet.task import Clock
 
 from logbroker import wire
 from logbroker.storage._segment import segment_stem
+from tests.bench_scripts import load_bench_script
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load_bench_script(name: str) -> ModuleType:
-    """bench/ is a directory of scripts that import their shared helpers by plain name: load
-    one from its file with the directory on the import path while it loads."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
-
-
-backfill = _load_bench_script("backfill")
-common = _load_bench_script("_common")
+backfill = load_bench_script("backfill")
+common = load_bench_script("_common")
 Sealed = backfill.SealedSegment
 
 

@@ -3,10 +3,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -15,20 +11,9 @@ from hypothesis import strategies as st
 from twisted.internet.defer import Deferred
 from twisted.internet.testing import StringTransport
 
+from tests.bench_scripts import load_bench_script
 
-def _load_bench_module(name: str) -> ModuleType:
-    """bench/ is a directory of scripts, not a package: load the helper from its file."""
-    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-resp = _load_bench_module("_redis")
+resp = load_bench_script("_redis")
 
 #: One of each reply type, the awkward cases included: a bulk string holding CRLF, an empty
 #: one, nulls, a nested array, a negative integer.

@@ -4,40 +4,19 @@ The benchmark's sanity check that replication happened is only as right as these
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import os
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 from logbroker.records import Record
 from logbroker.storage._format import encode_batch
 from logbroker.storage._segment import segment_stem
+from tests.bench_scripts import load_bench_script
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-
-
-def _load_bench_script(name: str) -> ModuleType:
-    """bench/ is a directory of scripts that import their shared helpers by plain name: load
-    one from its file with the directory on the import path while it loads."""
-    spec = importlib.util.spec_from_file_location(f"bench_{name}", BENCH / f"{name}.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    sys.path.insert(0, str(BENCH))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
-
-
-replicated = _load_bench_script("replicated_produce")
-cluster = _load_bench_script("_cluster")
+replicated = load_bench_script("replicated_produce")
+cluster = load_bench_script("_cluster")
 Stored = replicated.Stored
 
 
