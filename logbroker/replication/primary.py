@@ -47,7 +47,7 @@ from logbroker.storage import Appended, FencedError, OverloadedError, RangeLog, 
 log = Logger()
 
 
-def _ignore_step_down(step: StepDown) -> None:
+def _ignore_step_down(leader: SegmentLeader, step: StepDown) -> None:
     pass
 
 
@@ -70,7 +70,7 @@ class SegmentLeader:
         is_live: Callable[[str], bool],
         on_commit: Callable[[int], None],
         holds_lease: Callable[[], bool] = lambda: True,
-        on_step_down: Callable[[StepDown], None] = _ignore_step_down,
+        on_step_down: Callable[[SegmentLeader, StepDown], None] = _ignore_step_down,
     ) -> None:
         self._core = LeaderCore(
             node_id=node_id,
@@ -312,7 +312,9 @@ class SegmentLeader:
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
-        self._on_step_down(step)
+        # The leader goes with it: this can run before the constructor returns (a replica's
+        # answer that comes at once, while the leadership starts).
+        self._on_step_down(self, step)
 
     def _arm_timer(self) -> None:
         deadline = self._core.deadline()

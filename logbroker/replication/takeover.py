@@ -370,9 +370,6 @@ class SegmentClaims:
         ctx = self._context
         ctx.on_lead(meta.range_id, meta.base_offset, meta.epoch, ctx.node_id)
 
-        def stepped_down(step: StepDown) -> None:
-            on_step_down(leader, step)
-
         def committed(index: int) -> None:
             ctx.on_commit(meta.range_id, index)
             on_commit(index)
@@ -391,7 +388,7 @@ class SegmentClaims:
             is_live=ctx.is_live,
             on_commit=committed,
             holds_lease=ctx.holds_lease,
-            on_step_down=stepped_down,
+            on_step_down=on_step_down,
         )
         # What the copies already hold on a quorum is committed from the start.
         ctx.on_commit(meta.range_id, leader.commit)
