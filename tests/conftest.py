@@ -1,9 +1,12 @@
-"""Suite-wide fixtures: a test fails if it logged an error it did not expect."""
+"""Suite-wide fixtures (a test fails if it logged an error it did not expect), and the order:
+the simulation's seeds start in the background once collected, and its tests run last."""
 
 from __future__ import annotations
 
 import gc
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,3 +52,31 @@ def logged_errors() -> Iterator[list[dict[str, Any]]]:
                 text += "\n" + failure.getTraceback()
             lines.append(text)
         pytest.fail("unexpected errors were logged:\n" + "\n".join(lines))
+
+
+SIMULATION = Path(__file__).parent / "simulation"
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The simulation's tests go last: they collect what its seeds' workers found while the
+    # rest of the suite ran (tests/simulation/seeds.py).
+    items.sort(key=lambda item: item.path.is_relative_to(SIMULATION))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    batches = [
+        item.callspec.params["first"]
+        for item in session.items
+        if isinstance(item, pytest.Function)
+        and item.originalname == "test_every_guarantee_holds_under_faults"
+    ]
+    if batches:
+        from tests.simulation.seeds import BACKGROUND, batch_of
+
+        BACKGROUND.start(batch_of(first) for first in batches)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    seeds = sys.modules.get("tests.simulation.seeds")
+    if seeds is not None:
+        seeds.BACKGROUND.stop()

@@ -2,7 +2,8 @@
 
 Every CI run checks ``SIMULATION_SEEDS`` seeds (2,000 by default; more with the environment
 variable ``LOGBROKER_SIMULATION_SEEDS``, or another first seed with
-``LOGBROKER_SIMULATION_FIRST_SEED``). A failing seed names the one command that replays it.
+``LOGBROKER_SIMULATION_FIRST_SEED``), run by worker processes in the background while the rest
+of the suite runs (``seeds``). A failing seed names the one command that replays it.
 
 Every safety mechanism has a negative control: the same simulation with that mechanism broken
 must be caught by the checker within the seeds it runs, or the checker is blind to it.
@@ -10,11 +11,7 @@ must be caught by the checker within the seeds it runs, or the checker is blind 
 
 from __future__ import annotations
 
-import gc
-import multiprocessing
-import os
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor
 from typing import Any
 
 import pytest
@@ -28,14 +25,9 @@ from logbroker.replication.core.quorum import CopyEnd
 from logbroker.storage import FileSystem, _operations
 from logbroker.storage._jobs import _seal_files
 from logbroker.storage._segment import Sealed
+from tests.simulation.seeds import BACKGROUND, BATCH_STARTS, batch_of
 from tests.simulation.world import FAULTS, simulate
 
-SIMULATION_SEEDS = int(os.environ.get("LOGBROKER_SIMULATION_SEEDS", "2000"))
-FIRST_SEED = int(os.environ.get("LOGBROKER_SIMULATION_FIRST_SEED", "0"))
-#: Processes running seeds at once: every core (the rest of the suite runs one test at a time,
-#: so the seeds have the machine to themselves); ``LOGBROKER_SIMULATION_WORKERS`` overrides.
-WORKERS = int(os.environ.get("LOGBROKER_SIMULATION_WORKERS", str(min(os.cpu_count() or 1, 4))))
-BATCH = 50
 #: The most seeds a negative control runs before it counts the checker as blind.
 CONTROL_SEEDS = 80
 
@@ -44,31 +36,9 @@ def _replay(seed: int) -> str:
     return f".venv/bin/python -m tests.simulation --seed {seed}"
 
 
-@pytest.fixture(scope="module")
-def seeds_in_parallel() -> Iterator[Executor | None]:
-    """Processes that run seeds (forked: each run is one process's own, on its own clock)."""
-    if WORKERS <= 1:
-        yield None
-        return
-    # Each worker moves what it inherited (the whole test session) out of the garbage
-    # collector's sight: the collection after each run then scans that run's objects alone.
-    with ProcessPoolExecutor(
-        WORKERS, mp_context=multiprocessing.get_context("fork"), initializer=gc.freeze
-    ) as pool:
-        yield pool
-
-
-@pytest.mark.parametrize(
-    "first", range(FIRST_SEED, FIRST_SEED + SIMULATION_SEEDS, BATCH), ids=lambda s: f"seeds{s}"
-)
-def test_every_guarantee_holds_under_faults(first: int, seeds_in_parallel: Executor | None) -> None:
-    seeds = range(first, min(first + BATCH, FIRST_SEED + SIMULATION_SEEDS))
-    runs = (
-        map(simulate, seeds)
-        if seeds_in_parallel is None
-        else seeds_in_parallel.map(simulate, seeds)
-    )
-    for seed, problems in zip(seeds, runs, strict=True):
+@pytest.mark.parametrize("first", BATCH_STARTS, ids=lambda s: f"seeds{s}")
+def test_every_guarantee_holds_under_faults(first: int) -> None:
+    for seed, problems in BACKGROUND.result(batch_of(first)):
         assert not problems, (
             f"seed {seed} broke a guarantee; replay it with: {_replay(seed)}\n"
             + "\n".join(problems[:20])
