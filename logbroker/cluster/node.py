@@ -245,23 +245,20 @@ def build_cluster(
         def range_ids() -> list[str]:
             return [r for topic in control.topics() for r in topic.range_ids]
 
+        def sweep() -> None:
+            # Nothing to do before the control plane has loaded: the first interval can end
+            # before etcd has answered (a state of thousands of ranges takes a while).
+            if control.loaded:
+                replication.sweep(range_ids())
+
+        def heal() -> Deferred[None] | None:
+            return replication.heal(range_ids()) if control.loaded else None
+
         chores = [
             PeriodicTask(
-                "takeover_sweep",
-                TAKEOVER_SWEEP_SECONDS,
-                lambda: replication.sweep(range_ids()),
-                reactor,
-                metrics=metrics,
-                now=False,
+                "takeover_sweep", TAKEOVER_SWEEP_SECONDS, sweep, reactor, metrics=metrics, now=False
             ),
-            PeriodicTask(
-                "healing",
-                HEALING_SECONDS,
-                lambda: replication.heal(range_ids()),
-                reactor,
-                metrics=metrics,
-                now=False,
-            ),
+            PeriodicTask("healing", HEALING_SECONDS, heal, reactor, metrics=metrics, now=False),
         ]
     local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)

@@ -349,6 +349,11 @@ class EtcdControlPlane(StateControlPlane):
         self._close_waiters: list[Deferred[None]] = []
 
     @property
+    def loaded(self) -> bool:
+        """Whether the cache has been loaded (``start`` has fired): reads work from then on."""
+        return self._state is not None
+
+    @property
     def following(self) -> bool:
         """Whether the cache follows etcd now (its watch runs): when it does not (etcd was out
         of reach, and the watch is not resumed yet), what it shows may be stale."""

@@ -293,6 +293,32 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
     assert ports == [[4041, 4040], [4041, 4042, 4040]]
 
 
+def test_a_members_chores_wait_for_its_control_plane_to_load(tmp_path: Path) -> None:
+    # etcd has not answered yet (with thousands of ranges its state takes seconds to load):
+    # the takeover sweep and healing come round and find nothing to do, rather than failing
+    # with tracebacks at every boot.
+    config, _ = BrokerConfig.from_env(
+        {"SVC_CONTROL_PLANE": "etcd://127.0.0.1:2379", "SVC_LOG_REPLICATION_FACTOR": "3"},
+        cwd=str(tmp_path),
+    )
+    reactor = MemoryReactorClock()
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
+    root = build_service(reactor, config, data_dir, None)
+    chores = [
+        service
+        for service in root
+        if isinstance(service, PeriodicTask) and service.task_name in ("takeover_sweep", "healing")
+    ]
+    assert len(chores) == 2
+    for chore in chores:
+        chore.startService()
+    reactor.advance(5)
+    assert [chore.failures for chore in chores] == [0, 0]
+    assert all(chore.last_success is not None for chore in chores)
+    for chore in chores:
+        chore.stopService()
+
+
 def test_with_replication_the_logs_are_replicas_and_take_the_replication_group_commit() -> None:
     replicated = log_config_for(
         BrokerConfig.from_env(
