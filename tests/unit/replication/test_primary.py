@@ -94,8 +94,23 @@ def _leader(
     commits: list[int] | None = None,
     holds_lease: Callable[[], bool] = lambda: True,
     steps: list[StepDown] | None = None,
+    stopped: list[SegmentLeader] | None = None,
+    records_before: int = 0,
 ) -> tuple[SegmentLeader, RangeLog]:
+    """A leader of segment 0 at epoch 1 on replicas a (this node), b and c; its copy holds
+    ``records_before`` records when it starts, the others' are unknown."""
     range_log = _open_log(clock)
+    own_end = CopyEnd(0, 0)
+    if records_before:
+        written = range_log.write(_records(records_before), None, 1)
+        own_end = CopyEnd(written.base_offset + written.record_count, len(written.data))
+
+    def stepped_down(leader: SegmentLeader, step: StepDown) -> None:
+        if steps is not None:
+            steps.append(step)
+        if stopped is not None:
+            stopped.append(leader)
+
     leader = SegmentLeader(
         node_id="a",
         range_id="r",
@@ -103,16 +118,14 @@ def _leader(
         epoch=1,
         replicas=("a", "b", "c"),
         range_log=range_log,
-        copies={"a": CopyEnd(0, 0)},
+        copies={"a": own_end},
         requester=replicas,
         clock=clock,
         settings=ReplicationSettings(replication_factor=3, ack_timeout_seconds=5.0),
         is_live=live,
         on_commit=(commits.append if commits is not None else lambda commit: None),
         holds_lease=holds_lease,
-        on_step_down=(
-            (lambda _, step: steps.append(step)) if steps is not None else lambda _, step: None
-        ),
+        on_step_down=stepped_down,
     )
     return leader, range_log
 
@@ -197,28 +210,13 @@ def test_a_leader_fenced_as_it_starts_is_handed_to_on_step_down(clock: Clock) ->
             answered.callback(encode_status(CopyStatus(CopyOutcome.FENCED, 2, 0, 0)))
             return answered
 
-    range_log = _open_log(clock)
-    written = range_log.write(_records(), None, 1)
-    steps: list[tuple[SegmentLeader, StepDown]] = []
-    leader = SegmentLeader(
-        node_id="a",
-        range_id="r",
-        segment=0,
-        epoch=1,
-        replicas=("a", "b", "c"),
-        range_log=range_log,
-        copies={"a": CopyEnd(written.base_offset + written.record_count, len(written.data))},
-        requester=AnsweringFenced(),
-        clock=clock,
-        settings=ReplicationSettings(replication_factor=3, ack_timeout_seconds=5.0),
-        is_live=lambda node: True,
-        on_commit=lambda commit: None,
-        on_step_down=lambda stopped, step: steps.append((stopped, step)),
-    )
+    steps: list[StepDown] = []
+    stopped: list[SegmentLeader] = []
+    leader, _ = _leader(clock, AnsweringFenced(), steps=steps, stopped=stopped, records_before=2)
 
     assert leader.stopped
-    assert [stopped for stopped, _ in steps] == [leader]
-    assert steps[0][1].reason is Reason.NOT_PRIMARY
+    assert stopped == [leader]
+    assert [step.reason for step in steps] == [Reason.NOT_PRIMARY]
 
 
 def test_a_mismatch_rewinds_to_where_the_copy_ends(clock: Clock) -> None:
