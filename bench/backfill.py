@@ -18,7 +18,7 @@ default, so that the data makes many segments; ``SVC_TOPIC_RANGES`` from ``--ran
    the three nodes' segment files of the topic. The catch-up is **done** when both hold:
 
    a. every node reports 0 under-replicated segments (each node counts for the whole cluster,
-      refreshed about once a second);
+      refreshed every two seconds);
    b. ``n3`` holds every sealed segment of the topic whole: for every segment etcd records as
       sealed (with records), ``n3``'s ``.log`` file of it has the size etcd records, and its
       ``.log`` bytes of each of the topic's ranges equal ``n1``'s and ``n2``'s.
