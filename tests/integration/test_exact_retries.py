@@ -36,6 +36,7 @@ from tests.integration.test_replication_faults import (
     TOPIC,
     check,
     keys_of,
+    leader,
     pid,
     wait_until_alive,
 )
@@ -172,15 +173,18 @@ def test_stamped_retries_through_other_nodes_store_every_value_once(
         history.mark(f"SIGCONT {second.node_id}")
         wait_until_alive(cluster)
 
-        # The third alone cannot reach a quorum: what it took is refused no_quorum in doubt,
-        # and committed once the others are back.
-        history.mark(f"SIGSTOP {first.node_id} and {second.node_id}")
-        for node in (first, second):
+        # The node left alone cannot reach a quorum: what it took for the segments it leads is
+        # refused no_quorum in doubt, and committed once the others are back. It is the node
+        # leading the most segments: one leading none would only forward, refused unreachable.
+        alone = leader(cluster)
+        stopped = [node for node in cluster.nodes if node is not alone]
+        history.mark(f"SIGSTOP {stopped[0].node_id} and {stopped[1].node_id}")
+        for node in stopped:
             os.kill(pid(node), signal.SIGSTOP)
         time.sleep(LEASE + 3)
-        for node in (first, second):
+        for node in stopped:
             os.kill(pid(node), signal.SIGCONT)
-        history.mark(f"SIGCONT {first.node_id} and {second.node_id}")
+        history.mark(f"SIGCONT {stopped[0].node_id} and {stopped[1].node_id}")
         wait_until_alive(cluster)
         time.sleep(3)
     print(f"\nretries by what failed the try before: {dict(load.retried_after)}")
