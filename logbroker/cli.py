@@ -387,6 +387,7 @@ def cluster_json(cluster: ClusterInfo) -> dict[str, object]:
         "chores_holder": cluster.chores_holder,
         "domain_violations": cluster.domain_violations,
         "under_replicated_segments": cluster.under_replicated,
+        "unavailable_ranges": cluster.unavailable_ranges,
         "lease_age_seconds": None if lease is None else lease / 1000,
         "nodes": [
             {
@@ -422,6 +423,13 @@ def cluster_table(cluster: ClusterInfo) -> list[str]:
         (
             "under-replicated",
             "not counted yet" if under_replicated is None else f"{under_replicated} segments",
+        )
+    )
+    unavailable = cluster.unavailable_ranges
+    facts.append(
+        (
+            "unavailable",
+            "not counted yet" if unavailable is None else f"{unavailable} ranges",
         )
     )
     if lease is not None:

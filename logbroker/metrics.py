@@ -612,10 +612,11 @@ class _ClusterValues:
     domain_violations: int
     lease_age_seconds: float | None
     under_replicated: int | None
+    unavailable_ranges: int | None
 
 
 def _no_cluster() -> _ClusterValues:
-    return _ClusterValues(dict.fromkeys(NODE_STATES, 0), 0, None, 0)
+    return _ClusterValues(dict.fromkeys(NODE_STATES, 0), 0, None, 0, 0)
 
 
 class _ClusterGauges:
@@ -635,6 +636,7 @@ class _ClusterGauges:
             status.domain_violations,
             status.lease_age_seconds,
             status.under_replicated,
+            status.unavailable_ranges,
         )
 
     def describe(self) -> Iterable[Metric]:
@@ -668,6 +670,15 @@ class _ClusterGauges:
         )
         if values.under_replicated is not None:
             under_replicated.add_metric([], values.under_replicated)
+        unavailable = GaugeMetricFamily(
+            "svc_unavailable_ranges",
+            "Ranges whose active segment has fewer live replicas than a quorum, so that no"
+            " node leads them until enough are back, as this node last counted them (0 is"
+            " healthy).",
+            labels=[],
+        )
+        if values.unavailable_ranges is not None:
+            unavailable.add_metric([], values.unavailable_ranges)
         return [
             nodes,
             GaugeMetricFamily(
@@ -676,6 +687,7 @@ class _ClusterGauges:
                 value=values.domain_violations,
             ),
             under_replicated,
+            unavailable,
             lease,
         ]
 

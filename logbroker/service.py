@@ -66,6 +66,7 @@ from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
 from logbroker.security.sessions import SessionStore
 from logbroker.security.tls import ServerTls
+from logbroker.security.verified import VerifiedPasswords
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.storage import (
     BATCH_ENCODER,
@@ -600,7 +601,10 @@ def build_service(
     for service in mode.before_listeners():
         _add(root, service)
     users = UserDirectory(
-        control, auth_executor, on_credentials_revoked=guards.sessions.revoke_user
+        control,
+        auth_executor,
+        on_credentials_revoked=guards.sessions.revoke_user,
+        verified=VerifiedPasswords(reactor),
     )
     broker = Broker(
         control,

@@ -51,6 +51,9 @@ class ClusterStatus:
     #: (``svc_under_replicated_segments``); 0 without replication, None until this node has
     #: first counted them (it asks every live node what it lacks).
     under_replicated: int | None = 0
+    #: Ranges whose active segment has too few live replicas for a quorum, so that no node
+    #: leads them (``svc_unavailable_ranges``); like ``under_replicated``, None until counted.
+    unavailable_ranges: int | None = 0
 
 
 class ClusterView(Protocol):
@@ -101,11 +104,14 @@ class SingleNodeView:
 
 
 class ReplicationCount(Protocol):
-    """The under-replicated count, as last counted (``ReplicationHealth``; None before the
-    first count)."""
+    """The under-replicated and unavailable counts, as last counted (``ReplicationHealth``;
+    None before the first count)."""
 
     @property
     def count(self) -> int | None: ...
+
+    @property
+    def unavailable(self) -> int | None: ...
 
 
 @attrs.frozen
@@ -138,4 +144,5 @@ class MembershipView:
             domain_violations=domain_violations(replica_sets, placement_nodes, self.rule),
             lease_age_seconds=self.membership.lease_age(),
             under_replicated=0 if self.replication is None else self.replication.count,
+            unavailable_ranges=0 if self.replication is None else self.replication.unavailable,
         )

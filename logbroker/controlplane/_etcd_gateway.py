@@ -56,7 +56,12 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web._newclient import RequestTransmissionFailed, ResponseNeverReceived
-from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, HTTPConnectionPool
+from twisted.web.client import (
+    Agent,
+    BrowserLikePolicyForHTTPS,
+    HTTPConnectionPool,
+    _HTTP11ClientFactory,
+)
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IPolicyForHTTPS, IResponse
 
@@ -360,6 +365,18 @@ class _GatewayWatch:
             self._request.cancel()
 
 
+class _QuietHTTP11ClientFactory(_HTTP11ClientFactory):
+    # Twisted logs every factory's start and stop: with a new connection for each write,
+    # two lines per control-plane change, thousands a minute on a busy cluster.
+    noisy = False
+
+
+def _quiet_pool(reactor: _ITreqReactor, *, persistent: bool) -> HTTPConnectionPool:
+    pool = HTTPConnectionPool(reactor, persistent=persistent)  # type: ignore[no-untyped-call]
+    pool._factory = _QuietHTTP11ClientFactory
+    return pool
+
+
 class EtcdGatewayStore:
     """etcd at ``endpoints`` (``http://host:port`` or ``https://host:port`` of each member),
     through its JSON gateway.
@@ -386,14 +403,14 @@ class EtcdGatewayStore:
         self._timeout = timeout
         self._on_request = on_request
         policy = tls if tls is not None else BrowserLikePolicyForHTTPS()  # type: ignore[no-untyped-call]
-        self._pool = HTTPConnectionPool(reactor, persistent=True)  # type: ignore[no-untyped-call]
+        self._pool = _quiet_pool(reactor, persistent=True)
         self._pool.maxPersistentPerHost = 4
         self._http = HTTPClient(Agent(reactor, policy, pool=self._pool))  # type: ignore[no-untyped-call]
         # Writes each get a new connection: one sent on a pooled connection that its member
         # closed (it died) fails without an answer, an unknown outcome; a new connection to a
         # dead member is refused, which is known not to have taken effect.
         self._writes = HTTPClient(
-            Agent(reactor, policy, pool=HTTPConnectionPool(reactor, persistent=False))  # type: ignore[no-untyped-call]
+            Agent(reactor, policy, pool=_quiet_pool(reactor, persistent=False))  # type: ignore[no-untyped-call]
         )
         self._session = None if user is None else EtcdSession(user, self._authenticate)
         #: endpoint -> when it last failed; absent when it answered since.

@@ -9,7 +9,7 @@ it left it).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from twisted.internet.defer import Deferred
 
@@ -45,6 +45,10 @@ def _nothing(_: object) -> None:
 class StateControlPlane(ABC):
     """The reads and changes of ``ControlPlane`` over a ``ControlState``."""
 
+    def __init__(self) -> None:
+        #: Each range's segments in order, with the dict of the state they were sorted from.
+        self._ordered_segments: dict[str, tuple[Mapping[int, SegmentMeta], list[SegmentMeta]]] = {}
+
     @abstractmethod
     def _read(self) -> ControlState:
         """The state reads see; ``ControlPlaneClosedError`` before the start."""
@@ -74,8 +78,19 @@ class StateControlPlane(ABC):
         return [state.ranges[r] for r in found.range_ids if r in state.ranges]
 
     def segments(self, range_id: str) -> list[SegmentMeta]:
-        segments = self._read().segments.get(range_id, {})
-        return [meta for _, meta in sorted(segments.items())]
+        segments = self._read().segments.get(range_id)
+        if not segments:
+            self._ordered_segments.pop(range_id, None)
+            return []
+        # Asked for thousands of times a second (every sweep asks for every range's active
+        # segment), while a range's records change seldom: sorted once per change of them. A
+        # change makes a new dict for the range and keeps the others', so identity tells.
+        found = self._ordered_segments.get(range_id)
+        if found is not None and found[0] is segments:
+            return list(found[1])
+        ordered = [meta for _, meta in sorted(segments.items())]
+        self._ordered_segments[range_id] = (segments, ordered)
+        return list(ordered)
 
     def user(self, name: str) -> User | None:
         return self._read().users.get(name)

@@ -320,6 +320,7 @@ class EtcdControlPlane(StateControlPlane):
     watch resumption and reloads."""
 
     def __init__(self, store: KeyValueStore, *, prefix: str, clock: IReactorTime) -> None:
+        super().__init__()
         if not prefix.endswith("/"):
             prefix += "/"
         self.prefix = prefix
@@ -331,7 +332,8 @@ class EtcdControlPlane(StateControlPlane):
         self._revisions: dict[bytes, int] = {}
         self._revision = 0
         #: The cache with every queued change applied; meaningful only while ``_queue`` is not
-        #: empty (when it is, that is the cache itself).
+        #: empty (when it is, that is the cache itself). It is the cache as it was when the
+        #: queue was last empty: a change it refuses is checked again on the cache as it is.
         self._pending = ControlState()
         self._queue: collections.deque[_Queued] = collections.deque()
         self._sending = False
@@ -475,16 +477,33 @@ class EtcdControlPlane(StateControlPlane):
             return fail(
                 ControlPlaneClosedError(f"the control plane under {self.prefix} is {state}")
             )
-        base = self._pending if self._queue else self._state
         try:
-            self._pending = change.apply(base)
+            self._pending = change.apply(self._pending if self._queue else self._state)
         except ControlPlaneError:
-            return fail()
+            if not self._queue:
+                return fail()
+            # ``_pending`` is the cache as it was when the queue last was empty, with the
+            # queued changes: under a steady stream of changes it misses what other nodes did
+            # since (a topic another node created). Decided again on the cache as it is now.
+            try:
+                self._pending = change.apply(self._fresh_pending())
+            except ControlPlaneError:
+                return fail()
         done: Deferred[ControlState] = Deferred()
         self._queue.append(_Queued(change, done))
         if not self._sending:
             Deferred.fromCoroutine(self._send_queued())
         return done
+
+    def _fresh_pending(self) -> ControlState:
+        """The cache as it is now, with every queued change that still applies to it."""
+        state = self._read()
+        for queued in self._queue:
+            try:
+                state = queued.change.apply(state)
+            except ControlPlaneError:
+                continue
+        return state
 
     async def _send_queued(self) -> None:
         self._sending = True

@@ -88,6 +88,7 @@ class LocalControlPlane(StateControlPlane):
     """A ``ControlPlane`` kept in one file under ``directory`` (created if missing)."""
 
     def __init__(self, directory: str, *, fs: FileSystem, executor: Executor) -> None:
+        super().__init__()
         self.directory = directory
         self.path = f"{directory}/{STATE_FILE}"
         self._fs = fs

@@ -21,9 +21,10 @@ requests:
 
 * ``request(op, payload)`` sends a ``Request`` with a fresh correlation id and returns a
   ``Deferred`` of the ok payload, failing with ``PeerError`` (the error response's reason). At
-  most ``max_in_flight`` requests wait for answers: past that, ``request`` fails at once with
-  ``overloaded``. When the connection ends, every request still waiting fails with
-  ``unreachable``; a request on a connection that is not ``ESTABLISHED`` fails so at once.
+  most ``max_in_flight`` requests wait for answers (``reserved_in_flight`` more for fences and
+  seals): past that, ``request`` fails at once with ``overloaded``. When the connection ends,
+  every request still waiting fails with ``unreachable``; a request on a connection that is
+  not ``ESTABLISHED`` fails so at once.
   A request has no deadline of its own: a caller that needs one cancels it (for instance with
   ``Deferred.addTimeout(seconds, clock)``), and its late answer is ignored.
 * A side with a handler (``RequestHandler``, the accepting side) hands each ``Request`` to it and
@@ -120,12 +121,21 @@ def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be > 0, not {value!r}")
 
 
+#: Requests that may use ``PeerSettings.reserved_in_flight``: those of claims and seals.
+RESERVED_OPS = frozenset({PeerOp.FENCE, PeerOp.SEAL})
+
+
 @attrs.frozen
 class PeerSettings:
     handshake_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     max_frame_size: int = attrs.field(default=DEFAULT_MAX_PEER_FRAME_SIZE, validator=_positive)
     #: Requests this side may have waiting for answers on one connection.
     max_in_flight: int = attrs.field(default=256, validator=_positive)
+    #: More requests this side may have waiting when they are fences and seals
+    #: (``RESERVED_OPS``): data requests that fill ``max_in_flight`` (a node leading thousands
+    #: of ranges replicates to each peer at once) must not fail the claims that let ranges be
+    #: led at all. Claims are few at once (``leading.MAX_SWEEP_CLAIMS``), so this is enough.
+    reserved_in_flight: int = attrs.field(default=256, validator=_positive)
     #: Requests from the peer handled at once before the connection stops reading. Above the
     #: peers' ``max_in_flight``, so that a well-behaved peer is never paused (a paused
     #: connection does not read the peer's pings either).
@@ -609,12 +619,14 @@ class PeerProtocol(Protocol):
         if self.state is not LinkState.ESTABLISHED:
             return fail(PeerError(PeerReason.UNREACHABLE, "the peer link is not established"))
         settings = self._settings
-        if len(self._outstanding) >= settings.max_in_flight:
+        limit = settings.max_in_flight
+        if op in RESERVED_OPS:
+            limit += settings.reserved_in_flight
+        if len(self._outstanding) >= limit:
             return fail(
                 PeerError(
                     PeerReason.OVERLOADED,
-                    f"{settings.max_in_flight} requests are waiting for node"
-                    f" {self.peer_node_id!r} already",
+                    f"{limit} requests are waiting for node {self.peer_node_id!r} already",
                 )
             )
         correlation_id = self._next_correlation_id()

@@ -297,6 +297,9 @@ class Healer:
         """Delete this node's copies of segments sealed on replica sets without it, once every
         member holds the segment whole."""
         ctx = self._context
+        # Most ranges have no such segment: looked at without reading this node's copies.
+        if not any(rules.left_behind(meta, ctx.node_id) for meta in metas):
+            return
         by_base = {meta.base_offset: meta for meta in metas}
         for info in copy.segments():
             meta = by_base.get(info.base_offset)

@@ -1,5 +1,6 @@
 """How many segments have fewer whole copies than the replication factor:
-``svc_under_replicated_segments``, ``logbroker cluster status`` and the dashboard's Cluster card.
+``svc_under_replicated_segments``, ``logbroker cluster status`` and the dashboard's Cluster card;
+and how many ranges cannot be led for want of live replicas (``svc_unavailable_ranges``).
 
 A segment is under-replicated when its replica set is shorter than the factor, names a node that
 is dead, or names a live node that does not hold it whole yet (a sealed segment it has to fetch).
@@ -19,6 +20,7 @@ from twisted.logger import Logger
 
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
+from logbroker.replication.core.claims import live_quorum
 from logbroker.replication.healing import Healer, SegmentKey
 from logbroker.replication.replica_codec import decode_missing, encode_missing
 from logbroker.replication.takeover import ClaimContext
@@ -49,6 +51,19 @@ def under_replicated(
     return count
 
 
+def unavailable_ranges(
+    active: Iterable[SegmentMeta], quorum: int, is_live: Callable[[str], bool]
+) -> int:
+    """How many ranges cannot be led now, of those whose last segments are ``active``: the
+    replica set of their active segment has fewer live members than the quorum, so no node
+    claims it (``svc_unavailable_ranges``) until enough of them are back."""
+    return sum(
+        1
+        for meta in active
+        if meta.state is SegmentState.ACTIVE and not live_quorum(meta, is_live, quorum)
+    )
+
+
 #: How often a node asks the others what they lack (its count is as old as this, at most).
 REFRESH_SECONDS = 2.0
 
@@ -63,6 +78,8 @@ class ReplicationHealth:
         self._last: float | None = None
         #: The last count (None before the first), and what each node said it lacks.
         self.count: int | None = None
+        #: Ranges that cannot be led now (``unavailable_ranges``), as last counted.
+        self.unavailable: int | None = None
         self.missing: dict[str, set[SegmentKey]] = {}
 
     def serve(self, sender: str, payload: bytes) -> Deferred[bytes]:
@@ -101,7 +118,11 @@ class ReplicationHealth:
                 # A node that cannot say is kept at what it said last.
                 missing[node] = self.missing.get(node, set())
         self.missing = missing
-        segments = [meta for range_id in range_ids for meta in ctx.control.segments(range_id)]
+        by_range = [ctx.control.segments(range_id) for range_id in range_ids]
+        segments = [meta for metas in by_range for meta in metas]
         self.count = under_replicated(
             segments, ctx.settings.replication_factor, ctx.is_live, missing
+        )
+        self.unavailable = unavailable_ranges(
+            (metas[-1] for metas in by_range if metas), ctx.settings.quorum, ctx.is_live
         )

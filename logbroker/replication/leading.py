@@ -12,12 +12,15 @@ The sweep (every half second) claims the ranges this node should lead and does n
 first for (it restarted, or another replica stepped aside to it) and those whose primary died
 where it is the first live replica. A range whose claim failed is tried again after a back-off
 that doubles up to ``MAX_CLAIM_BACKOFF``, so a range that cannot be led now costs nothing but an
-occasional try. The sweep also asks every leader whether it still hears a quorum (CheckQuorum):
-one that does not steps down and resigns, so that a replica that reaches a quorum takes over.
+occasional try; one whose replica set has too few live members for a quorum is not claimed
+at all (a claim bumps the epoch) until enough of them are alive again. The sweep also asks
+every leader whether it still hears a quorum (CheckQuorum): one that does not steps down and
+resigns, so that a replica that reaches a quorum takes over.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,14 +39,20 @@ from logbroker.records import ProducerStamp, Record
 from logbroker.replication.copies import CommittedCopies, segment_read
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.actions import StepDown
+from logbroker.replication.core.claims import live_quorum
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica import view_of
 from logbroker.replication.stamps import recent_range_stamps
-from logbroker.replication.takeover import SegmentClaims
+from logbroker.replication.takeover import SegmentClaims, WaitingForMembers
 from logbroker.storage import OpenLogs, RangeLog
 
 log = Logger()
 
+#: The most claims the sweep has under way at once. A node taking over thousands of ranges
+#: otherwise fences them all at once: the fences of the last ones time out behind the fsyncs
+#: of the first (and the claim, its epoch bumped, fails), and everything else on the node,
+#: clients included, waits behind them.
+MAX_SWEEP_CLAIMS = 256
 #: The first wait before a failed claim of a range is tried again, and the longest.
 FIRST_CLAIM_BACKOFF = 0.5
 MAX_CLAIM_BACKOFF = 8.0
@@ -200,6 +209,11 @@ class _Backoff:
     #: When the range may be claimed again, and how long the next wait is.
     until: float
     delay: float
+    #: The claim was not made for want of live replicas: tried again as soon as enough are
+    #: alive, whatever the wait.
+    waiting_for_members: bool = False
+    #: Claims failed in a row.
+    failures: int = 1
 
 
 class LeadRanges:
@@ -218,6 +232,11 @@ class LeadRanges:
         self._claiming: dict[str, list[Deferred[None]]] = {}
         #: Ranges whose last claim failed: not claimed again before ``until``.
         self._backoff: dict[str, _Backoff] = {}
+        #: Ranges the last sweep found to claim, not started yet; and the sweep's claims under
+        #: way.
+        self._to_claim: collections.deque[str] = collections.deque()
+        self._sweep_claims = 0
+        self._pumping = False
 
     def handle(self, range_id: str) -> ReplicatedRange:
         handle = self._handles.get(range_id)
@@ -256,14 +275,21 @@ class LeadRanges:
                     " plane catches up with etcd",
                 )
             )
-        now = ctx.clock.seconds()
         backoff = self._backoff.get(range_id)
-        if backoff is not None and now < backoff.until:
+        if backoff is not None and not self._may_claim(range_id):
+            if backoff.waiting_for_members:
+                return fail(
+                    BrokerError(
+                        Reason.NO_QUORUM,
+                        f"range {range_id} is not led: too few members of its replica set are"
+                        " alive; it is claimed once enough of them are back",
+                    )
+                )
             return fail(
                 BrokerError(
                     Reason.UNREACHABLE,
                     f"range {range_id} could not be claimed a moment ago; it is tried again in "
-                    f"{backoff.until - now:.1f} s",
+                    f"{backoff.until - ctx.clock.seconds():.1f} s",
                 )
             )
         self._claiming[range_id] = [waiter]
@@ -315,7 +341,12 @@ class LeadRanges:
             previous = self._backoff.get(range_id)
             delay = FIRST_CLAIM_BACKOFF if previous is None else previous.delay * 2
             delay = min(delay, MAX_CLAIM_BACKOFF)
-            self._backoff[range_id] = _Backoff(now + delay, delay)
+            self._backoff[range_id] = _Backoff(
+                now + delay,
+                delay,
+                waiting_for_members=isinstance(outcome.value, WaitingForMembers),
+                failures=1 if previous is None else previous.failures + 1,
+            )
         else:
             self._backoff.pop(range_id, None)
         for waiter in self._claiming.pop(range_id):
@@ -337,31 +368,75 @@ class LeadRanges:
                 leading.leader.check_quorum(ctx.heard_at)
         if not ctx.control_follows():
             return
-        for range_id in range_ids:
+        self._to_claim = collections.deque(r for r in range_ids if self._should_claim(r))
+        self._claim_more()
+
+    def _should_claim(self, range_id: str) -> bool:
+        """Whether this node should claim the range now, unasked: it is first in the active
+        segment's replica set, or the primary is dead and this node is the first live member;
+        and it does not lead it, nor claims it, nor waits to try again."""
+        meta = self._claims.active(range_id)
+        if meta is None or range_id in self._claiming:
+            return False
+        handle = self._handles.get(range_id)
+        if handle is not None and handle.leads(meta):
+            return False
+        first = meta.replicas[0] == self._claims.context.node_id
+        return (first or self._claims.should_take_over(meta)) and self._may_claim(range_id)
+
+    def _claim_more(self) -> None:
+        """Start the sweep's claims, ``MAX_SWEEP_CLAIMS`` at a time: the next starts as one
+        ends. Claims a client asks for (``prepare``) go at once, ahead of these."""
+        if self._pumping:
+            return  # a claim that ended at once, inside the loop below: it goes on
+        self._pumping = True
+        try:
+            self._start_claims()
+        finally:
+            self._pumping = False
+
+    def _start_claims(self) -> None:
+        while self._to_claim and self._sweep_claims < MAX_SWEEP_CLAIMS:
+            range_id = self._to_claim.popleft()
+            # Decided when the sweep ran; the record may have changed since.
+            if not self._should_claim(range_id):
+                continue
             meta = self._claims.active(range_id)
-            if meta is None or range_id in self._claiming:
-                continue
-            handle = self._handles.get(range_id)
-            if handle is not None and handle.leads(meta):
-                continue
-            first = meta.replicas[0] == ctx.node_id
-            if first or self._claims.should_take_over(meta):
-                if not self._may_claim(range_id):
-                    continue
-                if not first:
-                    log.info(
-                        "The primary of {range_id}@{segment}, {primary}, is dead: taking it over",
-                        range_id=range_id,
-                        segment=meta.base_offset,
-                        primary=meta.replicas[0],
-                    )
-                self._claim(range_id).addErrback(self._claim_failed, range_id)
+            assert meta is not None
+            if meta.replicas[0] != self._claims.context.node_id:
+                log.info(
+                    "The primary of {range_id}@{segment}, {primary}, is dead: taking it over",
+                    range_id=range_id,
+                    segment=meta.base_offset,
+                    primary=meta.replicas[0],
+                )
+            self._sweep_claims += 1
+            claiming = self._claim(range_id)
+            claiming.addBoth(self._sweep_claim_ended)
+            claiming.addErrback(self._claim_failed, range_id)
+
+    def _sweep_claim_ended(self, outcome: object) -> object:
+        self._sweep_claims -= 1
+        self._claim_more()
+        return outcome
 
     def _may_claim(self, range_id: str) -> bool:
         backoff = self._backoff.get(range_id)
-        return backoff is None or self._claims.context.clock.seconds() >= backoff.until
+        if backoff is None:
+            return True
+        ctx = self._claims.context
+        if backoff.waiting_for_members:
+            # Tried again only once something changed: enough members are back.
+            meta = self._claims.active(range_id)
+            return meta is not None and live_quorum(meta, ctx.is_live, ctx.settings.quorum)
+        return ctx.clock.seconds() >= backoff.until
 
     def _claim_failed(self, failure: Failure, range_id: str) -> None:
+        backoff = self._backoff.get(range_id)
+        if isinstance(failure.value, WaitingForMembers) and (
+            backoff is not None and backoff.failures > 1
+        ):
+            return  # said when it first failed so
         log.warn(
             "Claiming {range_id} failed: {error}",
             range_id=range_id,

@@ -4,7 +4,8 @@ Passwords are stored only as argon2id hashes, made with argon2-cffi's default pr
 low-memory: 64 MiB, 3 passes, 4 lanes) unless a ``PasswordHasher`` is injected (tests use a
 cheap one). Hashing and verifying cost tens of milliseconds of CPU each, so ``UserDirectory``
 runs both on an injected executor; argon2-cffi releases the GIL meanwhile, so the reactor keeps
-serving.
+serving. A password verified lately signs in again without the check
+(``logbroker.security.verified``).
 
 Permissions: ``admin`` passes every check; ``produce`` allows producing and creating topics;
 ``consume`` allows consuming. ACL grants (produce or consume on a topic or a ``prefix.*``) are
@@ -23,7 +24,7 @@ from typing import TypeVar
 from argon2 import PasswordHasher
 from argon2.exceptions import InvalidHashError, VerificationError
 from argon2.low_level import ARGON2_VERSION
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.logger import Logger
 
 from logbroker.controlplane import (
@@ -43,6 +44,7 @@ from logbroker.security.errors import (
     InvalidUsernameError,
     MissingAdminPasswordError,
 )
+from logbroker.security.verified import VerifiedPasswords
 from logbroker.storage import Executor
 
 log = Logger()
@@ -179,8 +181,12 @@ class UserDirectory:
         hasher: PasswordHasher = _DEFAULT_HASHER,
         *,
         on_credentials_revoked: Callable[[str], object] = lambda name: None,
+        verified: VerifiedPasswords | None = None,
     ) -> None:
         self._control = control_plane
+        #: Passwords verified lately, which sign in again without an argon2 check (none
+        #: remembered without it).
+        self._verified = verified
         self._executor = executor
         self._hasher = hasher
         self._unmatchable = _unmatchable_hash(hasher)
@@ -195,6 +201,13 @@ class UserDirectory:
         time taken does not tell which names exist.
         """
         user = self._control.user(name)
+        remembered = self._verified
+        if (
+            user is not None
+            and remembered is not None
+            and remembered.matches(name, user.password_hash, _secret(password))
+        ):
+            return succeed(user)
         checked = user.password_hash if user is not None else self._unmatchable
         verifying = self._executor.run(verify_password, checked, password, self._hasher)
 
@@ -205,6 +218,8 @@ class UserDirectory:
             current = self._control.user(name)
             if current is None or not _same_secret(current.password_hash, checked):
                 return None
+            if remembered is not None:
+                remembered.remember(name, checked, _secret(password))
             return current
 
         return verifying.addCallback(verified)
@@ -253,6 +268,8 @@ class UserDirectory:
         return self._control.delete_user(name).addCallback(self._revoked, name)
 
     def _revoked(self, result: _T, name: str) -> _T:
+        if self._verified is not None:
+            self._verified.forget(name)
         self._on_credentials_revoked(name)
         return result
 

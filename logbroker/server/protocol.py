@@ -721,6 +721,7 @@ def cluster_info(status: ClusterStatus) -> wire.ClusterInfo:
         domain_violations=status.domain_violations,
         lease_age_ms=None if lease is None else round(lease * 1000),
         under_replicated=status.under_replicated,
+        unavailable_ranges=status.unavailable_ranges,
         nodes=tuple(
             wire.ClusterNodeInfo(
                 node_id=node.record.node_id,

@@ -530,7 +530,7 @@ def decode_topics(payload: bytes) -> list[TopicInfo]:
 #: field of the earlier ones where it is and only appends: at the end of the payload and at the
 #: end of a node's entry (which is why each entry carries its length), so a reader of version 1
 #: reads a later payload's version 1 fields and skips the rest.
-CLUSTER_PAYLOAD_VERSION = 2
+CLUSTER_PAYLOAD_VERSION = 3
 #: A lease age of this many milliseconds or more is written as this (about 49 days).
 _MAX_LEASE_AGE_MS = p.MAX_U32
 
@@ -570,6 +570,9 @@ class ClusterInfo:
     #: Segments with fewer whole copies on live nodes than the replication factor; None from
     #: a node that has not counted them yet (it just started) or does not say (version 1).
     under_replicated: int | None = None
+    #: Ranges that no node can lead now: their active segment has fewer live replicas than a
+    #: quorum. None as for ``under_replicated`` (and from a node of version 1 or 2).
+    unavailable_ranges: int | None = None
 
 
 def _encode_cluster_node(node: ClusterNodeInfo) -> bytes:
@@ -615,6 +618,7 @@ def encode_cluster(cluster: ClusterInfo) -> bytes:
             p.u32(len(cluster.nodes)),
             *(_encode_cluster_node(node) for node in cluster.nodes),
             _optional_u32(cluster.under_replicated),
+            _optional_u32(cluster.unavailable_ranges),
         ]
     )
 
@@ -664,7 +668,8 @@ def _cluster_node(reader: Reader) -> ClusterNodeInfo:
 
 def decode_cluster(payload: bytes) -> ClusterInfo:
     """Read a ``describe_cluster`` payload of version 1 or later (a later one's added fields
-    are skipped; version 1 says nothing of under-replication); ``ProtocolViolation`` for
+    are skipped; version 1 says nothing of under-replication, versions 1 and 2 nothing of
+    unavailable ranges); ``ProtocolViolation`` for
     version 0 or a payload cut short."""
     reader = Reader(payload)
     try:
@@ -685,6 +690,9 @@ def decode_cluster(payload: bytes) -> ClusterInfo:
         under_replicated = (
             reader.u32() if version >= 2 and _flag(reader, "the under-replicated marker") else None
         )
+        unavailable_ranges = (
+            reader.u32() if version >= 3 and _flag(reader, "the unavailable marker") else None
+        )
         if version <= CLUSTER_PAYLOAD_VERSION:
             reader.end()
         # A later version's fields follow: skipped.
@@ -699,6 +707,7 @@ def decode_cluster(payload: bytes) -> ClusterInfo:
         lease_age_ms,
         nodes,
         under_replicated,
+        unavailable_ranges,
     )
 
 

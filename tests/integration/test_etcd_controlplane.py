@@ -14,6 +14,7 @@ import pytest_twisted
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList
 from twisted.internet.task import deferLater
+from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from logbroker.controlplane import (
@@ -89,6 +90,24 @@ async def test_a_change_on_one_node_is_seen_on_another(nodes: Nodes) -> None:
     assert a.topics() == [topic]
     await eventually(lambda: b.ranges("orders") == ranges)
     assert b.topics() == [topic]
+
+
+@pytest_twisted.ensureDeferred
+async def test_changes_log_nothing_of_the_connections_they_open(nodes: Nodes) -> None:
+    # Each write opens a connection of its own; Twisted would log each one's factory starting
+    # and stopping, two lines per change, thousands a minute on a busy cluster.
+    a = await nodes.node()
+    logged: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for index in range(5):
+            await a.create_user(make_user(f"user-{index}"))
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+
+    factories = [event for event in logged if "factory" in str(event.get("log_format", ""))]
+    assert factories == []
+    assert len(a.users()) == 5
 
 
 @pytest_twisted.ensureDeferred

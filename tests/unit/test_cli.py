@@ -240,6 +240,7 @@ THREE_NODES = ClusterInfo(
     domain_violations=1,
     lease_age_ms=1250,
     under_replicated=4,
+    unavailable_ranges=2,
     nodes=(
         ClusterNodeInfo("n1", "10.0.0.1", 4040, 4041, 4042, True, 3, (("zone", "a"),), "0.1"),
         ClusterNodeInfo("n2", "fd00::2", 4040, 4041, 4042, True, 1, (("zone", "b"),), "0.1"),
@@ -255,6 +256,7 @@ def test_cluster_status_is_facts_then_one_row_per_node_with_its_marks() -> None:
         "chores holder:     n1",
         "domain violations: 1",
         "under-replicated:  4 segments",
+        "unavailable:       2 ranges",
         "lease age:         1.2 s",
         "",
         "NODE  STATE  ADDRESS         PEER PORT  ATTRIBUTES  SEGMENTS LED",
@@ -262,8 +264,13 @@ def test_cluster_status_is_facts_then_one_row_per_node_with_its_marks() -> None:
         "n2    alive  [fd00::2]:4040  4042       zone=b      1             answering",
         "n3    dead   10.0.0.3:4040   4042       -           0",
     ]
-    just_started = cli.cluster_table(attrs.evolve(THREE_NODES, under_replicated=None))
-    assert just_started[4] == "under-replicated:  not counted yet"
+    just_started = cli.cluster_table(
+        attrs.evolve(THREE_NODES, under_replicated=None, unavailable_ranges=None)
+    )
+    assert just_started[4:6] == [
+        "under-replicated:  not counted yet",
+        "unavailable:       not counted yet",
+    ]
 
 
 def test_a_single_node_shows_no_lease_and_is_both_answering_and_chores() -> None:
@@ -303,6 +310,7 @@ def test_cluster_status_json_is_one_object() -> None:
         "chores_holder": "n1",
         "domain_violations": 1,
         "under_replicated_segments": 4,
+        "unavailable_ranges": 2,
         "lease_age_seconds": 1.25,
     }
     assert document["nodes"][1] == {

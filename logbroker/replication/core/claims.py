@@ -51,6 +51,13 @@ def should_take_over(meta: SegmentMeta, node_id: str, is_live: Callable[[str], b
     return next((n for n in meta.replicas if is_live(n)), None) == node_id
 
 
+def live_quorum(meta: SegmentMeta, is_live: Callable[[str], bool], quorum: int) -> bool:
+    """Whether enough members of ``meta``'s replica set are alive for a claim's fence to
+    reach a quorum. A claim without one is not recorded: it would bump the epoch for nothing,
+    again at every try, until a member came back."""
+    return sum(1 for node in meta.replicas if is_live(node)) >= quorum
+
+
 def claimed(meta: SegmentMeta, node_id: str) -> SegmentMeta | None:
     """``meta`` claimed by ``node_id``: the next epoch, this node first. ``None`` if this node
     is not in the replica set (it holds no copy to lead from)."""

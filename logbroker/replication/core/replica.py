@@ -181,9 +181,9 @@ def stale(view: CopyView, record: SegmentMeta | None, node_id: str) -> bool:
     """Whether this node's copy is of a segment it should not hold: sealed in the control plane
     on a replica set without this node (it was dropped from it, or the copy was left behind by
     a takeover). Such a copy is deleted once the replica set holds the segment whole."""
-    return (
-        view.state is not None
-        and record is not None
-        and record.state is SegmentState.SEALED
-        and node_id not in record.replicas
-    )
+    return view.state is not None and record is not None and left_behind(record, node_id)
+
+
+def left_behind(record: SegmentMeta, node_id: str) -> bool:
+    """Whether a copy of ``record``'s segment on ``node_id`` would be stale (``stale``)."""
+    return record.state is SegmentState.SEALED and node_id not in record.replicas

@@ -22,6 +22,7 @@ from logbroker.controlplane import (
     EtcdControlPlane,
     EtcdGatewayStore,
     InvalidChangeError,
+    NotFoundError,
     OutcomeUnknownError,
     StateFileError,
     UserExistsError,
@@ -184,6 +185,32 @@ def test_a_claim_queued_behind_other_changes_loses_to_a_rival_of_the_same_epoch(
     lost = failure_of(queued)
     lost.trap(InvalidChangeError)
     assert a.segments("orders.0") == b.segments("orders.0") == [theirs]
+
+
+def test_a_node_whose_queue_stays_busy_records_segments_of_topics_created_elsewhere(
+    cluster: Cluster,
+) -> None:
+    """A queued change is checked on the cache with the changes queued before it. While the
+    queue never empties, that is the cache as it was when it last did: a topic another node
+    created since is missing from it, and its first segment must not be refused for it."""
+    a, b = cluster.node(), cluster.node()
+    result_of(a.create_topic(*make_topic("first")))
+    cluster.store.hold()
+    created = b.create_topic(*make_topic("orders"))
+    busy = a.put_segment(active("first.0", 0))
+    cluster.store.release(1)
+    result_of(created)
+    assert a.ranges("orders"), "a's cache has b's topic"
+    assert not busy.called, "a's queue is still busy"
+
+    placed = a.put_segment(active("orders.0", 0))
+    cluster.store.release()
+
+    result_of(busy)
+    result_of(placed)
+    assert b.segments("orders.0") == [active("orders.0", 0)]
+    # What neither the queue nor the cache knows is still refused at once.
+    failure_of(a.put_segment(active("nowhere.0", 0))).trap(NotFoundError)
 
 
 def test_opening_a_segment_that_exists_is_a_lost_race(cluster: Cluster) -> None:

@@ -373,6 +373,7 @@ class _Counted:
     """A replication count (``ReplicationHealth``), before its first count."""
 
     count: int | None = None
+    unavailable: int | None = None
 
 
 def test_a_cluster_s_nodes_violations_and_lease_age_are_read_at_scrape_time() -> None:
@@ -399,8 +400,11 @@ def test_a_cluster_s_nodes_violations_and_lease_age_are_read_at_scrape_time() ->
         assert not [n for n, _ in samples(metrics) if n == "svc_under_replicated_segments"], (
             "not counted yet, no sample"
         )
+        assert not [n for n, _ in samples(metrics) if n == "svc_unavailable_ranges"]
         replication.count = 4
+        replication.unavailable = 2
         assert value(metrics, "svc_under_replicated_segments") == 4
+        assert value(metrics, "svc_unavailable_ranges") == 2
         assert metrics.snapshot().cluster_nodes == {"alive": 3, "dead": 0}
         assert metrics.snapshot().domain_violations == 1
         assert value(metrics, "svc_domain_violations") == 1

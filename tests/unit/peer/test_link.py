@@ -54,6 +54,7 @@ DIALER_ADDRESS = IPv4Address("TCP", "10.0.0.1", 40000)
 SETTINGS = PeerSettings(
     handshake_timeout_s=10.0,
     max_in_flight=4,
+    reserved_in_flight=2,
     max_inbound=8,
     ping_interval_s=5.0,
     dead_after_s=15.0,
@@ -593,6 +594,25 @@ def test_requests_past_the_in_flight_bound_fail_at_once_with_overloaded(clock: C
     assert not accepted.fired
     close(pair)
     assert accepted.reason == PeerReason.UNREACHABLE
+
+
+def test_fences_and_seals_have_room_of_their_own_past_the_in_flight_bound(clock: Clock) -> None:
+    # A node leading thousands of ranges fills the bound with replication: the fences and
+    # seals that let ranges be led at all must still go.
+    pair = Pair(clock)
+    data = [Result(pair.dialer.request(PeerOp.REPLICATE, b"")) for _ in range(4)]
+    assert len(data) == SETTINGS.max_in_flight
+    assert Result(pair.dialer.request(PeerOp.REPLICATE, b"")).reason == PeerReason.OVERLOADED
+
+    fence = Result(pair.dialer.request(PeerOp.FENCE, b""))
+    seal = Result(pair.dialer.request(PeerOp.SEAL, b""))
+    assert not fence.fired
+    assert not seal.fired
+    assert Result(pair.dialer.request(PeerOp.FENCE, b"")).reason == PeerReason.OVERLOADED
+    pair.flush()
+    assert len(pair.handler.calls) == SETTINGS.max_in_flight + SETTINGS.reserved_in_flight
+    close(pair)
+    assert {r.reason for r in [*data, fence, seal]} == {PeerReason.UNREACHABLE}
 
 
 def test_a_dropped_connection_fails_outstanding_requests_with_unreachable(clock: Clock) -> None:

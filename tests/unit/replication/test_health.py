@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.healing import Healer
-from logbroker.replication.health import ReplicationHealth
+from logbroker.replication.health import REFRESH_SECONDS, ReplicationHealth
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.replica_codec import decode_missing
 from tests.unit.replication.harness import CONFIG, RANGE, Cluster, cluster
@@ -33,10 +33,12 @@ def test_the_count_follows_a_node_away_and_back_and_is_unknown_before_the_first(
     world.settle()
 
     assert a.count is None, "not counted yet"
+    assert a.unavailable is None, "not counted yet"
     world.peers.dead.add("c")
     result_of(a.refresh([RANGE]))
     # Every segment names c, which is down: the sealed ones and the active one.
     assert a.count == len(sealed) + 1
+    assert a.unavailable == 0, "a and b are a quorum of the active segment's set"
 
     # c is back with none of its copies (a new disk), and has not looked yet: asked what it
     # lacks, it answers once its healer has looked, not "nothing" before.
@@ -56,3 +58,23 @@ def test_the_count_follows_a_node_away_and_back_and_is_unknown_before_the_first(
     result_of(a.refresh([RANGE]))
     result_of(c.refresh([RANGE]))
     assert (a.count, c.count) == (0, 0)
+
+
+def test_a_range_is_unavailable_while_its_active_segment_lacks_a_live_quorum() -> None:
+    world = cluster()
+    append_each(world, world.lead("a", ROLL_BYTES), 3)
+    a, a_healer = _health(world, "a")
+    _, b_healer = _health(world, "b")
+    for healer in (a_healer, b_healer):
+        healer.tick([RANGE])
+    world.settle()
+    world.peers.dead.update({"b", "c"})
+    result_of(a.refresh([RANGE]))
+    assert a.unavailable == 1
+
+    world.peers.dead.discard("b")
+    world.clock.advance(REFRESH_SECONDS + 0.5)
+    refreshed = a.refresh([RANGE])
+    world.settle()
+    result_of(refreshed)
+    assert a.unavailable == 0

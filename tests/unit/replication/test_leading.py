@@ -8,6 +8,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
 from logbroker.broker.errors import BrokerError
+from logbroker.broker.keyspace import split_keyspace
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import (
     EtcdControlPlane,
@@ -24,7 +25,7 @@ from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.actions import ReplicationSettings
-from logbroker.replication.leading import LeadRanges
+from logbroker.replication.leading import MAX_SWEEP_CLAIMS, LeadRanges
 from logbroker.replication.replica import ReplicaServer
 from logbroker.replication.takeover import ClaimContext, SegmentClaims
 from logbroker.storage import LogConfig
@@ -84,3 +85,89 @@ def test_preparing_one_range_fails_with_why_it_cannot_be_led() -> None:
     assert isinstance(error, BrokerError)
     assert error.reason is Reason.NO_QUORUM
     assert "1 of 3 replicas answered the fence" in str(error)
+
+
+class _Silent:
+    """Peers that never answer: a claim's fence waits for them until it times out."""
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        return Deferred()
+
+
+def _first_for_many(
+    count: int, live: set[str], peers: Any
+) -> tuple[LeadRanges, EtcdControlPlane, Clock, list[str]]:
+    """A LeadRanges on node a, first in the replica set of ``count`` ranges' segments."""
+    clock = Clock()
+    control = EtcdControlPlane(MemoryKeyValueStore(clock), prefix="/c/", clock=clock)
+    result_of(control.start())
+    range_ids = []
+    # Topics of 50 ranges at most: a topic is created in one etcd transaction.
+    for topic in range(0, count, 50):
+        names = tuple(f"t{topic}.{index}" for index in range(min(50, count - topic)))
+        cuts = split_keyspace(8, len(names))
+        ranges = [
+            Range(name, f"t{topic}", start, end, RangeState.ACTIVE)
+            for name, (start, end) in zip(names, cuts, strict=True)
+        ]
+        result_of(control.create_topic(Topic(f"t{topic}", 8, 0, names), ranges))
+        range_ids.extend(names)
+    for range_id in range_ids:
+        meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+        result_of(control.put_segment(meta))
+    storage = MemoryLogs(config=LogConfig(replicated=True, auto_roll=False))
+    context = ClaimContext(
+        node_id="a",
+        control=control,
+        storage=storage,
+        requester=Loopback("a", peers, ReplicaServer("a", storage, control).ops),
+        clock=clock,
+        settings=ReplicationSettings(replication_factor=3),
+        rule=PlacementRule(3, None, 1, SpreadPolicy.SOFT),
+        live_nodes=lambda: [PlacementNode(node, (), node in live) for node in "abc"],
+        is_live=lambda node: node in live,
+    )
+    lead = LeadRanges(storage, SegmentClaims(context), CommittedCopies(context), 1 << 20)
+    return lead, control, clock, range_ids
+
+
+def _claimed(control: EtcdControlPlane, range_ids: list[str]) -> int:
+    """How many of the ranges' segments a claim has bumped past epoch 0."""
+    return sum(1 for range_id in range_ids if control.segments(range_id)[-1].epoch > 0)
+
+
+def test_the_sweep_claims_a_bounded_number_at_once_and_the_next_as_each_ends() -> None:
+    lead, control, clock, range_ids = _first_for_many(150, {"a", "b", "c"}, _Silent())
+
+    lead.sweep(range_ids)
+    assert _claimed(control, range_ids) == MAX_SWEEP_CLAIMS
+    # Swept again meanwhile: nothing more starts while the first claims are under way.
+    clock.advance(1)
+    lead.sweep(range_ids)
+    assert _claimed(control, range_ids) == MAX_SWEEP_CLAIMS
+
+    # The fences time out (the peers stay silent): as those claims end, the next ones start.
+    clock.advance(ReplicationSettings(replication_factor=3).ack_timeout_seconds)
+    assert _claimed(control, range_ids) == 2 * MAX_SWEEP_CLAIMS
+    clock.advance(ReplicationSettings(replication_factor=3).ack_timeout_seconds)
+    assert _claimed(control, range_ids) == 150
+
+
+def test_a_range_without_live_quorum_is_not_claimed_until_members_come_back() -> None:
+    live = {"a"}
+    lead, control, clock, range_ids = _first_for_many(3, live, _Unreachable())
+
+    for _ in range(5):
+        lead.sweep(range_ids)
+        clock.advance(10)
+    # No claim was recorded: no epoch bumped again and again for nothing.
+    assert _claimed(control, range_ids) == 0
+    error = failure_of(lead.prepare(range_ids[0])).value
+    assert isinstance(error, BrokerError)
+    assert error.reason is Reason.NO_QUORUM
+    assert "too few members of its replica set are alive" in str(error)
+
+    # b is back: claimed at the next sweep, whatever the back-off had left to wait.
+    live.add("b")
+    lead.sweep(range_ids)
+    assert _claimed(control, range_ids) == 3

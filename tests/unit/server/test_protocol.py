@@ -425,6 +425,7 @@ EXPECTED_CLUSTER = wire.ClusterInfo(
         ),
     ),
     under_replicated=0,
+    unavailable_ranges=0,
 )
 
 

@@ -133,6 +133,7 @@ clusters = st.builds(
     lease_age_ms=st.one_of(st.none(), U32),
     nodes=st.lists(cluster_nodes, max_size=4).map(tuple),
     under_replicated=U32,
+    unavailable_ranges=st.one_of(st.none(), U32),
 )
 
 
@@ -280,9 +281,10 @@ ONE_NODE = ClusterInfo(
     lease_age_ms=None,
     nodes=(ClusterNodeInfo("n1", "h", 4040, 4041, 4042, True, 3, (("zone", "a"),), "0.1"),),
     under_replicated=5,
+    unavailable_ranges=7,
 )
 ONE_NODE_BYTES = (
-    b"\x02"  # payload version 2
+    b"\x03"  # payload version 3
     b"\x01\x00\x00\x00\x01c"  # cluster id
     b"\x01\x00\x00\x00\x02n1"  # answering node
     b"\x01\x00\x00\x00\x05local"  # control plane
@@ -300,9 +302,12 @@ ONE_NODE_BYTES = (
     b"\x01\x00\x00\x00\x04zone\x01\x00\x00\x00\x01a"  # zone=a
     b"\x01\x00\x00\x00\x030.1"  # version
     b"\x01\x00\x00\x00\x05"  # under-replicated segments: counted, 5 (version 2)
+    b"\x01\x00\x00\x00\x07"  # unavailable ranges: counted, 7 (version 3)
 )
+#: The same as a node of version 2 sent it: nothing after the under-replicated count.
+ONE_NODE_BYTES_V2 = b"\x02" + ONE_NODE_BYTES[1:-5]
 #: The same as a node of version 1 sent it: nothing after the nodes.
-ONE_NODE_BYTES_V1 = b"\x01" + ONE_NODE_BYTES[1:-5]
+ONE_NODE_BYTES_V1 = b"\x01" + ONE_NODE_BYTES[1:-10]
 
 
 def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
@@ -311,33 +316,48 @@ def test_a_describe_cluster_exchange_has_the_documented_bytes() -> None:
     with_lease = encode_cluster(attrs.evolve(ONE_NODE, lease_age_ms=1500, chores_holder=None))
     assert with_lease[:29] == ONE_NODE_BYTES[:24] + b"\x00" + b"\x00\x00\x00\x02"
     assert with_lease[29:34] == b"\x01\x00\x00\x05\xdc"  # a lease age of 1500 ms
-    not_counted = encode_cluster(attrs.evolve(ONE_NODE, under_replicated=None))
-    assert not_counted == ONE_NODE_BYTES[:-5] + b"\x00"
-    assert decode_cluster(not_counted) == attrs.evolve(ONE_NODE, under_replicated=None)
+    not_counted = encode_cluster(
+        attrs.evolve(ONE_NODE, under_replicated=None, unavailable_ranges=None)
+    )
+    assert not_counted == ONE_NODE_BYTES[:-10] + b"\x00\x00"
+    assert decode_cluster(not_counted) == attrs.evolve(
+        ONE_NODE, under_replicated=None, unavailable_ranges=None
+    )
 
 
 def test_a_later_cluster_payload_version_is_read_for_the_fields_this_one_knows() -> None:
-    # Version 3 appends a field to the node's entry and one to the payload.
+    # Version 4 appends a field to the node's entry and one to the payload.
     entry_start = 40
     entry = ONE_NODE_BYTES_V1[entry_start + 4 :] + b"\x07more"
     later = (
-        b"\x03"
+        b"\x04"
         + ONE_NODE_BYTES[1:entry_start]
         + struct.pack(">I", len(entry))
         + entry
         + b"\x01\x00\x00\x00\x05"
+        + b"\x01\x00\x00\x00\x07"
         + b"\x00\x00\x00\x09"
     )
 
     assert decode_cluster(later) == ONE_NODE
     with pytest.raises(ProtocolViolation, match="bytes left"):
-        decode_cluster(ONE_NODE_BYTES + b"\x00")  # version 2 has nothing after its count
+        decode_cluster(ONE_NODE_BYTES + b"\x00")  # version 3 has nothing after its counts
     with pytest.raises(ProtocolViolation, match="under-replicated marker"):
+        decode_cluster(ONE_NODE_BYTES[:-10] + b"\x02")
+    with pytest.raises(ProtocolViolation, match="unavailable marker"):
         decode_cluster(ONE_NODE_BYTES[:-5] + b"\x02")
 
 
+def test_a_version_2_cluster_payload_says_nothing_of_unavailable_ranges() -> None:
+    assert decode_cluster(ONE_NODE_BYTES_V2) == attrs.evolve(ONE_NODE, unavailable_ranges=None)
+    with pytest.raises(ProtocolViolation, match="bytes left"):
+        decode_cluster(ONE_NODE_BYTES_V2 + b"\x00")  # version 2 has nothing after its count
+
+
 def test_a_version_1_cluster_payload_says_nothing_of_under_replication() -> None:
-    assert decode_cluster(ONE_NODE_BYTES_V1) == attrs.evolve(ONE_NODE, under_replicated=None)
+    assert decode_cluster(ONE_NODE_BYTES_V1) == attrs.evolve(
+        ONE_NODE, under_replicated=None, unavailable_ranges=None
+    )
     with pytest.raises(ProtocolViolation, match="bytes left"):
         decode_cluster(ONE_NODE_BYTES_V1 + b"\x00")  # version 1 has nothing after its nodes
 
