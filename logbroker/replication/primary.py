@@ -99,6 +99,9 @@ class SegmentLeader:
         self._timer: IDelayedCall | None = None
         self._timer_at: float | None = None
         self._flush_call: IDelayedCall | None = None
+        #: Replicas whose last message failed: a streak of failures is logged once (a leader
+        #: retries a dead replica every second, and a node leads thousands of ranges).
+        self._failing: set[str] = set()
         range_log.commit(self._core.commit)
         self._run(self._core.start(clock.seconds()))
 
@@ -190,32 +193,26 @@ class SegmentLeader:
         self._run(self._core.local_failure(failure.getErrorMessage()))
 
     def _answered(self, status: CopyStatus, node: str, generation: int) -> None:
+        self._failing.discard(node)
         now = self._clock.seconds()
         self._run(self._core.answered(node, generation, status, now, self._is_live(node)))
 
     def _send_failed(self, failure: Failure, node: str, generation: int) -> None:
         if isinstance(failure.value, CancelledError):
             return
-        log.debug(
-            "Replicating {range_id} to {node} failed: {error}",
-            range_id=self.range_id,
-            node=node,
-            error=failure.getErrorMessage(),
-        )
+        if node not in self._failing:
+            self._failing.add(node)
+            log.debug(
+                "Replicating {range_id} to {node} failed: {error} (retried until it answers)",
+                range_id=self.range_id,
+                node=node,
+                error=failure.getErrorMessage(),
+            )
         now = self._clock.seconds()
         self._run(self._core.send_failed(node, generation, now, self._is_live(node)))
 
     def _notice_answered(self, status: CopyStatus, node: str) -> None:
         self._run(self._core.notice_answered(node, status, self._clock.seconds()))
-
-    def _notice_failed(self, failure: Failure) -> None:
-        # The next data message or notice tells the replica again; a broken link is the data
-        # stream's to handle.
-        log.debug(
-            "A commit notice of {range_id} failed: {error}",
-            range_id=self.range_id,
-            error=failure.getErrorMessage(),
-        )
 
     def _read(self, data: bytes, node: str, generation: int) -> None:
         self._run(self._core.read_back(node, generation, data, self._clock.seconds()))
@@ -292,7 +289,9 @@ class SegmentLeader:
         sent = self._requester.request(send.node, PeerOp.REPLICATE, encode_replicate(send.request))
         sent.addCallback(decode_status)
         if send.notice:
-            sent.addCallbacks(self._notice_answered, self._notice_failed, callbackArgs=(send.node,))
+            # A notice that fails is told again by the next data message or notice; a broken
+            # link is the data stream's to handle (and to log).
+            sent.addCallbacks(self._notice_answered, _ignored, callbackArgs=(send.node,))
         else:
             sent.addCallbacks(
                 self._answered,
@@ -334,3 +333,7 @@ def _storage_error(error: StorageError) -> BrokerError:
     if isinstance(error, OverloadedError):
         return BrokerError(Reason.OVERLOADED, str(error))
     return BrokerError(Reason.UNREACHABLE, f"storage refused the append: {error}")
+
+
+def _ignored(_: Failure) -> None:
+    return None

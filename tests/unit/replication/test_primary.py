@@ -4,10 +4,12 @@ real range log and scripted replicas."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
+from twisted.logger import globalLogPublisher
 from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError, InDoubtError
@@ -246,6 +248,34 @@ def test_a_failed_link_is_retried_after_a_back_off(clock: Clock) -> None:
     assert len(replicas.to("b")) == 2, "sent again after the back-off"
     replicas.answer("b")
     assert outcome == [None]
+
+
+def test_a_streak_of_failures_to_a_replica_is_logged_once(clock: Clock) -> None:
+    # A node leads thousands of ranges, each retrying a dead replica: one line per streak.
+    replicas = Replicas()
+    leader, _ = _leader(clock, replicas)
+    logged: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        leader.append(_records())
+        clock.advance(0)
+        for tries in range(1, 4):
+            replicas.to("b")[-1][1].errback(PeerError(PeerReason.UNREACHABLE, "link down"))
+            clock.advance(1.0)
+            assert len(replicas.to("b")) == tries + 1
+        replicas.answer("b")
+        leader.append(_records())
+        clock.advance(0)
+        replicas.to("b")[-1][1].errback(PeerError(PeerReason.UNREACHABLE, "link down again"))
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+
+    failures = [
+        event["error"]
+        for event in logged
+        if str(event.get("log_format", "")).startswith("Replicating {range_id} to {node} failed")
+    ]
+    assert failures == ["unreachable: link down", "unreachable: link down again"]
 
 
 def test_too_few_live_replicas_refuse_at_once(clock: Clock) -> None:
