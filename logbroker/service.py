@@ -78,7 +78,9 @@ from logbroker.storage import (
     RangeLog,
     SegmentInfo,
     ThreadPoolExecutor,
+    TooManyRangesError,
 )
+from logbroker.storage.file_limit import FileLimit, raise_file_limit
 from logbroker.wire import Reason
 from logbroker.wire.primitives import RECORD_DECODER
 
@@ -102,7 +104,8 @@ def configure_interpreter() -> None:
 
 class StorageService(Service):
     """Owns the writer threads and every open range log of the data directory; the logs report
-    integrity events and flushes to ``metrics``."""
+    integrity events and flushes to ``metrics``. No more ranges are open at once than
+    ``file_limit`` leaves room for (recovery refuses to start past it)."""
 
     def __init__(
         self,
@@ -111,12 +114,14 @@ class StorageService(Service):
         fs: FileSystem,
         log_config: LogConfig,
         metrics: Metrics,
+        file_limit: FileLimit | None = None,
     ) -> None:
         self._reactor = reactor
         self._data_dir = data_dir
         self._fs = fs
         self._log_config = log_config
         self._metrics = metrics
+        self._file_limit = file_limit
         self._executor = ThreadPoolExecutor(reactor)
         # Reads get threads of their own: a fetch never waits for a free writer thread.
         self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
@@ -126,6 +131,8 @@ class StorageService(Service):
             lambda name: RangeLog.open(
                 self._data_dir.range_path(name), **self._log_arguments(name)
             ),
+            max_open=None if file_limit is None else file_limit.max_open_ranges,
+            max_open_why="" if file_limit is None else file_limit.why(),
         )
         #: Told of every seal, with the range's name: the control plane records them.
         self.on_sealed: Callable[[str, SegmentInfo], None] = lambda name, info: None
@@ -139,7 +146,14 @@ class StorageService(Service):
         """Recover every range of the data directory, in this thread. Blocking: call it before
         the reactor runs. Raises what recovery raises (``StorageError``, ``OSError``)."""
         started = time.monotonic()
-        for name in self._data_dir.range_names():
+        names = self._data_dir.range_names()
+        limit = self._file_limit
+        if limit is not None and len(names) > limit.max_open_ranges:
+            raise TooManyRangesError(
+                f"{self._data_dir.path} holds {len(names)} ranges, more than this node can keep"
+                f" open: {limit.max_open_ranges}, {limit.why()}"
+            )
+        for name in names:
             self.logs[name] = RangeLog.recover(
                 self._data_dir.range_path(name), **self._log_arguments(name)
             )
@@ -174,9 +188,10 @@ class StorageService(Service):
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
             log.info,
-            "Storage ready: {ranges} ranges open, {encoder} batch encoder, {decoder} record"
-            " decoder",
+            "Storage ready: {ranges} ranges open (room for {room}), {encoder} batch encoder,"
+            " {decoder} record decoder",
             ranges=len(self.logs),
+            room="any number" if self._file_limit is None else self._file_limit.max_open_ranges,
             encoder=BATCH_ENCODER,
             decoder=RECORD_DECODER,
         )
@@ -558,12 +573,22 @@ def build_service(
     the one after it has stopped (``OrderedServices``). Where a single node and a cluster
     member differ, the node's mode (``logbroker.node_modes``) says what goes there."""
     configure_interpreter()
+    file_limit = raise_file_limit()
+    if file_limit.raised_from is not None:
+        log.info(
+            "Raised the open-file limit from {soft} to {hard}: room for {ranges} open ranges",
+            soft=file_limit.raised_from,
+            hard=file_limit.descriptors,
+            ranges=file_limit.max_open_ranges,
+        )
     metrics = Metrics(reactor)
     root = BrokerService(metrics)
     # First, so that its handler is in place before anything reports being ready.
     _add(root, StopOnSigterm(reactor))
     fs = OsFileSystem()
-    storage = StorageService(reactor, data_dir, fs, log_config_for(config), metrics)
+    storage = StorageService(
+        reactor, data_dir, fs, log_config_for(config), metrics, file_limit=file_limit
+    )
     storage.recover()
     _add(root, storage, "storage")
 

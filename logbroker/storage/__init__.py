@@ -30,6 +30,7 @@ from logbroker.storage.errors import (
     SegmentNotFoundError,
     SegmentStateError,
     StorageError,
+    TooManyRangesError,
 )
 from logbroker.storage.log import (
     Appended,
@@ -82,6 +83,7 @@ __all__ = [
     "StorageError",
     "StoredRecord",
     "ThreadPoolExecutor",
+    "TooManyRangesError",
     "Verification",
     "Written",
     "iter_record_frames",
