@@ -52,7 +52,7 @@ def test_promtool_accepts_the_shipped_alert_rules() -> None:
         check=False,
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 8 rules found" in checked.stdout
+    assert "SUCCESS: 9 rules found" in checked.stdout
 
 
 def test_each_alert_fires_on_what_it_watches_and_only_on_that() -> None:
