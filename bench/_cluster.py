@@ -31,10 +31,13 @@ from _common import (
     RUN_GRACE_SECONDS,
     CpuMeter,
     Node,
+    announce_start,
     free_ports,
     running_node,
     stop,
     tail,
+    unwind_on_sigterm,
+    work_directory,
 )
 from twisted.internet.defer import gatherResults
 
@@ -182,6 +185,20 @@ def running_cluster(
         ]
         wait_for_members(nodes)
         yield nodes
+
+
+@contextlib.contextmanager
+def cluster_run(args: Any, prefix: str) -> Iterator[tuple[str, Etcd]]:
+    """A cluster benchmark's run: SIGTERM unwinds it, its start is announced, and it gets a
+    scratch directory (``--dir``, named ``prefix``...), ``--profile``'s directory made, and
+    the etcd every round uses; all removed or stopped at the end."""
+    unwind_on_sigterm()
+    announce_start(args.json)
+    with contextlib.ExitStack() as stack:
+        workdir = stack.enter_context(work_directory(args.dir, prefix))
+        if args.profile is not None:
+            os.makedirs(args.profile, exist_ok=True)
+        yield workdir, stack.enter_context(running_etcd())
 
 
 def wait_for_members(nodes: Sequence[Node]) -> None:

@@ -88,9 +88,9 @@ from typing import Any
 import attrs
 from _cluster import (
     Etcd,
+    cluster_run,
     request_records,
     running_cluster,
-    running_etcd,
     wait_until_produces,
 )
 from _common import (
@@ -101,14 +101,11 @@ from _common import (
     CpuMeter,
     Node,
     add_work_directory_option,
-    announce_start,
     emit,
     positive_float,
     positive_int,
     restarted,
     tail,
-    unwind_on_sigterm,
-    work_directory,
 )
 from replicated_produce import settle, topic_ranges
 from twisted.internet import task
@@ -709,13 +706,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    unwind_on_sigterm()
-    announce_start(args.json)
-    with contextlib.ExitStack() as stack:
-        workdir = stack.enter_context(work_directory(args.dir, "bench-backfill-"))
-        if args.profile is not None:
-            os.makedirs(args.profile, exist_ok=True)
-        etcd = stack.enter_context(running_etcd())
+    with cluster_run(args, "bench-backfill-") as (workdir, etcd):
         run = Run(args, etcd, workdir)
 
         def measure(reactor: Any) -> Deferred[None]:

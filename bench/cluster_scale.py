@@ -64,20 +64,17 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
-from _cluster import Etcd, running_cluster, running_etcd
+from _cluster import Etcd, cluster_run, running_cluster
 from _common import (
     ADMIN,
     APP,
     HOST,
     Node,
     add_work_directory_option,
-    announce_start,
     emit,
     positive_float,
     positive_int,
     restarted,
-    unwind_on_sigterm,
-    work_directory,
 )
 
 from logbroker import wire
@@ -561,13 +558,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    unwind_on_sigterm()
-    announce_start(args.json)
-    with contextlib.ExitStack() as stack:
-        workdir = stack.enter_context(work_directory(args.dir, "bench-scale-"))
-        if args.profile is not None:
-            os.makedirs(args.profile, exist_ok=True)
-        etcd = stack.enter_context(running_etcd())
+    with cluster_run(args, "bench-scale-") as (workdir, etcd):
         for topics in args.topics:
             result = measure_scale(args, etcd, workdir, topics)
             emit(args.json, "cluster_scale", result, _line(result))
