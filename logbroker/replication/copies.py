@@ -9,6 +9,8 @@ each live replica's, with the ``read_committed`` op. A copy answers only with re
 are committed (``ReplicaServer.read_committed``), so a read never shows a record that a later
 takeover could drop. A replica learns the commit index from the primary's next message, so the
 records acknowledged in the primary's last moments show only once the range is taken over.
+A node whose view of the control plane is catching up with etcd refuses a read that finds
+nothing (``unreachable``, to retry) rather than say the range ends where its view does.
 """
 
 from __future__ import annotations
@@ -84,16 +86,31 @@ class CommittedCopies:
     def read(
         self, range_id: str, offset: int, max_records: int, max_bytes: int
     ) -> Deferred[RangeRead]:
-        """Committed records from ``offset``, within the one segment holding it."""
+        """Committed records from ``offset``, within the one segment holding it. Nothing found
+        while this node's view of the control plane is catching up with etcd is refused
+        ``unreachable``: the view may end before segments it does not know yet, and "no
+        records" would say the range ends there."""
         plan = segment_read(self._context.control.segments(range_id), offset, max_records)
         meta = plan.segment
+        reading: Deferred[RangeRead]
         if meta is None:
-            return plan.nothing()
+            reading = plan.nothing()
+        else:
 
-        def read_chunks(at: int, size: int) -> Deferred[list[BatchSlice]]:
-            return Deferred.fromCoroutine(self._chunks(meta, at, size))
+            def read_chunks(at: int, size: int) -> Deferred[list[BatchSlice]]:
+                return Deferred.fromCoroutine(self._chunks(meta, at, size))
 
-        return read_records(read_chunks, plan.offset, plan.max_records, max_bytes)
+            reading = read_records(read_chunks, plan.offset, plan.max_records, max_bytes)
+        return reading.addCallback(self._unless_stale, range_id, plan.offset)
+
+    def _unless_stale(self, read: RangeRead, range_id: str, offset: int) -> RangeRead:
+        if read.count == 0 and not self._context.control_follows():
+            raise BrokerError(
+                Reason.UNREACHABLE,
+                f"range {range_id}: this node's view of the control plane is catching up with"
+                f" etcd, so it cannot tell yet whether records follow offset {offset}; retry",
+            )
+        return read
 
     def bounds(self, range_id: str) -> Deferred[Bounds]:
         """From the first segment's start to the end of the committed records a live copy

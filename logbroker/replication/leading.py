@@ -12,9 +12,10 @@ The sweep (every half second) claims the ranges this node should lead and does n
 first for (it restarted, or another replica stepped aside to it) and those whose primary died
 where it is the first live replica. A range whose claim failed is tried again after a back-off
 that doubles up to ``MAX_CLAIM_BACKOFF``, so a range that cannot be led now costs nothing but an
-occasional try. The sweep also asks every leader whether it still hears a quorum
-(CheckQuorum): one that does not steps down and resigns, so that a replica that reaches a
-quorum takes over.
+occasional try; one whose replica set has too few live members for a quorum is not claimed
+at all (a claim bumps the epoch) until enough of them are alive again. The sweep also asks
+every leader whether it still hears a quorum (CheckQuorum): one that does not steps down and
+resigns, so that a replica that reaches a quorum takes over.
 """
 
 from __future__ import annotations
@@ -38,10 +39,11 @@ from logbroker.records import ProducerStamp, Record
 from logbroker.replication.copies import CommittedCopies, segment_read
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.actions import StepDown
+from logbroker.replication.core.claims import live_quorum
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica import view_of
 from logbroker.replication.stamps import recent_range_stamps
-from logbroker.replication.takeover import SegmentClaims
+from logbroker.replication.takeover import SegmentClaims, WaitingForMembers
 from logbroker.storage import OpenLogs, RangeLog
 
 log = Logger()
@@ -207,6 +209,11 @@ class _Backoff:
     #: When the range may be claimed again, and how long the next wait is.
     until: float
     delay: float
+    #: The claim was not made for want of live replicas: tried again as soon as enough are
+    #: alive, whatever the wait.
+    waiting_for_members: bool = False
+    #: Claims failed in a row.
+    failures: int = 1
 
 
 class LeadRanges:
@@ -270,6 +277,14 @@ class LeadRanges:
             )
         backoff = self._backoff.get(range_id)
         if backoff is not None and not self._may_claim(range_id):
+            if backoff.waiting_for_members:
+                return fail(
+                    BrokerError(
+                        Reason.NO_QUORUM,
+                        f"range {range_id} is not led: too few members of its replica set are"
+                        " alive; it is claimed once enough of them are back",
+                    )
+                )
             return fail(
                 BrokerError(
                     Reason.UNREACHABLE,
@@ -326,7 +341,12 @@ class LeadRanges:
             previous = self._backoff.get(range_id)
             delay = FIRST_CLAIM_BACKOFF if previous is None else previous.delay * 2
             delay = min(delay, MAX_CLAIM_BACKOFF)
-            self._backoff[range_id] = _Backoff(now + delay, delay)
+            self._backoff[range_id] = _Backoff(
+                now + delay,
+                delay,
+                waiting_for_members=isinstance(outcome.value, WaitingForMembers),
+                failures=1 if previous is None else previous.failures + 1,
+            )
         else:
             self._backoff.pop(range_id, None)
         for waiter in self._claiming.pop(range_id):
@@ -402,9 +422,21 @@ class LeadRanges:
 
     def _may_claim(self, range_id: str) -> bool:
         backoff = self._backoff.get(range_id)
-        return backoff is None or self._claims.context.clock.seconds() >= backoff.until
+        if backoff is None:
+            return True
+        ctx = self._claims.context
+        if backoff.waiting_for_members:
+            # Tried again only once something changed: enough members are back.
+            meta = self._claims.active(range_id)
+            return meta is not None and live_quorum(meta, ctx.is_live, ctx.settings.quorum)
+        return ctx.clock.seconds() >= backoff.until
 
     def _claim_failed(self, failure: Failure, range_id: str) -> None:
+        backoff = self._backoff.get(range_id)
+        if isinstance(failure.value, WaitingForMembers) and (
+            backoff is not None and backoff.failures > 1
+        ):
+            return  # said when it first failed so
         log.warn(
             "Claiming {range_id} failed: {error}",
             range_id=range_id,

@@ -95,6 +95,10 @@ class ClaimContext:
         return heard is not None and self.clock.seconds() - heard < ttl
 
 
+class WaitingForMembers(BrokerError):
+    """A claim not made: too few members of the segment's replica set are alive."""
+
+
 class _OwnCopyRefused(BrokerError):
     """This node's copy could not be brought to the longest end: it is damaged."""
 
@@ -155,6 +159,13 @@ class SegmentClaims:
         claim = claims.claimed(meta, ctx.node_id)
         if claim is None:
             raise BrokerError(Reason.NOT_PRIMARY, f"{ctx.node_id} holds no copy of {where}")
+        if not claims.live_quorum(meta, ctx.is_live, ctx.settings.quorum):
+            raise WaitingForMembers(
+                Reason.NO_QUORUM,
+                f"{where}: only {', '.join(n for n in meta.replicas if ctx.is_live(n)) or 'none'}"
+                f" of its replicas {', '.join(meta.replicas)} are alive, fewer than the quorum"
+                f" of {ctx.settings.quorum}; it is claimed once enough of them are back",
+            )
         await self._record(claim, "claim", expected=meta)
         log.info("Claimed {segment} at epoch {epoch}", segment=where, epoch=claim.epoch)
         self._require_lease(range_id)

@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
@@ -259,6 +260,8 @@ class World:
         self._sequence = 0
         #: Until when producers retry and consumers read (the end of the faulty period).
         self.busy_until = 0.0
+        #: The later steps of faults (``_fault_later``), cancelled by ``calm``.
+        self._fault_steps: list[IDelayedCall] = []
 
     # -- running -----------------------------------------------------------------------------
 
@@ -452,12 +455,12 @@ class World:
         if kind == "crash":
             if node.up and len(up) > 1:
                 node.crash()
-                self.clock.callLater(self.rng.uniform(0.5, 6.0), self._restart, node_id)
+                self._fault_later(self.rng.uniform(0.5, 6.0), self._restart, node_id)
         elif kind == "stall":
             if node.up and not node.clock.frozen and len(up) > 1:
                 # Sometimes past the lease: it resumes with its queued work, and no lease.
                 node.clock.freeze()
-                self.clock.callLater(self.rng.uniform(0.3, 5.0), self._resume, node_id)
+                self._fault_later(self.rng.uniform(0.3, 5.0), self._resume, node_id)
         elif kind == "partition":
             other = self.rng.choice([n for n in NODES if n != node_id])
             self.network.cut(node_id, other)
@@ -465,7 +468,7 @@ class World:
             if node.up:
                 link = node.link
                 link.sever()
-                self.clock.callLater(self.rng.uniform(0.5, 5.0), link.mend)
+                self._fault_later(self.rng.uniform(0.5, 5.0), link.mend)
         elif kind == "etcd_flaky":
             self.etcd_faults.errors = self.rng.uniform(0.0, 0.1)
             self.etcd_faults.lost_answers = self.rng.uniform(0.0, 0.05)
@@ -480,9 +483,9 @@ class World:
 
                 def mend() -> None:
                     link.mend()
-                    self.clock.callLater(2.0, self._etcd_fast)
+                    self._fault_later(2.0, self._etcd_fast)
 
-                self.clock.callLater(LEASE_MS / 1000 + self.rng.uniform(0.0, 1.0), mend)
+                self._fault_later(LEASE_MS / 1000 + self.rng.uniform(0.0, 1.0), mend)
         elif kind == "compaction":
             self.etcd.compact(self.etcd.revision)
         elif kind == "lossy":
@@ -513,12 +516,18 @@ class World:
                     self.etcd_faults.slowest = 0.003
 
                 # Cut once it has renewed its lease at its slow pace.
-                self.clock.callLater(2.5, cut)
-                self.clock.callLater(2.5 + self.rng.uniform(3.0, 6.0), over)
+                self._fault_later(2.5, cut)
+                self._fault_later(2.5 + self.rng.uniform(3.0, 6.0), over)
         else:
             self.network.heal()
             self.network.calm()
             self.etcd_faults.calm()
+
+    def _fault_later(self, delay: float, action: Callable[..., object], *args: object) -> None:
+        """A fault's later step (a restart, a mend, a cut), which ``calm`` cancels: once the
+        faults are over, none goes on."""
+        self._fault_steps = [step for step in self._fault_steps if step.active()]
+        self._fault_steps.append(self.clock.callLater(delay, action, *args))
 
     def _etcd_fast(self) -> None:
         self.etcd_faults.slowest = 0.003
@@ -534,13 +543,19 @@ class World:
             node.clock.resume()
 
     def calm(self) -> None:
-        """Every fault ends: the network and etcd heal, every node is up and running."""
+        """Every fault ends: the network and etcd heal, every node is up and running at the
+        others' pace, and no fault's later step is left to come."""
+        for step in self._fault_steps:
+            if step.active():
+                step.cancel()
+        self._fault_steps = []
         self.network.heal()
         self.network.calm()
         self.etcd_faults.calm()
         for node in self.nodes.values():
             if node.up:
                 node.link.mend()
+                node.clock.run_at(1.0)
                 if node.clock.frozen:
                     node.clock.resume()
             else:

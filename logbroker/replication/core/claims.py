@@ -53,7 +53,8 @@ def should_take_over(meta: SegmentMeta, node_id: str, is_live: Callable[[str], b
 
 def live_quorum(meta: SegmentMeta, is_live: Callable[[str], bool], quorum: int) -> bool:
     """Whether enough members of ``meta``'s replica set are alive for a claim's fence to
-    reach a quorum (a range without one is counted unavailable)."""
+    reach a quorum. A claim without one is not recorded: it would bump the epoch for nothing,
+    again at every try, until a member came back."""
     return sum(1 for node in meta.replicas if is_live(node)) >= quorum
 
 

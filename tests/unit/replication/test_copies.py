@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import attrs
 import pytest
 from twisted.internet.defer import Deferred, fail
 
@@ -115,6 +116,32 @@ def test_a_primary_without_its_lease_refuses_appends_and_reads_on_from_the_copie
     assert refused.reason is Reason.UNREACHABLE
     assert "no membership lease" in str(refused)
     assert values(result_of(read)) == [b"1", b"2"]
+
+
+def test_a_node_catching_up_with_etcd_refuses_a_read_that_finds_nothing() -> None:
+    # Its view of the control plane may end before segments it does not know yet: "no
+    # records" there would tell a consumer that the range ends where the view does.
+    world = cluster()
+    produce(world, world.lead("a"), [b"1", b"2"])
+    world.clock.advance(0.1)
+    world.settle()
+    following = [False]
+    context = attrs.evolve(world.context("b"), control_follows=lambda: following[0])
+    copies = CommittedCopies(context)
+
+    found = copies.read(RANGE, 0, 100, 1 << 20)
+    past = copies.read(RANGE, 2, 100, 1 << 20)
+    world.settle()
+    assert values(result_of(found)) == [b"1", b"2"], "what it finds it serves"
+    error = failure_of(past).value
+    assert isinstance(error, BrokerError)
+    assert error.reason is Reason.UNREACHABLE
+    assert "catching up with etcd" in str(error)
+
+    following[0] = True
+    again = copies.read(RANGE, 2, 100, 1 << 20)
+    world.settle()
+    assert result_of(again).count == 0
 
 
 def test_a_replica_shows_only_what_it_was_told_is_committed() -> None:

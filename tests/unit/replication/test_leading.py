@@ -152,3 +152,23 @@ def test_the_sweep_claims_a_bounded_number_at_once_and_the_next_as_each_ends() -
     assert _claimed(control, range_ids) == 2 * MAX_SWEEP_CLAIMS
     clock.advance(ReplicationSettings(replication_factor=3).ack_timeout_seconds)
     assert _claimed(control, range_ids) == count
+
+
+def test_a_range_without_live_quorum_is_not_claimed_until_members_come_back() -> None:
+    live = {"a"}
+    lead, control, clock, range_ids = _first_for_many(3, live, _Unreachable())
+
+    for _ in range(5):
+        lead.sweep(range_ids)
+        clock.advance(10)
+    # No claim was recorded: no epoch bumped again and again for nothing.
+    assert _claimed(control, range_ids) == 0
+    error = failure_of(lead.prepare(range_ids[0])).value
+    assert isinstance(error, BrokerError)
+    assert error.reason is Reason.NO_QUORUM
+    assert "too few members of its replica set are alive" in str(error)
+
+    # b is back: claimed at the next sweep, whatever the back-off had left to wait.
+    live.add("b")
+    lead.sweep(range_ids)
+    assert _claimed(control, range_ids) == 3
