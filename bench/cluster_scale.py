@@ -330,24 +330,6 @@ def under_replicated(nodes: Sequence[Node]) -> list[int | None]:
     return counts
 
 
-def wait_until_dead(nodes: Sequence[Node], name: str) -> float:
-    """Until every node in ``nodes`` sees ``name`` dead; when they did."""
-    deadline = time.monotonic() + _EVENT_SECONDS
-    for node in nodes:
-        while True:
-            try:
-                with connect(node.port, ADMIN) as admin:
-                    members = {m.node_id: m.alive for m in admin.describe_cluster().nodes}
-                if not members.get(name, False):
-                    break
-            except (OSError, ConnectionClosed, BrokerRefused):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{node.name} still sees {name} alive")
-            time.sleep(0.1)
-    return time.monotonic()
-
-
 # -- one scale ----------------------------------------------------------------------------
 
 

@@ -212,8 +212,6 @@ class _Backoff:
     #: The claim was not made for want of live replicas: tried again as soon as enough are
     #: alive, whatever the wait.
     waiting_for_members: bool = False
-    #: Claims failed in a row.
-    failures: int = 1
 
 
 class LeadRanges:
@@ -232,10 +230,9 @@ class LeadRanges:
         self._claiming: dict[str, list[Deferred[None]]] = {}
         #: Ranges whose last claim failed: not claimed again before ``until``.
         self._backoff: dict[str, _Backoff] = {}
-        #: Ranges the last sweep found to claim, not started yet; and the sweep's claims under
-        #: way.
+        #: Ranges the last sweep found to claim, not started yet.
         self._to_claim: collections.deque[str] = collections.deque()
-        self._sweep_claims = 0
+        #: Whether ``_claim_more`` runs now (a claim that ends at once re-enters it).
         self._pumping = False
 
     def handle(self, range_id: str) -> ReplicatedRange:
@@ -345,7 +342,6 @@ class LeadRanges:
                 now + delay,
                 delay,
                 waiting_for_members=isinstance(outcome.value, WaitingForMembers),
-                failures=1 if previous is None else previous.failures + 1,
             )
         else:
             self._backoff.pop(range_id, None)
@@ -354,6 +350,8 @@ class LeadRanges:
                 waiter.errback(outcome)
             else:
                 waiter.callback(None)
+        # A claim ended: the sweep's next may start.
+        self._claim_more()
 
     def sweep(self, range_ids: Sequence[str]) -> None:
         """Claim the ranges among ``range_ids`` this node should lead and does not, and check
@@ -385,8 +383,9 @@ class LeadRanges:
         return (first or self._claims.should_take_over(meta)) and self._may_claim(range_id)
 
     def _claim_more(self) -> None:
-        """Start the sweep's claims, ``MAX_SWEEP_CLAIMS`` at a time: the next starts as one
-        ends. Claims a client asks for (``prepare``) go at once, ahead of these."""
+        """Start the sweep's claims while fewer than ``MAX_SWEEP_CLAIMS`` are under way: the
+        next starts as one ends. Claims a client asks for (``prepare``) go at once, ahead of
+        these."""
         if self._pumping:
             return  # a claim that ended at once, inside the loop below: it goes on
         self._pumping = True
@@ -396,7 +395,7 @@ class LeadRanges:
             self._pumping = False
 
     def _start_claims(self) -> None:
-        while self._to_claim and self._sweep_claims < MAX_SWEEP_CLAIMS:
+        while self._to_claim and len(self._claiming) < MAX_SWEEP_CLAIMS:
             range_id = self._to_claim.popleft()
             # Decided when the sweep ran; the record may have changed since.
             if not self._should_claim(range_id):
@@ -410,15 +409,7 @@ class LeadRanges:
                     segment=meta.base_offset,
                     primary=meta.replicas[0],
                 )
-            self._sweep_claims += 1
-            claiming = self._claim(range_id)
-            claiming.addBoth(self._sweep_claim_ended)
-            claiming.addErrback(self._claim_failed, range_id)
-
-    def _sweep_claim_ended(self, outcome: object) -> object:
-        self._sweep_claims -= 1
-        self._claim_more()
-        return outcome
+            self._claim(range_id).addErrback(self._claim_failed, range_id)
 
     def _may_claim(self, range_id: str) -> bool:
         backoff = self._backoff.get(range_id)
@@ -432,11 +423,6 @@ class LeadRanges:
         return ctx.clock.seconds() >= backoff.until
 
     def _claim_failed(self, failure: Failure, range_id: str) -> None:
-        backoff = self._backoff.get(range_id)
-        if isinstance(failure.value, WaitingForMembers) and (
-            backoff is not None and backoff.failures > 1
-        ):
-            return  # said when it first failed so
         log.warn(
             "Claiming {range_id} failed: {error}",
             range_id=range_id,
