@@ -48,6 +48,11 @@ class ControlPlane(Protocol):
     def segments(self, range_id: str) -> list[SegmentMeta]:
         """The range's segments by base offset."""
 
+    def last_segment(self, range_id: str) -> SegmentMeta | None:
+        """The range's segment with the highest base offset (its active one, or the one a roll
+        sealed before opening the next), ``None`` if it has none: ``segments(range_id)[-1]``
+        without building the list (asked of every range, twice a second)."""
+
     def user(self, name: str) -> User | None: ...
 
     def users(self) -> list[User]:

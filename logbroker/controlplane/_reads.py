@@ -78,19 +78,26 @@ class StateControlPlane(ABC):
         return [state.ranges[r] for r in found.range_ids if r in state.ranges]
 
     def segments(self, range_id: str) -> list[SegmentMeta]:
+        return list(self._ordered(range_id))
+
+    def last_segment(self, range_id: str) -> SegmentMeta | None:
+        ordered = self._ordered(range_id)
+        return ordered[-1] if ordered else None
+
+    def _ordered(self, range_id: str) -> Sequence[SegmentMeta]:
         segments = self._read().segments.get(range_id)
         if not segments:
             self._ordered_segments.pop(range_id, None)
-            return []
+            return ()
         # Asked for thousands of times a second (every sweep asks for every range's active
         # segment), while a range's records change seldom: sorted once per change of them. A
         # change makes a new dict for the range and keeps the others', so identity tells.
         found = self._ordered_segments.get(range_id)
         if found is not None and found[0] is segments:
-            return list(found[1])
+            return found[1]
         ordered = [meta for _, meta in sorted(segments.items())]
         self._ordered_segments[range_id] = (segments, ordered)
-        return list(ordered)
+        return ordered
 
     def user(self, name: str) -> User | None:
         return self._read().users.get(name)

@@ -164,7 +164,10 @@ def _changed(old: Mapping[_K, _V], new: Mapping[_K, _V]) -> Iterator[tuple[_K, _
     if old is new:
         return
     for key, value in new.items():
-        if old.get(key, _MISSING) != value:
+        # Most values are the very objects they were (a change copies the mapping, not what
+        # it holds): told apart by identity first, without comparing their contents.
+        found = old.get(key, _MISSING)
+        if found is not value and found != value:
             yield key, value
     for key in old:
         if key not in new:

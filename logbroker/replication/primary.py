@@ -8,6 +8,10 @@ log back when a replica needs bytes the backlog dropped, answers appends as the 
 keeps one timer at the core's next deadline. Sends are flushed once per reactor turn, so that
 the turn's appends go out as one message per replica.
 
+A replica the core parks (dead in the membership) is registered with ``ParkedReplicas``, shared
+by every leader of the node: ``resume_live`` (run by the sweep) sends each parked replica's
+leaders ``member_back`` once the membership has it alive again.
+
 A node that has lost its membership lease leads nothing: before carrying out anything, the
 leader checks the lease, and if it is gone the core stops first (nothing it meant to send goes
 out). A leader that stopped tells ``on_step_down`` (which resigns the segment when the core
@@ -32,6 +36,7 @@ from logbroker.replication.core.actions import (
     Acknowledge,
     Action,
     Commit,
+    Park,
     ReadBack,
     Refuse,
     ReplicationSettings,
@@ -49,6 +54,31 @@ log = Logger()
 
 def _ignore_step_down(leader: SegmentLeader, step: StepDown) -> None:
     pass
+
+
+class ParkedReplicas:
+    """The leaders that parked a dead replica, by node: told all at once when it is back."""
+
+    def __init__(self) -> None:
+        self._leaders: dict[str, dict[SegmentLeader, None]] = {}
+
+    def park(self, leader: SegmentLeader, node: str) -> None:
+        self._leaders.setdefault(node, {})[leader] = None
+
+    def forget(self, leader: SegmentLeader) -> None:
+        """``leader`` stopped: it waits for no one."""
+        for node in leader.replicas:
+            self._leaders.get(node, {}).pop(leader, None)
+
+    def nodes(self) -> list[str]:
+        """The nodes some leader waits for."""
+        return [node for node, leaders in self._leaders.items() if leaders]
+
+    def resume_live(self, is_live: Callable[[str], bool]) -> None:
+        """Tell the leaders of every parked node that is alive now that it is back."""
+        for node in [node for node in self._leaders if is_live(node)]:
+            for leader in self._leaders.pop(node):
+                leader.member_back(node)
 
 
 class SegmentLeader:
@@ -71,6 +101,7 @@ class SegmentLeader:
         on_commit: Callable[[int], None],
         holds_lease: Callable[[], bool] = lambda: True,
         on_step_down: Callable[[SegmentLeader, StepDown], None] = _ignore_step_down,
+        parked: ParkedReplicas | None = None,
     ) -> None:
         self._core = LeaderCore(
             node_id=node_id,
@@ -93,6 +124,7 @@ class SegmentLeader:
         self._on_commit = on_commit
         self._holds_lease = holds_lease
         self._on_step_down = on_step_down
+        self._parked = ParkedReplicas() if parked is None else parked
         #: The Deferreds of waiting appends, and of the fates of appends refused in doubt.
         self._tickets: dict[int, Deferred[None]] = {}
         self._fates: dict[int, Deferred[bool]] = {}
@@ -175,6 +207,10 @@ class SegmentLeader:
     def check_quorum(self, heard_at: Callable[[str], float | None]) -> None:
         """Step down (and resign) if no quorum of replicas was heard from for a lease TTL."""
         self._run(self._core.check_quorum(self._clock.seconds(), heard_at, self._is_live))
+
+    def member_back(self, node: str) -> None:
+        """``node``, parked while dead, is alive again."""
+        self._run(self._core.member_back(node, self._clock.seconds()))
 
     def step_down(self, why: BrokerError) -> None:
         """Stop leading (a roll sealed the segment, the node lost its lease, it stops)."""
@@ -282,6 +318,8 @@ class SegmentLeader:
         elif isinstance(action, Settle):
             for ticket in action.tickets:
                 self._fates.pop(ticket).callback(action.committed)
+        elif isinstance(action, Park):
+            self._parked.park(self, action.node)
         else:
             self._stopped(action)
 
@@ -311,6 +349,7 @@ class SegmentLeader:
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
+        self._parked.forget(self)
         # The leader goes with it: this can run before the constructor returns (a replica's
         # answer that comes at once, while the leadership starts).
         self._on_step_down(self, step)

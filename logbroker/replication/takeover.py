@@ -33,7 +33,7 @@ from logbroker.replication.core import claims
 from logbroker.replication.core.actions import ReplicationSettings, StepDown
 from logbroker.replication.core.claims import Ends, FencedOut, NoQuorum
 from logbroker.replication.core.quorum import CopyEnd
-from logbroker.replication.primary import SegmentLeader
+from logbroker.replication.primary import ParkedReplicas, SegmentLeader
 from logbroker.replication.replica import find_copy
 from logbroker.replication.replica_codec import (
     CopyOutcome,
@@ -87,6 +87,8 @@ class ClaimContext:
     on_lead: Callable[[str, int, int, str], None] = ignore_leadership
     #: Told whenever a range's commit index moves on this node: ``(range id, offset)``.
     on_commit: Callable[[str, int], None] = ignore_commit
+    #: The dead replicas this node's leaders wait for (``LeadRanges.sweep`` resumes them).
+    parked: ParkedReplicas = attrs.Factory(ParkedReplicas)
 
     def heard_recently(self, node: str) -> bool:
         """Whether the peer link heard from ``node`` within a lease TTL."""
@@ -121,8 +123,7 @@ class SegmentClaims:
         return self._context.control.segments(range_id)
 
     def active(self, range_id: str) -> SegmentMeta | None:
-        segments = self._context.control.segments(range_id)
-        return segments[-1] if segments else None
+        return self._context.control.last_segment(range_id)
 
     def should_take_over(self, meta: SegmentMeta) -> bool:
         """Whether this node should claim ``meta`` without being asked: its primary is dead
@@ -156,7 +157,7 @@ class SegmentClaims:
         if own is not None and own.damage is not None:
             await self.step_aside(meta, "this node's copy of it is damaged")
             raise BrokerError(Reason.NOT_PRIMARY, f"this node's copy of {where} is damaged")
-        claim = claims.claimed(meta, ctx.node_id)
+        claim = claims.claimed(meta, ctx.node_id, ctx.is_live)
         if claim is None:
             raise BrokerError(Reason.NOT_PRIMARY, f"{ctx.node_id} holds no copy of {where}")
         if not claims.live_quorum(meta, ctx.is_live, ctx.settings.quorum):
@@ -188,7 +189,7 @@ class SegmentClaims:
         own_end = ends[ctx.node_id]
         if own_end.offset == claim.base_offset:
             # Nothing a quorum holds: lead it on at the new epoch, on the copies that answered.
-            claim = await self._keep_answered(claim, ends)
+            claim = await self._keep_answered(claim, ends, left_out=meta.replicas)
             return self._leader(claim, ends, on_commit, on_step_down)
         leader = self._leader(claim, ends, on_commit, on_step_down)
         try:
@@ -206,10 +207,13 @@ class SegmentClaims:
             )
         return await self._seal_and_open(leader, on_commit, on_step_down)
 
-    async def _keep_answered(self, meta: SegmentMeta, ends: dict[str, CopyEnd]) -> SegmentMeta:
+    async def _keep_answered(
+        self, meta: SegmentMeta, ends: dict[str, CopyEnd], left_out: Iterable[str]
+    ) -> SegmentMeta:
         ctx = self._context
+        dropped = set(left_out) - set(meta.replicas)
         try:
-            kept = claims.kept_answered(meta, ends, ctx.live_nodes(), ctx.rule)
+            kept = claims.kept_answered(meta, ends, ctx.live_nodes(), ctx.rule, dropped)
         except PlacementError as error:
             raise BrokerError(error.reason, str(error)) from error
         if kept == meta:
@@ -400,6 +404,7 @@ class SegmentClaims:
             on_commit=committed,
             holds_lease=ctx.holds_lease,
             on_step_down=on_step_down,
+            parked=ctx.parked,
         )
         # What the copies already hold on a quorum is committed from the start.
         ctx.on_commit(meta.range_id, leader.commit)

@@ -107,4 +107,12 @@ class StepDown:
     resign: bool = False
 
 
-Action = Send | ReadBack | Commit | Acknowledge | Refuse | Settle | StepDown
+@attrs.frozen
+class Park:
+    """``node`` is dead in the membership: it is sent nothing more until the driver says it is
+    back (``LeaderCore.member_back``), instead of being retried on a timer."""
+
+    node: str
+
+
+Action = Send | ReadBack | Commit | Acknowledge | Refuse | Settle | StepDown | Park

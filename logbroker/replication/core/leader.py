@@ -17,6 +17,7 @@ Events:
   ``send_failed(...)`` when the link failed; ``notice_answered(...)`` for a commit notice.
 - ``read_back(...)``: bytes the backlog no longer held, read from the local log for a replica.
 - ``tick(now)``: timers (ack deadlines, retries after a back-off, commit notices).
+- ``member_back(node, now)``: a parked replica is alive again.
 - ``check_quorum(now, heard_at, is_live)``: whether a quorum of replicas has been heard from
   within a lease TTL (Raft's CheckQuorum).
 - ``stop(reason, message)``: the node stops leading (sealed, lease lost, stopping).
@@ -24,7 +25,8 @@ Events:
 Actions (``logbroker.replication.core.actions``): ``Send`` (a replicate message or a commit
 notice), ``ReadBack`` (read the local log), ``Commit`` (the commit index moved), ``Acknowledge``
 / ``Refuse`` (answer waiting appends), ``Settle`` (what became of appends refused while their
-records could still commit) and ``StepDown`` (this leader stopped; with ``resign``, another
+records could still commit), ``Park`` (a dead replica waits for ``member_back``) and
+``StepDown`` (this leader stopped; with ``resign``, another
 replica should lead).
 
 The rules:
@@ -47,7 +49,10 @@ The rules:
 - **Streams.** Each replica is sent the bytes it lacks, pipelined up to a window
   (``ReplicaStream``); one whose link failed is sent again from its last durable end after a
   back-off; one whose copy ends elsewhere (``mismatch``) from where it ends; one whose view of
-  the claim lags (``unknown``) again after a short back-off. What the backlog no longer holds
+  the claim lags (``unknown``) again after a short back-off. One whose link failed while the
+  membership says it is dead is **parked** (``Park``): sent nothing, on no timer, until the
+  driver says it is back (``member_back``). A node leading thousands of segments would
+  otherwise retry a dead replica thousands of times a second. What the backlog no longer holds
   is read back from the local log.
 """
 
@@ -63,6 +68,7 @@ from logbroker.replication.core.actions import (
     Acknowledge,
     Action,
     Commit,
+    Park,
     ReadBack,
     Refuse,
     ReplicationSettings,
@@ -136,6 +142,8 @@ class LeaderCore:
         self._backoff = dict.fromkeys(self._streams, settings.retry_seconds)
         #: When each replica waiting out a back-off is sent to again.
         self._retry_at: dict[str, float] = {}
+        #: Dead replicas sent nothing until ``member_back`` (also in ``_paused``).
+        self._parked: set[str] = set()
         self._waiting: deque[_Waiter] = deque()
         #: Appends refused in doubt, by end: settled when the commit passes them, or at stop.
         self._doubt: deque[_Waiter] = deque()
@@ -272,7 +280,7 @@ class LeaderCore:
             # The replica has not heard of this claim yet: its control plane view lags.
             if generation == stream.generation:
                 stream.restart_from_durable(self.segment, 0)
-                self._retry_later(node, now, live)
+                self._retry_later(node, now, live, actions)
             return actions
         self._backoff[node] = self._settings.retry_seconds
         if status.outcome is CopyOutcome.OK:
@@ -296,8 +304,21 @@ class LeaderCore:
         if self._stopped is not None or generation != stream.generation:
             return []
         stream.restart_from_durable(self.segment, 0)
-        self._retry_later(node, now, live)
-        return []
+        actions: list[Action] = []
+        self._retry_later(node, now, live, actions)
+        return actions
+
+    def member_back(self, node: str, now: float) -> list[Action]:
+        """``node``, parked while dead, is alive again: send it what it lacks."""
+        self._now = now
+        actions: list[Action] = []
+        if self._stopped is not None or node not in self._parked:
+            return actions
+        self._parked.discard(node)
+        self._paused.discard(node)
+        self._backoff[node] = self._settings.retry_seconds
+        self._pump(node, actions)
+        return actions
 
     def notice_answered(self, node: str, status: CopyStatus, now: float) -> list[Action]:
         self._now = now
@@ -321,7 +342,7 @@ class LeaderCore:
             self._pump(node, actions)
             return actions
         if not data:
-            self._retry_later(node, now, True)
+            self._retry_later(node, now, True, actions)
             return actions
         offset, position = stream.next_offset, stream.next_position
         scan = scan_batches(data, 0, offset)
@@ -520,11 +541,14 @@ class LeaderCore:
             )
             actions.append(Send(node, stream.generation, notice, notice=True))
 
-    def _retry_later(self, node: str, now: float, live: bool) -> None:
-        if node in self._retry_at or self._stopped is not None:
+    def _retry_later(self, node: str, now: float, live: bool, actions: list[Action]) -> None:
+        if node in self._retry_at or node in self._parked or self._stopped is not None:
             return
         self._paused.add(node)
-        # A replica the membership says is dead is not worth a quick retry.
-        delay = self._backoff[node] if live else self._settings.retry_max_seconds
+        if not live:
+            self._parked.add(node)
+            actions.append(Park(node))
+            return
+        delay = self._backoff[node]
         self._backoff[node] = min(delay * 2, self._settings.retry_max_seconds)
         self._retry_at[node] = now + delay

@@ -173,6 +173,7 @@ async def test_segments_are_recorded_sealed_and_deleted(
     await done(backend, control.put_segment(active("orders.1", 0)))
 
     assert control.segments("orders.0") == [active("orders.0", 0), active("orders.0", 100)]
+    assert control.last_segment("orders.0") == active("orders.0", 100)
 
     seal = sealed("orders.0", 0, count=100, size=4096)
     await done(backend, control.put_segment(seal))
@@ -181,6 +182,8 @@ async def test_segments_are_recorded_sealed_and_deleted(
     assert control.segments("orders.0") == [seal, active("orders.0", 100)]
     assert control.segments("orders.1") == []
     assert control.segments("nope") == []
+    assert control.last_segment("orders.1") is None
+    assert control.last_segment("nope") is None
     again = await backend.reopen(control)
     assert again.segments("orders.0") == [seal, active("orders.0", 100)]
     assert again.segments("orders.1") == []

@@ -21,6 +21,7 @@ from logbroker.replication.core.actions import (
     Acknowledge,
     Action,
     Commit,
+    Park,
     ReadBack,
     Refuse,
     ReplicationSettings,
@@ -42,6 +43,20 @@ SETTINGS = ReplicationSettings(
 )
 
 
+def _new_core() -> LeaderCore:
+    """A leader of segment 0 at epoch 1 on ``REPLICAS``, from time 0, its copy empty."""
+    return LeaderCore(
+        node_id="a",
+        range_id="r",
+        segment=0,
+        epoch=1,
+        replicas=REPLICAS,
+        copies={"a": CopyEnd(0, 0)},
+        settings=SETTINGS,
+        now=0.0,
+    )
+
+
 @attrs.define
 class _Copy:
     """A scripted replica's copy: where its bytes end, and whether it is fenced past us."""
@@ -55,16 +70,7 @@ class LeaderMachine(RuleBasedStateMachine):
     @initialize()
     def start(self) -> None:
         self.now = 0.0
-        self.core = LeaderCore(
-            node_id="a",
-            range_id="r",
-            segment=0,
-            epoch=1,
-            replicas=REPLICAS,
-            copies={"a": CopyEnd(0, 0)},
-            settings=SETTINGS,
-            now=self.now,
-        )
+        self.core = _new_core()
         self.copies = {node: _Copy() for node in REPLICAS[1:]}
         #: What the local log holds durably (the primary's copy).
         self.local_durable = 0
@@ -78,6 +84,8 @@ class LeaderMachine(RuleBasedStateMachine):
         self.settled: dict[int, bool] = {}
         self.stopped: StepDown | None = None
         self.commit_seen = 0
+        #: Replicas the core parked (dead in the membership), not told back yet.
+        self.parked: set[str] = set()
         #: The offset each write ends at, by the byte position it ends at: a send is whole
         #: writes, so its end position tells how many records it holds.
         self.ends_at = {0: 0}
@@ -91,7 +99,11 @@ class LeaderMachine(RuleBasedStateMachine):
                 "a stopped leader sends nothing"
             )
             if isinstance(action, Send):
+                assert action.node not in self.parked, "a parked replica is sent nothing"
                 self.in_flight.append(action)
+            elif isinstance(action, Park):
+                assert action.node not in self.parked, "parked once until it is back"
+                self.parked.add(action.node)
             elif isinstance(action, ReadBack):
                 raise AssertionError("the backlog holds everything in this machine")
             elif isinstance(action, Commit):
@@ -170,9 +182,22 @@ class LeaderMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.in_flight)
     @rule(data=st.data())
     def lose(self, data: st.DataObject) -> None:
+        """The link fails; ``live``: whether the membership has the replica alive then."""
         send = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
+        live = data.draw(st.booleans())
         if not send.notice:
-            self.run(self.core.send_failed(send.node, send.generation, self.now, True))
+            self.run(self.core.send_failed(send.node, send.generation, self.now, live))
+
+    @rule(node=st.sampled_from(REPLICAS[1:]))
+    def member_back(self, node: str) -> None:
+        was_parked = node in self.parked
+        self.parked.discard(node)
+        actions = self.core.member_back(node, self.now)
+        self.run(actions)
+        if was_parked and self.stopped is None and self.copies[node].offset < self.written:
+            assert any(isinstance(a, Send) and a.node == node for a in actions), (
+                "a replica back from the dead is sent what it lacks at once"
+            )
 
     @rule(node=st.sampled_from(REPLICAS[1:]))
     def fence(self, node: str) -> None:
@@ -228,3 +253,21 @@ class LeaderMachine(RuleBasedStateMachine):
 
 
 TestLeaderCore = LeaderMachine.TestCase
+
+
+def test_a_dead_replica_is_parked_not_retried_until_it_is_back() -> None:
+    core = _new_core()
+    core.wrote(0, 1, b"x" * 10)
+    sent = [a for a in core.flush(0.0) if isinstance(a, Send)]
+    assert {send.node for send in sent} == {"b", "c"}
+    to_c = next(send for send in sent if send.node == "c")
+    assert core.send_failed("c", to_c.generation, 0.1, False) == [Park("c")]
+    # Nothing is timed for it, and nothing is sent to it, however long it stays dead.
+    assert core.deadline() is None
+    for now in (1.0, 10.0, 100.0):
+        assert not [a for a in core.tick(now) if isinstance(a, Send) and a.node == "c"]
+    back = core.member_back("c", 101.0)
+    assert [(send.node, send.request.offset) for send in back if isinstance(send, Send)] == [
+        ("c", 0)
+    ]
+    assert core.member_back("c", 102.0) == [], "told once; not parked any more"

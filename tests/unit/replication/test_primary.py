@@ -19,7 +19,7 @@ from logbroker.peer.link import PeerError
 from logbroker.records import Record
 from logbroker.replication.core.actions import ReplicationSettings, StepDown
 from logbroker.replication.core.quorum import CopyEnd
-from logbroker.replication.primary import SegmentLeader
+from logbroker.replication.primary import ParkedReplicas, SegmentLeader
 from logbroker.replication.replica_codec import (
     CopyOutcome,
     CopyStatus,
@@ -98,6 +98,7 @@ def _leader(
     steps: list[StepDown] | None = None,
     stopped: list[SegmentLeader] | None = None,
     records_before: int = 0,
+    parked: ParkedReplicas | None = None,
 ) -> tuple[SegmentLeader, RangeLog]:
     """A leader of segment 0 at epoch 1 on replicas a (this node), b and c; its copy holds
     ``records_before`` records when it starts, the others' are unknown."""
@@ -128,6 +129,7 @@ def _leader(
         on_commit=(commits.append if commits is not None else lambda commit: None),
         holds_lease=holds_lease,
         on_step_down=stepped_down,
+        parked=parked,
     )
     return leader, range_log
 
@@ -425,3 +427,40 @@ def test_a_leader_whose_replicas_are_dead_does_not_resign(clock: Clock) -> None:
     clock.advance(10.0)
     leader.check_quorum(lambda node: None)
     assert not leader.stopped, "no quorum is alive anywhere: resigning helps no one"
+
+
+def test_leaders_wait_for_a_dead_replica_without_retrying_and_resume_when_it_is_back(
+    clock: Clock,
+) -> None:
+    replicas = Replicas()
+    parked = ParkedReplicas()
+    alive = {"a", "b"}
+    leader, _ = _leader(clock, replicas, live=alive.__contains__, parked=parked)
+    other, _ = _leader(clock, replicas, live=alive.__contains__, parked=parked)
+    acked = [_outcome(leader.append(_records(1))), _outcome(other.append(_records(1)))]
+    clock.advance(0)
+    replicas.answer("b")
+    assert acked == [[None], [None]], "b and this node are a quorum"
+    for _, answer in replicas.to("c"):
+        answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+    assert parked.nodes() == ["c"]
+    clock.advance(60)
+    assert len(replicas.to("c")) == 2, "nothing sent to c while it is dead, on no timer"
+    parked.resume_live(alive.__contains__)
+    assert len(replicas.to("c")) == 2, "still dead"
+    alive.add("c")
+    parked.resume_live(alive.__contains__)
+    assert len(replicas.to("c")) == 4, "each leader sends c what it lacks once it is back"
+    assert parked.nodes() == []
+    # A leader that stops waits for no one.
+    for _, answer in replicas.to("c")[2:]:
+        answer.errback(PeerError(PeerReason.UNREACHABLE, "c died again"))
+    alive.discard("c")
+    assert parked.nodes() == [], "c answered nothing, but was alive when it failed: retried"
+    clock.advance(1)
+    for _, answer in replicas.to("c")[4:]:
+        answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+    assert parked.nodes() == ["c"]
+    leader.step_down(BrokerError(Reason.NOT_PRIMARY, "sealed"))
+    other.step_down(BrokerError(Reason.NOT_PRIMARY, "sealed"))
+    assert parked.nodes() == []
