@@ -157,7 +157,7 @@ class SegmentClaims:
         if own is not None and own.damage is not None:
             await self.step_aside(meta, "this node's copy of it is damaged")
             raise BrokerError(Reason.NOT_PRIMARY, f"this node's copy of {where} is damaged")
-        claim = claims.claimed(meta, ctx.node_id, ctx.is_live)
+        claim = claims.claimed(meta, ctx.node_id)
         if claim is None:
             raise BrokerError(Reason.NOT_PRIMARY, f"{ctx.node_id} holds no copy of {where}")
         if not claims.live_quorum(meta, ctx.is_live, ctx.settings.quorum):
@@ -189,7 +189,7 @@ class SegmentClaims:
         own_end = ends[ctx.node_id]
         if own_end.offset == claim.base_offset:
             # Nothing a quorum holds: lead it on at the new epoch, on the copies that answered.
-            claim = await self._keep_answered(claim, ends, left_out=meta.replicas)
+            claim = await self._keep_answered(claim, ends)
             return self._leader(claim, ends, on_commit, on_step_down)
         leader = self._leader(claim, ends, on_commit, on_step_down)
         try:
@@ -207,13 +207,10 @@ class SegmentClaims:
             )
         return await self._seal_and_open(leader, on_commit, on_step_down)
 
-    async def _keep_answered(
-        self, meta: SegmentMeta, ends: dict[str, CopyEnd], left_out: Iterable[str]
-    ) -> SegmentMeta:
+    async def _keep_answered(self, meta: SegmentMeta, ends: dict[str, CopyEnd]) -> SegmentMeta:
         ctx = self._context
-        dropped = set(left_out) - set(meta.replicas)
         try:
-            kept = claims.kept_answered(meta, ends, ctx.live_nodes(), ctx.rule, dropped)
+            kept = claims.kept_answered(meta, ends, ctx.live_nodes(), ctx.rule)
         except PlacementError as error:
             raise BrokerError(error.reason, str(error)) from error
         if kept == meta:

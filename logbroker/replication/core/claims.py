@@ -10,12 +10,11 @@ record the node read, so that of two nodes claiming from one record one wins. It
   restarted, the segment was just placed, or another replica resigned to it);
 - when the segment's primary is dead and it is the first live replica (``should_take_over``).
 
-The claim leaves out the members the membership says are dead (their copies would leave the
-set after the fence anyway, below). Then it fences every replica at the new epoch; from the
-answers (``fence_outcome``) it needs a quorum, its own copy among them. Every acknowledged
-record is on a quorum and any two quorums share a copy, so the longest end among a quorum of
-answers holds every acknowledged record (``seal_point``). The claiming node completes its own
-copy to that end from the copy that has it, then:
+Then it fences every replica at the new epoch; from the answers (``fence_outcome``) it needs a
+quorum, its own copy among them. Every acknowledged record is on a quorum and any two quorums
+share a copy, so the longest end among a quorum of answers holds every acknowledged record
+(``seal_point``). The claiming node completes its own copy to that end from the copy that has
+it, then:
 
 - if the segment holds records, it is **sealed** at that end (``sealed``) and the next segment
   opens at that offset (``next_segment``): on the live members of the old replica set,
@@ -59,21 +58,12 @@ def live_quorum(meta: SegmentMeta, is_live: Callable[[str], bool], quorum: int) 
     return sum(1 for node in meta.replicas if is_live(node)) >= quorum
 
 
-def claimed(meta: SegmentMeta, node_id: str, is_live: Callable[[str], bool]) -> SegmentMeta | None:
-    """``meta`` claimed by ``node_id``: the next epoch, this node first, without the members
-    the membership says are dead. ``None`` if this node is not in the replica set (it holds no
-    copy to lead from).
-
-    A dead member's copy may hold bytes its primary wrote and never had acknowledged, so it
-    would leave the set after the fence anyway (``kept_answered``, or the seal and the next
-    opening): leaving it out in the claim itself saves a node that takes over thousands of
-    empty segments a second control-plane change for each. It is safe while a quorum of the
-    old set is alive (``live_quorum``, checked first): the fence needs a quorum of the claimed
-    set, which is then a quorum of the old one, and so still shares a copy with every quorum
-    that acknowledged a record."""
+def claimed(meta: SegmentMeta, node_id: str) -> SegmentMeta | None:
+    """``meta`` claimed by ``node_id``: the next epoch, this node first. ``None`` if this node
+    is not in the replica set (it holds no copy to lead from)."""
     if node_id not in meta.replicas:
         return None
-    others = tuple(node for node in meta.replicas if node != node_id and is_live(node))
+    others = tuple(node for node in meta.replicas if node != node_id)
     return attrs.evolve(meta, epoch=meta.epoch + 1, replicas=(node_id, *others))
 
 
@@ -174,16 +164,13 @@ def kept_answered(
     answered: Iterable[str],
     live_nodes: Iterable[PlacementNode],
     rule: PlacementRule,
-    left_out: Iterable[str] = (),
 ) -> SegmentMeta:
     """An empty segment's replica set without the copies that did not answer the fence,
     completed by placement over the live nodes up to the replication factor (so a set placed
     short while nodes were down is made whole on its next claim); ``meta`` itself if nothing
-    changes. Neither the silent copies nor those the claim ``left_out`` (dead then) are
-    placed again: theirs may hold an older primary's bytes. Raises ``PlacementError`` when the
-    live nodes cannot make a set."""
+    changes. Raises ``PlacementError`` when the live nodes cannot make a set."""
     answered = set(answered)
-    silent = (set(meta.replicas) - answered) | set(left_out)
+    silent = set(meta.replicas) - answered
     candidates = [node for node in live_nodes if node.node_id not in silent]
     kept = tuple(node for node in meta.replicas if node in answered)
     placement = replace(segment_key(meta.range_id, meta.base_offset), kept, candidates, rule)
