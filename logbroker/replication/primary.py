@@ -68,11 +68,15 @@ class ParkedReplicas:
     def forget(self, leader: SegmentLeader) -> None:
         """``leader`` stopped: it waits for no one."""
         for node in leader.replicas:
-            self._leaders.get(node, {}).pop(leader, None)
+            waiting = self._leaders.get(node)
+            if waiting is not None:
+                waiting.pop(leader, None)
+                if not waiting:
+                    del self._leaders[node]
 
     def nodes(self) -> list[str]:
         """The nodes some leader waits for."""
-        return [node for node, leaders in self._leaders.items() if leaders]
+        return list(self._leaders)
 
     def resume_live(self, is_live: Callable[[str], bool]) -> None:
         """Tell the leaders of every parked node that is alive now that it is back."""

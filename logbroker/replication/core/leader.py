@@ -26,8 +26,7 @@ Actions (``logbroker.replication.core.actions``): ``Send`` (a replicate message 
 notice), ``ReadBack`` (read the local log), ``Commit`` (the commit index moved), ``Acknowledge``
 / ``Refuse`` (answer waiting appends), ``Settle`` (what became of appends refused while their
 records could still commit), ``Park`` (a dead replica waits for ``member_back``) and
-``StepDown`` (this leader stopped; with ``resign``, another
-replica should lead).
+``StepDown`` (this leader stopped; with ``resign``, another replica should lead).
 
 The rules:
 
