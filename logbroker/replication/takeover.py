@@ -196,9 +196,22 @@ class SegmentClaims:
             await leader.wait_committed(own_end.offset)
         except InDoubtError as short:
             # The others cannot take the seal point's records now (a copy damaged, or out of
-            # reach since the fence). Every acknowledged record is in this copy, durable: it is
-            # sealed here all the same, so that the range takes produces again (on a new
-            # segment) and healing copies the sealed segment to its replicas.
+            # reach since the fence).
+            known = ctx.storage.logs[range_id].committed_offset
+            if not claims.seals_in_doubt(own_end.offset, known):
+                # Some of them may be on this copy alone: sealed, they would be readable and
+                # could be lost with it. The range waits for a quorum (the claim is tried again
+                # after a backoff), as it would for any record no quorum holds.
+                leader.step_down(BrokerError(Reason.NO_QUORUM, f"{where} was not sealed"))
+                raise BrokerError(
+                    Reason.NO_QUORUM,
+                    f"{where}: no quorum took its records from {known} to {own_end.offset}"
+                    f" within the ack timeout, so it is not sealed yet ({short})",
+                ) from short
+            # Every one of them is known committed (a quorum held them before this claim),
+            # and all are in this copy, durable: it is sealed here all the same, so that the
+            # range takes produces again (on a new segment) and healing copies the sealed
+            # segment to its replicas.
             log.warn(
                 "Sealing {segment} at {end} though only this copy holds it whole yet: {why}",
                 segment=where,

@@ -16,9 +16,12 @@ share a copy, so the longest end among a quorum of answers holds every acknowled
 (``seal_point``). The claiming node completes its own copy to that end from the copy that has
 it, then:
 
-- if the segment holds records, it is **sealed** at that end (``sealed``) and the next segment
-  opens at that offset (``next_segment``): on the live members of the old replica set,
-  completed by placement, this node first; recorded only if no node recorded it first;
+- if the segment holds records, it is **sealed** at that end (``sealed``) once a quorum holds
+  them all, and the next segment opens at that offset (``next_segment``): on the live members
+  of the old replica set, completed by placement, this node first; recorded only if no node
+  recorded it first. If no quorum takes them within the ack timeout, it is sealed all the
+  same only when its copy knows every one of them committed (``seals_in_doubt``); otherwise
+  the claim fails and is tried again later;
 - if it holds none, it is led on at the new epoch, on the copies that answered only
   (``kept_answered``): a silent copy may hold bytes an older primary wrote there, never
   acknowledged, and no copy may mix two primaries' bytes.
@@ -130,6 +133,14 @@ def seal_point(ends: Mapping[str, CopyEnd], claimer: str) -> tuple[str, CopyEnd]
     return max(
         ends.items(), key=lambda item: (item[1].offset, item[1].position, item[0] == claimer)
     )
+
+
+def seals_in_doubt(seal_offset: int, known_commit: int) -> bool:
+    """Whether a claimer may seal at ``seal_offset`` though no quorum took the records its copy
+    holds there (within the ack timeout): only if every one of them is known committed (its
+    copy heard a commit index that far). A record past that may be on the claimer's copy
+    alone; sealed, it would be readable, and lost with that copy."""
+    return known_commit >= seal_offset
 
 
 def steps_aside_after(

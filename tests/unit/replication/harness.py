@@ -2,7 +2,8 @@
 replication factor 3: each with its own log
 storage on a ``MemoryFileSystem`` and a ``ManualExecutor``, one in-memory control plane, one
 ``Clock``, and requests between nodes answered in process by each node's ``ReplicaServer``. A
-node marked dead answers nothing (``unreachable``) and is not live."""
+node marked dead answers nothing (``unreachable``) and is not live; a silent one is live and
+never answers."""
 
 from __future__ import annotations
 
@@ -37,11 +38,13 @@ CONFIG = LogConfig(replicated=True, auto_roll=False)
 
 
 class Peers:
-    """Requests between the nodes, answered in process; a dead node answers ``unreachable``."""
+    """Requests between the nodes, answered in process; a dead node answers ``unreachable``,
+    a silent one never answers (it is alive, and cut off)."""
 
     def __init__(self) -> None:
         self.ops: dict[str, LocalOps] = {}
         self.dead: set[str] = set()
+        self.silent: set[str] = set()
 
     def sent_by(self, sender: str) -> _SentBy:
         return _SentBy(self, sender)
@@ -61,6 +64,8 @@ class _SentBy:
     def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         if node_id in self._peers.dead:
             return fail(PeerError(PeerReason.UNREACHABLE, f"{node_id} is down"))
+        if node_id in self._peers.silent:
+            return Deferred()
         return maybeDeferred(self._peers.ops[node_id][op], self._sender, payload)
 
 
