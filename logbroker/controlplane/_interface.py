@@ -9,7 +9,7 @@ whose Deferred failed did not take effect.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 from twisted.internet.defer import Deferred
@@ -52,6 +52,11 @@ class ControlPlane(Protocol):
         """The range's segment with the highest base offset (its active one, or the one a roll
         sealed before opening the next), ``None`` if it has none: ``segments(range_id)[-1]``
         without building the list (asked of every range, twice a second)."""
+
+    def watch_segments(self, listener: Callable[[Collection[str]], None]) -> None:
+        """Tell ``listener`` the ids of the ranges whose segment records changed, each time
+        this node's view of the control plane changes (by its own changes or other nodes'):
+        what follows the records needs to look again at those ranges alone."""
 
     def user(self, name: str) -> User | None: ...
 

@@ -3,13 +3,13 @@ the interface as one ``Change`` (``_state``) handed to the implementation's writ
 
 An implementation provides ``_read()`` (the state reads see, or ``ControlPlaneClosedError``) and
 ``_submit(change)`` (queue the change; fire, once it is durable and readable, with the state as
-it left it).
+it left it), and calls ``_view_replaced`` whenever the state reads see is replaced.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from twisted.internet.defer import Deferred
 
@@ -48,6 +48,7 @@ class StateControlPlane(ABC):
     def __init__(self) -> None:
         #: Each range's segments in order, with the dict of the state they were sorted from.
         self._ordered_segments: dict[str, tuple[Mapping[int, SegmentMeta], list[SegmentMeta]]] = {}
+        self._segment_listeners: list[Callable[[Collection[str]], None]] = []
 
     @abstractmethod
     def _read(self) -> ControlState:
@@ -62,6 +63,26 @@ class StateControlPlane(ABC):
 
     def topic(self, name: str) -> Topic | None:
         return self._read().topics.get(name)
+
+    def watch_segments(self, listener: Callable[[Collection[str]], None]) -> None:
+        self._segment_listeners.append(listener)
+
+    def _view_replaced(self, old: ControlState | None, new: ControlState) -> None:
+        """Tell the segment listeners which ranges' records differ between ``old`` (``None``:
+        nothing was loaded) and ``new``. A change copies the segments of the ranges it touches
+        and keeps the others' (``Change.apply``, and the watch's updates alike): identity
+        tells, without comparing records."""
+        if not self._segment_listeners:
+            return
+        if old is None:
+            changed: Collection[str] = frozenset(new.segments)
+        else:
+            before, after = old.segments, new.segments
+            changed = {r for r, segments in after.items() if before.get(r) is not segments}
+            changed.update(r for r in before if r not in after)
+        if changed:
+            for listener in list(self._segment_listeners):
+                listener(changed)
 
     def topics(self) -> list[Topic]:
         return [topic for _, topic in sorted(self._read().topics.items())]

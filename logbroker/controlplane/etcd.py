@@ -384,7 +384,7 @@ class EtcdControlPlane(StateControlPlane):
                 f"etcd holds an invalid control state under {self.prefix} ({e!r}); restore it "
                 "from a backup (etcdctl snapshot restore)"
             ) from e
-        self._state = working.finish()
+        before, self._state = self._state, working.finish()
         self._revisions = revisions
         self._revision = result.revision
         log.info(
@@ -395,6 +395,7 @@ class EtcdControlPlane(StateControlPlane):
             topics=len(self._state.topics),
             users=len(self._state.users),
         )
+        self._view_replaced(before, self._state)
         self._wake()
 
     def _relative(self, key: bytes) -> str:
@@ -443,7 +444,8 @@ class EtcdControlPlane(StateControlPlane):
             else:
                 self._revisions.pop(kv.key, None)
             self._revision = max(self._revision, kv.mod_revision)
-        self._state = working.finish()
+        before, self._state = self._state, working.finish()
+        self._view_replaced(before, self._state)
         self._wake()
 
     def _until(self, wanted: _Wanted) -> Deferred[None]:

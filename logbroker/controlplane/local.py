@@ -114,6 +114,7 @@ class LocalControlPlane(StateControlPlane):
     def _loaded(self, loaded: _Loaded) -> None:
         self._lock = loaded.lock
         self._durable = self._pending = loaded.state
+        self._view_replaced(None, loaded.state)
         if loaded.removed_temporary:
             log.info("Removed {path}.tmp, left by an interrupted write", path=self.path)
         log.info(
@@ -183,7 +184,8 @@ class LocalControlPlane(StateControlPlane):
         )
 
     def _written(self, _: None, state: ControlState, carried: list[_Queued]) -> None:
-        self._durable = state
+        before, self._durable = self._durable, state
+        self._view_replaced(before, state)
         # Still counted as writing: changes the callbacks ask for queue up for one next write.
         for done, after in carried:
             done.callback(after)

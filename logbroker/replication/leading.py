@@ -10,7 +10,9 @@ active segment reaches the roll size it is sealed and the next one opened
 
 The sweep (every half second) claims the ranges this node should lead and does not: those it is
 first for (it restarted, or another replica stepped aside to it) and those whose primary died
-where it is the first live replica. A range whose claim failed is tried again after a back-off
+where it is the first live replica. It looks only at the ranges whose records changed since,
+that this node stopped leading or whose back-off ended, and at every range when the membership
+changed and every ``FULL_SWEEP_SECONDS``. A range whose claim failed is tried again after a back-off
 that doubles up to ``MAX_CLAIM_BACKOFF``, so a range that cannot be led now costs nothing but an
 occasional try; one whose replica set has too few live members for a quorum is not claimed
 at all (a claim bumps the epoch) until enough of them are alive again. The sweep also asks
@@ -21,7 +23,7 @@ resigns, so that a replica that reaches a quorum takes over.
 from __future__ import annotations
 
 import collections
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import attrs
@@ -55,6 +57,11 @@ log = Logger()
 #: (sealed and the next segment opened, when it holds records): at 256, a node taking over
 #: 660 ranges did so in three waves, each waiting for the last one's seals.
 MAX_SWEEP_CLAIMS = 1024
+#: How often the sweep looks at every range. In between it looks only at the ranges that may
+#: have become this node's to claim: their records changed, this node stopped leading them, or
+#: their back-off ended; and at every range when the membership changed. At thousands of ranges,
+#: looking at each twice a second took a tenth of an idle node's time.
+FULL_SWEEP_SECONDS = 5.0
 #: The first wait before a failed claim of a range is tried again, and the longest.
 FIRST_CLAIM_BACKOFF = 0.5
 MAX_CLAIM_BACKOFF = 8.0
@@ -70,12 +77,16 @@ class ReplicatedRange:
         claims: SegmentClaims,
         copies: CommittedCopies,
         roll_bytes: int,
+        on_not_leading: Callable[[str], None] = lambda range_id: None,
     ) -> None:
         self._range_id = range_id
         self._log = range_log
         self._claims = claims
         self._copies = copies
         self._roll_bytes = roll_bytes
+        #: Told (with the range id) when this node may have stopped leading the range: a leader
+        #: stopped, or a roll failed.
+        self._on_not_leading = on_not_leading
         self._reads = LocalRange(range_id, range_log)
         self._stamped = StampedAppends(ProducerTable())
         self.leader: SegmentLeader | None = None
@@ -169,9 +180,11 @@ class ReplicatedRange:
             error=outcome.getErrorMessage(),
         )
         leader.step_down(BrokerError(Reason.NOT_PRIMARY, f"rolling {self._range_id} failed"))
+        self._on_not_leading(self._range_id)
 
     def _stepped_down(self, leader: SegmentLeader, step: StepDown) -> None:
         """A leader of this range stopped; one that gave up for want of a quorum resigns."""
+        self._on_not_leading(self._range_id)
         if not step.resign:
             return
         self._claims.resign(leader, step.message).addErrback(
@@ -236,6 +249,13 @@ class LeadRanges:
         self._to_claim: collections.deque[str] = collections.deque()
         #: Whether ``_claim_more`` runs now (a claim that ends at once re-enters it).
         self._pumping = False
+        #: The ranges the next sweep looks at (besides those whose back-off ended); ``None``:
+        #: every range.
+        self._to_look_at: set[str] | None = None
+        #: The live members the last sweep saw, and when it next looks at every range.
+        self._live: frozenset[str] = frozenset()
+        self._full_sweep_at = 0.0
+        claims.context.control.watch_segments(self._look_again)
 
     def handle(self, range_id: str) -> ReplicatedRange:
         handle = self._handles.get(range_id)
@@ -299,7 +319,12 @@ class LeadRanges:
             handle = self._handles.get(range_id)
             if handle is None or handle.range_log is not range_log:
                 handle = self._handles[range_id] = ReplicatedRange(
-                    range_id, range_log, self._claims, self._copies, self._roll_bytes
+                    range_id,
+                    range_log,
+                    self._claims,
+                    self._copies,
+                    self._roll_bytes,
+                    on_not_leading=self._look_again_at,
                 )
             if handle.leader is not None:
                 handle.leader.step_down(
@@ -362,13 +387,49 @@ class LeadRanges:
         ctx = self._claims.context
         if not ctx.holds_lease():
             self.stop()
+            self._to_look_at = None
             return
         ctx.parked.resume_live(ctx.is_live)
         self._check_quorums()
         if not ctx.control_follows():
+            self._to_look_at = None
             return
-        self._to_claim = collections.deque(r for r in range_ids if self._should_claim(r))
+        queued = set(self._to_claim)
+        self._to_claim.extend(
+            r for r in self._candidates(range_ids) if r not in queued and self._should_claim(r)
+        )
         self._claim_more()
+
+    def _candidates(self, range_ids: Sequence[str]) -> Sequence[str]:
+        """The ranges among ``range_ids`` that may have become this node's to claim since the
+        last sweep: every one, now and then and whenever the membership changed."""
+        ctx = self._claims.context
+        now = ctx.clock.seconds()
+        live = frozenset(node.node_id for node in ctx.live_nodes() if node.alive)
+        if self._to_look_at is None or live != self._live or now >= self._full_sweep_at:
+            self._live = live
+            self._full_sweep_at = now + FULL_SWEEP_SECONDS
+            self._to_look_at = set()
+            return range_ids
+        changed, self._to_look_at = self._to_look_at, set()
+        changed.update(
+            range_id
+            for range_id, backoff in self._backoff.items()
+            if not backoff.waiting_for_members and now >= backoff.until
+        )
+        if not changed:
+            return ()
+        wanted = set(range_ids)
+        return [range_id for range_id in changed if range_id in wanted]
+
+    def _look_again(self, range_ids: Iterable[str]) -> None:
+        """The next sweep looks at ``range_ids`` (their records changed)."""
+        if self._to_look_at is not None:
+            self._to_look_at.update(range_ids)
+
+    def _look_again_at(self, range_id: str) -> None:
+        if self._to_look_at is not None:
+            self._to_look_at.add(range_id)
 
     def _check_quorums(self) -> None:
         """Ask every leader whether it still hears a quorum; only those whose replica set the

@@ -90,7 +90,12 @@ def _seal_files(
     marker on disk always has its sidecars beside it."""
     stem = path.removesuffix(LOG_SUFFIX)
     if epoch is not None:
-        fs.write_atomic(stem + EPOCH_SUFFIX, encode_epoch(EpochMarker(seal.base_offset, epoch)))
+        marker = encode_epoch(EpochMarker(seal.base_offset, epoch))
+        # Usually the copy's fence wrote this very marker, durably, before the seal: written
+        # again, it would cost two fsyncs for nothing (at every seal of every copy).
+        held = stem + EPOCH_SUFFIX
+        if not fs.exists(held) or fs.read_file(held) != marker:
+            fs.write_atomic(held, marker)
     fs.write_atomic(stem + INDEX_SUFFIX, encode_index(seal.base_offset, index))
     fs.write_atomic(stem + SEAL_SUFFIX, encode_seal(seal))
 

@@ -24,6 +24,7 @@ from logbroker.controlplane import (
     NotFoundError,
     Range,
     RangeState,
+    SegmentMeta,
     Topic,
     UserExistsError,
     UserNotFoundError,
@@ -187,6 +188,32 @@ async def test_segments_are_recorded_sealed_and_deleted(
     again = await backend.reopen(control)
     assert again.segments("orders.0") == [seal, active("orders.0", 100)]
     assert again.segments("orders.1") == []
+
+
+@pytest_twisted.ensureDeferred
+async def test_segment_listeners_hear_the_ranges_whose_records_changed(
+    backend: Backend, control: ControlPlane
+) -> None:
+    heard: list[dict[str, SegmentMeta | None]] = []
+    control.watch_segments(
+        lambda changed: heard.append({r: control.last_segment(r) for r in changed})
+    )
+    topic, ranges = make_topic("orders", ranges=3)
+    await done(backend, control.create_topic(topic, ranges))
+    await done(backend, control.put_segment(active("orders.0", 0)))
+    await done(backend, control.put_segment(active("orders.2", 0)))
+    await done(backend, control.create_user(make_user("alice")))
+    await done(backend, control.put_segment(sealed("orders.0", 0, count=10, size=400)))
+    await done(backend, control.delete_segment("orders.2", 0))
+
+    # Each once per change of it (a change of something else is not heard at all), once the
+    # change is readable.
+    assert heard == [
+        {"orders.0": active("orders.0", 0)},
+        {"orders.2": active("orders.2", 0)},
+        {"orders.0": sealed("orders.0", 0, count=10, size=400)},
+        {"orders.2": None},
+    ]
 
 
 @pytest_twisted.ensureDeferred

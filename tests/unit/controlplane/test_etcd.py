@@ -66,11 +66,14 @@ def cluster() -> Iterator[Cluster]:
 
 def test_a_change_on_one_node_is_seen_on_the_others(cluster: Cluster) -> None:
     a, b = cluster.node(), cluster.node()
+    heard: list[set[str]] = []
+    b.watch_segments(lambda changed: heard.append(set(changed)))
     topic, ranges = make_topic("orders", ranges=2)
 
     result_of(a.create_topic(topic, ranges))
     result_of(a.put_segment(active("orders.1", 0)))
 
+    assert heard == [{"orders.1"}]
     assert b.topics() == [topic]
     assert b.ranges("orders") == ranges
     assert b.segments("orders.1") == [active("orders.1", 0)]
@@ -390,12 +393,16 @@ def test_a_watch_that_keeps_failing_backs_off_and_recovers(cluster: Cluster) -> 
 
 def test_a_compaction_while_the_watch_was_down_forces_a_full_reload(cluster: Cluster) -> None:
     a, b = cluster.node(), cluster.node()
-    topic, ranges = make_topic("orders")
+    topic, ranges = make_topic("orders", ranges=2)
     result_of(a.create_topic(topic, ranges))
     result_of(a.create_user(make_user("alice")))
+    result_of(a.put_segment(active("orders.0", 0)))
+    heard: list[set[str]] = []
+    a.watch_segments(lambda changed: heard.append(set(changed)))
     cluster.store.drop_watches()
 
     result_of(cluster.store.delete_prefix(f"{PREFIX}users/".encode()))
+    result_of(cluster.store.delete_prefix(f"{PREFIX}segments/".encode()))
     result_of(cluster.store.put(b"/elsewhere", b"x"))
     cluster.store.compact(cluster.store.revision)
     cluster.clock.advance(RESUME_DELAY)
@@ -403,6 +410,9 @@ def test_a_compaction_while_the_watch_was_down_forces_a_full_reload(cluster: Clu
 
     assert a.users() == b.users() == []
     assert a.topics() == [topic]
+    # A reload tells the segment listeners of every range it held or holds (here one, gone).
+    assert a.segments("orders.0") == []
+    assert heard == [{"orders.0"}]
     result_of(a.create_user(make_user("alice")))
     assert b.user("alice") == make_user("alice")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
 
@@ -95,9 +96,10 @@ class _Silent:
 
 
 def _first_for_many(
-    count: int, live: set[str], peers: Any
+    count: int, live: set[str], peers: Any, replicas: tuple[str, ...] = ("a", "b", "c")
 ) -> tuple[LeadRanges, EtcdControlPlane, Clock, list[str]]:
-    """A LeadRanges on node a, first in the replica set of ``count`` ranges' segments."""
+    """A LeadRanges on node a, in the replica set ``replicas`` (first in it unless told
+    otherwise) of ``count`` ranges' segments."""
     clock = Clock()
     control = EtcdControlPlane(MemoryKeyValueStore(clock), prefix="/c/", clock=clock)
     result_of(control.start())
@@ -113,7 +115,7 @@ def _first_for_many(
         result_of(control.create_topic(Topic(f"t{topic}", 8, 0, names), ranges))
         range_ids.extend(names)
     for range_id in range_ids:
-        meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+        meta = SegmentMeta(range_id, 0, SegmentState.ACTIVE, None, None, replicas, 0)
         result_of(control.put_segment(meta))
     storage = MemoryLogs(config=LogConfig(replicated=True, auto_roll=False))
     context = ClaimContext(
@@ -172,3 +174,43 @@ def test_a_range_without_live_quorum_is_not_claimed_until_members_come_back() ->
     live.add("b")
     lead.sweep(range_ids)
     assert _claimed(control, range_ids) == 3
+
+
+def test_between_full_sweeps_the_sweep_looks_only_at_ranges_that_changed() -> None:
+    live = {"a", "b", "c"}
+    lead, control, clock, range_ids = _first_for_many(200, live, _Silent(), ("b", "a", "c"))
+    looked_at: list[str] = []
+    last_segment = control.last_segment
+
+    def counted(range_id: str) -> SegmentMeta | None:
+        looked_at.append(range_id)
+        return last_segment(range_id)
+
+    control.last_segment = counted  # type: ignore[method-assign]
+    lead.sweep(range_ids)
+    assert len(looked_at) == 200, "the first sweep looks at every range"
+    assert _claimed(control, range_ids) == 0, "b leads them all"
+
+    looked_at.clear()
+    clock.advance(0.5)
+    lead.sweep(range_ids)
+    assert looked_at == [], "nothing changed"
+
+    # b steps aside from one range: a, first now, claims it at the next sweep, having looked
+    # at that range alone.
+    resigned = control.last_segment(range_ids[7])
+    assert resigned is not None
+    result_of(control.put_segment(attrs.evolve(resigned, replicas=("a", "c", "b"))))
+    looked_at.clear()
+    clock.advance(0.5)
+    lead.sweep(range_ids)
+    assert set(looked_at) == {range_ids[7]}
+    assert _claimed(control, range_ids) == 1
+
+    # b dies: a is the first live replica of every range, and the sweep looks at them all.
+    live.discard("b")
+    looked_at.clear()
+    clock.advance(0.5)
+    lead.sweep(range_ids)
+    assert set(looked_at) == set(range_ids)
+    assert _claimed(control, range_ids) == 200
