@@ -84,6 +84,13 @@ class ControlPlane(Protocol):
         must not be recorded yet), compared where the record is kept (in etcd, on etcd's own
         revision in the transaction that writes it), never against a cached copy."""
 
+    def put_segments(
+        self, changes: Sequence[tuple[SegmentMeta, SegmentMeta | AnyRecord | None]]
+    ) -> Deferred[None]:
+        """Record several segments or changes to them, ``(meta, expected)`` each as
+        ``put_segment`` would, in that order, all together or none (the first refusal fails
+        the whole): a seal and the opening of the next segment in one change."""
+
     def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
         """Forget a segment (retention); ``NotFoundError`` if it is not recorded."""
 

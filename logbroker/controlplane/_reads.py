@@ -33,6 +33,7 @@ from logbroker.controlplane._state import (
     GrantAcl,
     MergeCursors,
     PutSegment,
+    PutSegments,
     RevokeAcl,
     UpdateUser,
 )
@@ -145,6 +146,11 @@ class StateControlPlane(ABC):
         self, meta: SegmentMeta, *, expected: SegmentMeta | AnyRecord | None = ANY_RECORD
     ) -> Deferred[None]:
         return self._change(PutSegment(meta, expected))
+
+    def put_segments(
+        self, changes: Sequence[tuple[SegmentMeta, SegmentMeta | AnyRecord | None]]
+    ) -> Deferred[None]:
+        return self._change(PutSegments(tuple(PutSegment(m, e) for m, e in changes)))
 
     def delete_segment(self, range_id: str, base_offset: int) -> Deferred[None]:
         return self._change(DeleteSegment(range_id, base_offset))

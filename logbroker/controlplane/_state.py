@@ -9,7 +9,7 @@ Each change copies only the mapping it touches.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
@@ -159,6 +159,25 @@ class PutSegment:
         )
 
 
+def _some_puts(_: object, attribute: attrs.Attribute[Any], value: tuple[PutSegment, ...]) -> None:
+    if not value or not all(isinstance(put, PutSegment) for put in value):
+        raise ValueError(f"{attribute.name} must be one PutSegment or more, not {value!r}")
+
+
+@attrs.frozen
+class PutSegments:
+    """Several ``PutSegment`` changes made together, each on the state the ones before it leave,
+    or none of them if one is refused: a seal and the opening of the next segment are one
+    change, not two."""
+
+    puts: tuple[PutSegment, ...] = attrs.field(validator=_some_puts)
+
+    def apply(self, state: ControlState) -> ControlState:
+        for put in self.puts:
+            state = put.apply(state)
+        return state
+
+
 @attrs.frozen
 class DeleteSegment:
     range_id: str
@@ -288,6 +307,7 @@ class CommitGroupPosition:
 Change = (
     CreateTopic
     | PutSegment
+    | PutSegments
     | DeleteSegment
     | CreateUser
     | UpdateUser

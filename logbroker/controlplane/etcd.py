@@ -83,6 +83,7 @@ from logbroker.controlplane._state import (
     ControlState,
     GrantAcl,
     PutSegment,
+    PutSegments,
 )
 from logbroker.controlplane.errors import (
     ContendedError,
@@ -101,15 +102,15 @@ _V = TypeVar("_V")
 
 #: How often a change is tried when other nodes keep changing what it depends on.
 MAX_ATTEMPTS = 5
-#: The most changes sent in one transaction: a group commit or a segment's record compares two
-#: keys (its own and its topic's or range's), and etcd takes at most 128 compares
-#: (``--max-txn-ops``).
-MAX_BATCH = 64
+#: The most keys one transaction compares: etcd takes at most 128 compares, and as many writes
+#: (``--max-txn-ops``). A group commit or a segment's record compares two keys (its own and its
+#: topic's or range's) and writes one.
+MAX_TXN_COMPARES = 128
 #: The changes that go out together when they are queued right behind one another: group
 #: commits, and segment records (a node back from an outage joins the replica sets of hundreds
 #: of sealed segments at once; one transaction each, each waiting for the one before, made its
-#: catch-up wait on etcd's round trips).
-_BATCHED = (CommitGroupPosition, PutSegment)
+#: catch-up wait on etcd's round trips). A ``PutSegments`` goes with ``PutSegment`` changes.
+_BATCHED = (CommitGroupPosition, PutSegment, PutSegments)
 #: How long a change that took effect may wait for the watch to bring it back before the cache
 #: is reloaded: a watch on a member cut off without a word (no reset, no "no leader") delivers
 #: nothing and never ends, and a change must not wait on it for ever.
@@ -172,6 +173,19 @@ def _changed(old: Mapping[_K, _V], new: Mapping[_K, _V]) -> Iterator[tuple[_K, _
     for key in old:
         if key not in new:
             yield key, None
+
+
+def _batch_kind(change: Change) -> type | None:
+    """The kind of changes ``change`` goes out with in one transaction (``None``: alone)."""
+    kind = type(change)
+    if kind not in _BATCHED:
+        return None
+    return PutSegment if kind is PutSegments else kind
+
+
+def _compares(change: Change) -> int:
+    """The most keys ``change`` compares (and writes), as a share of one transaction."""
+    return 2 * len(change.puts) if isinstance(change, PutSegments) else 2
 
 
 def _landed(operations: Sequence[Operation], found: Mapping[bytes, KeyValue | None]) -> bool:
@@ -542,12 +556,15 @@ class EtcdControlPlane(StateControlPlane):
         plane does). Each is decided on the state the ones before it leave, as if sent alone,
         and one refused does not stop the others."""
         batch = [self._queue[0]]
-        kind = type(batch[0].change)
-        if kind in _BATCHED:
-            for queued in itertools.islice(self._queue, 1, MAX_BATCH):
-                if type(queued.change) is not kind:
-                    break
-                batch.append(queued)
+        kind = _batch_kind(batch[0].change)
+        if kind is None:
+            return batch
+        compares = _compares(batch[0].change)
+        for queued in itertools.islice(self._queue, 1, None):
+            compares += _compares(queued.change)
+            if _batch_kind(queued.change) is not kind or compares > MAX_TXN_COMPARES:
+                break
+            batch.append(queued)
         return batch
 
     def _fail_queue(self, error: ControlPlaneUnavailableError, tried: int) -> None:
@@ -700,6 +717,9 @@ class EtcdControlPlane(StateControlPlane):
         for change in changes:
             if isinstance(change, PutSegment):
                 guard(keys.range(change.meta.range_id))
+            elif isinstance(change, PutSegments):
+                for put in change.puts:
+                    guard(keys.range(put.meta.range_id))
             elif isinstance(change, GrantAcl):
                 guard(keys.user(change.grant.user))
             elif isinstance(change, CommitGroupPosition):

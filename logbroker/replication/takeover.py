@@ -269,18 +269,14 @@ class SegmentClaims:
         return self.step_aside(meta, why)
 
     async def _record(self, meta: SegmentMeta, what: str, *, expected: SegmentMeta | None) -> None:
-        try:
-            await self._context.control.put_segment(meta, expected=expected)
-        except InvalidChangeError as error:
-            raise BrokerError(
-                Reason.NOT_PRIMARY,
-                f"the {what} of {meta.range_id}@{meta.base_offset} lost to another change: {error}",
-            ) from error
-        except ControlPlaneError as error:
-            raise BrokerError(
-                Reason.UNREACHABLE,
-                f"the {what} of {meta.range_id}@{meta.base_offset} could not be recorded: {error}",
-            ) from error
+        change = self._context.control.put_segment(meta, expected=expected)
+        await _recorded(change, meta, what)
+
+    async def _record_together(
+        self, changes: list[tuple[SegmentMeta, SegmentMeta | None]], what: str
+    ) -> None:
+        """Record ``changes`` (``(meta, expected)``) in one control-plane change."""
+        await _recorded(self._context.control.put_segments(changes), changes[0][0], what)
 
     def _require_lease(self, range_id: str) -> None:
         if not self._context.holds_lease():
@@ -438,21 +434,24 @@ class SegmentClaims:
     async def _seal_and_open(
         self, leader: SegmentLeader, on_commit: Callable[[int], None], on_step_down: OnStepDown
     ) -> SegmentLeader:
-        """Seal ``leader``'s segment at what it wrote, then open the next and lead it."""
+        """Seal ``leader``'s segment at what it wrote and open the next (one control-plane
+        change), seal this node's copy, then lead the next segment."""
+        ctx = self._context
         self._require_lease(leader.range_id)
         meta = self.active(leader.range_id)
         if (
             meta is None
             or meta.base_offset != leader.segment
             or meta.epoch != leader.epoch
-            or meta.replicas[0] != self._context.node_id
+            or meta.replicas[0] != ctx.node_id
         ):
             raise BrokerError(
                 Reason.NOT_PRIMARY,
                 f"{leader.range_id}@{leader.segment} changed under its leader (now {meta!r})",
             )
         sealed = claims.sealed(meta, leader.written, leader.position)
-        await self._record(sealed, "seal", expected=meta)
+        opening = self._next_segment(sealed)
+        await self._record_together([(sealed, meta), (opening, None)], "seal")
         leader.step_down(
             BrokerError(Reason.NOT_PRIMARY, f"{leader.range_id}@{leader.segment} is sealed")
         )
@@ -463,8 +462,9 @@ class SegmentClaims:
             records=sealed.record_count,
             size=sealed.byte_size,
         )
+        # The next segment starts here only once this node's copy of the last is sealed.
         await self._seal_copies(sealed)
-        return await self._open_next(sealed, on_commit, on_step_down)
+        return await self._lead_opened(opening, on_commit, on_step_down)
 
     async def _seal_copies(self, sealed: SegmentMeta) -> None:
         """Tell every replica to seal its copy; this node's own must be sealed before the next
@@ -495,8 +495,13 @@ class SegmentClaims:
     async def _open_next(
         self, sealed: SegmentMeta, on_commit: Callable[[int], None], on_step_down: OnStepDown
     ) -> SegmentLeader:
-        ctx = self._context
         self._require_lease(sealed.range_id)
+        opening = self._next_segment(sealed)
+        await self._record(opening, "opening", expected=None)
+        return await self._lead_opened(opening, on_commit, on_step_down)
+
+    def _next_segment(self, sealed: SegmentMeta) -> SegmentMeta:
+        ctx = self._context
         try:
             meta = claims.next_segment(sealed, ctx.node_id, ctx.live_nodes(), ctx.rule)
         except PlacementError as error:
@@ -505,7 +510,13 @@ class SegmentClaims:
             raise BrokerError(
                 Reason.NOT_PRIMARY, f"{ctx.node_id} is not alive in its own membership view"
             )
-        await self._record(meta, "opening", expected=None)
+        return meta
+
+    async def _lead_opened(
+        self, meta: SegmentMeta, on_commit: Callable[[int], None], on_step_down: OnStepDown
+    ) -> SegmentLeader:
+        """Start this node's copy of the segment ``meta`` it recorded opening, and lead it."""
+        ctx = self._context
         base = meta.base_offset
         fence = encode_fence(FenceRequest(meta.range_id, base, meta.epoch))
         answer = decode_status(await ctx.requester.request(ctx.node_id, PeerOp.FENCE, fence))
@@ -521,6 +532,22 @@ class SegmentClaims:
             replicas=",".join(meta.replicas),
         )
         return self._leader(meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit, on_step_down)
+
+
+async def _recorded(change: Deferred[None], meta: SegmentMeta, what: str) -> None:
+    """Wait for ``change`` of ``meta``'s record; a ``BrokerError`` saying why it failed."""
+    try:
+        await change
+    except InvalidChangeError as error:
+        raise BrokerError(
+            Reason.NOT_PRIMARY,
+            f"the {what} of {meta.range_id}@{meta.base_offset} lost to another change: {error}",
+        ) from error
+    except ControlPlaneError as error:
+        raise BrokerError(
+            Reason.UNREACHABLE,
+            f"the {what} of {meta.range_id}@{meta.base_offset} could not be recorded: {error}",
+        ) from error
 
 
 async def _nothing() -> None:

@@ -217,6 +217,34 @@ async def test_segment_listeners_hear_the_ranges_whose_records_changed(
 
 
 @pytest_twisted.ensureDeferred
+async def test_a_seal_and_the_next_opening_are_recorded_together_or_not_at_all(
+    backend: Backend, control: ControlPlane
+) -> None:
+    topic, ranges = make_topic("orders", ranges=2)
+    await done(backend, control.create_topic(topic, ranges))
+    first = active("orders.0", 0)
+    await done(backend, control.put_segment(first))
+    heard: list[set[str]] = []
+    control.watch_segments(lambda changed: heard.append(set(changed)))
+
+    seal = sealed("orders.0", 0, count=10, size=400)
+    await done(backend, control.put_segments([(seal, first), (active("orders.0", 10), None)]))
+    assert control.segments("orders.0") == [seal, active("orders.0", 10)]
+    assert heard == [{"orders.0"}], "one change"
+
+    # The second part refused (it expects a record that is not there): the first does not
+    # take effect either.
+    again = sealed("orders.0", 10, count=5, size=200)
+    refused = control.put_segments(
+        [(again, active("orders.0", 10)), (active("orders.0", 15), active("orders.0", 15))]
+    )
+    rejected(refused, InvalidChangeError)
+    rejected(control.put_segments([(active("nope.0", 0), None)]), NotFoundError)
+    assert control.segments("orders.0") == [seal, active("orders.0", 10)]
+    assert (await backend.reopen(control)).segments("orders.0") == [seal, active("orders.0", 10)]
+
+
+@pytest_twisted.ensureDeferred
 async def test_segment_changes_that_would_lose_data_are_refused(
     backend: Backend, control: ControlPlane
 ) -> None:

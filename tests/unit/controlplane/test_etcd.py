@@ -24,6 +24,7 @@ from logbroker.controlplane import (
     InvalidChangeError,
     NotFoundError,
     OutcomeUnknownError,
+    SegmentState,
     StateFileError,
     UserExistsError,
     UserNotFoundError,
@@ -586,6 +587,37 @@ def test_segment_records_queued_together_go_out_together_and_one_refused_spares_
     # failed) and went again without the refused one. Not a hundred round trips.
     sizes = [len(operations) for _, operations in cluster.store.transactions[before:]]
     assert sizes == [1, 1, 64, 63, 35]
+
+
+def test_seals_with_their_next_openings_go_out_in_transactions_of_at_most_128_compares(
+    cluster: Cluster,
+) -> None:
+    # What a node taking over many ranges sends: each seal with the opening of the next
+    # segment, one change of two records, queued together.
+    a = cluster.node()
+    topic, ranges = make_topic("orders", ranges=50)
+    result_of(a.create_topic(topic, ranges))
+    records = [active(r.range_id, 0) for r in ranges]
+    for meta in records:
+        result_of(a.put_segment(meta))
+    before = len(cluster.store.transactions)
+    cluster.store.hold()
+
+    outcomes: list[object] = []
+    for meta in records:
+        seal = sealed(meta.range_id, 0, 10, 100)
+        a.put_segments([(seal, meta), (active(meta.range_id, 10), None)]).addBoth(outcomes.append)
+    cluster.store.release()
+
+    assert outcomes == [None] * 50
+    assert all(
+        [m.state for m in a.segments(r.range_id)] == [SegmentState.SEALED, SegmentState.ACTIVE]
+        for r in ranges
+    )
+    # The first alone, then 32 at a time (each counted as four compares, two per record).
+    sizes = [len(operations) for _, operations in cluster.store.transactions[before:]]
+    assert sizes == [2, 2 * 32, 2 * 17]
+    assert all(len(compares) <= 128 for compares, _ in cluster.store.transactions[before:])
 
 
 def test_a_change_that_keeps_losing_races_gives_up_with_a_typed_error(cluster: Cluster) -> None:
