@@ -2,7 +2,9 @@
 operator.
 
 Each node runs ``Healer.tick`` periodically (``logbroker.replication.replica_sets`` does the
-same for the replica sets themselves). A tick looks at every segment of every range:
+same for the replica sets themselves). A tick looks at every segment of the ranges that may
+need it: those whose records changed since the last tick, those it left with copies missing or
+stale, and every range now and then (``FULL_LOOK_SECONDS``) and when the membership changed:
 
 - **Its own copies.** A sealed segment whose replica set names this node must be held here
   whole, at the segment's epoch: a copy still open at that epoch and long enough is sealed in
@@ -23,7 +25,7 @@ same for the replica sets themselves). A tick looks at every segment of every ra
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.logger import Logger
@@ -43,6 +45,12 @@ log = Logger()
 FETCH_BYTES = 1024 * 1024
 #: The bytes of whole sealed copies being fetched at once, by default.
 MAX_FETCH_BYTES = 64 * 1024 * 1024
+
+#: How often a tick looks at every range. In between it looks at the ranges whose records
+#: changed since the last tick, and at those it left with copies missing or stale; and at every
+#: range when the membership changed. Anything else that changes a copy (damage found by a
+#: read) is seen within this time.
+FULL_LOOK_SECONDS = 10.0
 
 #: ``(range id, base offset)``: a segment.
 SegmentKey = tuple[str, int]
@@ -67,6 +75,34 @@ class Healer:
         #: each install decides what is in its way from the log as the previous one left it
         #: (two deciding at once would each start or delete segments the other did not see).
         self._placing: dict[str, DeferredLock] = {}
+        #: The ranges the next tick looks at (``None``: every range), besides those with copies
+        #: missing (``missing``) or left behind (``_left_behind``).
+        self._to_look_at: set[str] | None = None
+        self._left_behind: set[str] = set()
+        #: The live members the last tick saw, and when the next looks at every range.
+        self._live: frozenset[str] = frozenset()
+        self._full_look_at = 0.0
+        context.control.watch_segments(self._look_again)
+
+    def _look_again(self, range_ids: Iterable[str]) -> None:
+        if self._to_look_at is not None:
+            self._to_look_at.update(range_ids)
+
+    def _ranges_to_look_at(self, range_ids: Sequence[str]) -> Sequence[str]:
+        ctx = self._context
+        now = ctx.clock.seconds()
+        live = frozenset(node.node_id for node in ctx.live_nodes() if node.alive)
+        if self._to_look_at is None or live != self._live or now >= self._full_look_at:
+            self._live = live
+            self._full_look_at = now + FULL_LOOK_SECONDS
+            self._to_look_at = set()
+            return range_ids
+        changed, self._to_look_at = self._to_look_at, set()
+        changed.update(range_id for range_id, _ in self.missing)
+        changed.update(self._left_behind)
+        if not changed:
+            return ()
+        return [range_id for range_id in range_ids if range_id in changed]
 
     @property
     def fetching_bytes(self) -> int:
@@ -77,10 +113,16 @@ class Healer:
 
     async def _tick(self, range_ids: Sequence[str]) -> None:
         ctx = self._context
+        # Every range with a copy missing is looked at again: the whole of what is missing is
+        # found anew, and the fetches queued.
         missing: set[SegmentKey] = set()
         self._queue = []
-        for range_id in range_ids:
+        for range_id in self._ranges_to_look_at(range_ids):
             metas = ctx.control.segments(range_id)
+            if any(rules.left_behind(meta, ctx.node_id) for meta in metas):
+                self._left_behind.add(range_id)
+            else:
+                self._left_behind.discard(range_id)
             if not any(ctx.node_id in meta.replicas for meta in metas):
                 copy = ctx.storage.logs.get(range_id)
                 if copy is not None:

@@ -263,8 +263,16 @@ class LeadRanges:
             raise BrokerError(Reason.UNREACHABLE, f"range {range_id} is not led here yet")
         return handle
 
-    def leading(self) -> list[ReplicatedRange]:
-        return [h for h in self._handles.values() if h.leads(self._claims.active(h.range_id))]
+    def leading(
+        self, where: Callable[[SegmentLeader], bool] = lambda leader: True
+    ) -> list[ReplicatedRange]:
+        """The ranges this node leads, as the control plane has it now; only those whose
+        leader passes ``where`` (asked first: cheaper than the control plane's record)."""
+        return [
+            h
+            for h in self._handles.values()
+            if h.leader is not None and where(h.leader) and h.leads(self._claims.active(h.range_id))
+        ]
 
     def prepare(self, range_id: str) -> Deferred[None]:
         """Claim one range before its first use; fails with why it cannot be led now."""

@@ -29,6 +29,7 @@ from logbroker.controlplane import ControlPlaneError, SegmentMeta, SegmentState
 from logbroker.placement import PlacementError, replace, segment_key
 from logbroker.replication.core import claims
 from logbroker.replication.leading import LeadRanges
+from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.takeover import ClaimContext
 
 log = Logger()
@@ -151,13 +152,19 @@ class ReplicaSets:
         ctx = self._context
         live = sum(1 for node in ctx.live_nodes() if node.alive)
         factor = ctx.settings.replication_factor
-        for handle in self._lead.leading():
+        # Thousands of leaders share a handful of replica sets: each is judged once.
+        weak_sets: dict[tuple[str, ...], bool] = {}
+
+        def weak(leader: SegmentLeader) -> bool:
+            found = weak_sets.get(leader.replicas)
+            if found is None:
+                members = [n for n in leader.replicas if not self._long_dead(n)]
+                found = weak_sets[leader.replicas] = len(members) < factor and len(members) < live
+            return found
+
+        for handle in self._lead.leading(weak):
             leader = handle.leader
-            if leader is None:
-                continue
-            members = [n for n in leader.replicas if not self._long_dead(n)]
-            if len(members) >= factor or live <= len(members):
-                continue
+            assert leader is not None
             if leader.written == leader.segment:
                 # Nothing to seal: claimed anew, it is led on a set completed from the live
                 # nodes.

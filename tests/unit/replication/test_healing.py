@@ -3,14 +3,15 @@ parallel, and put in place once, byte for byte its replicas' copies."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
+import attrs
 import pytest
 from twisted.logger import globalLogPublisher
 
-from logbroker.controlplane import SegmentState
+from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.records import Record
-from logbroker.replication.healing import Healer
+from logbroker.replication.healing import FULL_LOOK_SECONDS, Healer
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica_sets import ReplicaSets
 from tests.unit.replication.harness import RANGE, Cluster, cluster
@@ -70,3 +71,43 @@ def test_a_node_back_from_an_outage_puts_each_missing_segment_in_place_once(
         path = f"/data/ranges/{RANGE}/{meta.base_offset:020d}"
         for suffix in (".log", ".index", ".sealed", ".epoch"):
             assert c_fs.read_file(path + suffix) == a_fs.read_file(path + suffix), path + suffix
+
+
+class _CountedReads:
+    """A control plane that notes the ranges whose segments are read through it."""
+
+    def __init__(self, control: ControlPlane) -> None:
+        self._control = control
+        self.read: list[str] = []
+
+    def segments(self, range_id: str) -> list[SegmentMeta]:
+        self.read.append(range_id)
+        return self._control.segments(range_id)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._control, name)
+
+
+def test_between_full_looks_a_tick_looks_only_at_ranges_whose_records_changed() -> None:
+    world = cluster()
+    lead = world.lead("a", ROLL_BYTES)
+    reads = _CountedReads(world.control)
+    healer = Healer(attrs.evolve(world.context("c"), control=cast(ControlPlane, reads)))
+
+    def tick() -> list[str]:
+        reads.read.clear()
+        result_of(healer.tick([RANGE]))
+        world.settle()
+        return reads.read
+
+    assert tick() == [RANGE], "the first tick looks at every range"
+    world.clock.advance(1)
+    assert tick() == [], "nothing changed"
+
+    append_each(world, lead, 12)  # rolls: segments sealed, their next ones opened
+    assert tick() == [RANGE]
+    assert healer.missing == set(), "c's copies were sealed with the others"
+    assert tick() == []
+
+    world.clock.advance(FULL_LOOK_SECONDS)
+    assert tick() == [RANGE], "every range now and then"
