@@ -8,7 +8,11 @@ says otherwise):
 1. **Set-up.** The topics (``scale-00000``...) are created, pipelined over one connection to
    each node; ``--written`` of them (0.4 by default) get one keyed record in each of their
    ranges. Then one pass of the probe (below) over those written topics on the healthy
-   cluster: its time is the probe's own floor.
+   cluster: its time is the probe's own floor. Then the cluster is left alone for
+   ``--settle`` seconds (20 by default): the nodes claim a new topic's ranges after its
+   creation is acknowledged, and at 1,000 topics they are still at it for seconds after the
+   last one (``--settle 0`` kills in the middle of that, as the runs recorded before this
+   option did).
 2. **Kill.** ``n3`` is killed with SIGKILL. The probe then tries every topic through ``n1`` and
    ``n2`` until each has taken one produce of one keyed record per range (a key chosen for
    each range of the keyspace), acknowledged as a whole: the topic is **writable**. Reported:
@@ -414,6 +418,9 @@ def measure_scale(
         result["probe_floor_s"] = time.monotonic() - started
         result["rss_mb"] = {node.name: round(rss_mb(node.process.pid), 1) for node in nodes}
         _progress(args, f"{topics} topics: set up {result}")
+        # The nodes claim a new topic's ranges after its creation is acknowledged: at 1,000
+        # topics they are still at it for seconds after the last one.
+        time.sleep(args.settle)
 
         with SignIns(ports) as signins:
             time.sleep(1)
@@ -528,6 +535,13 @@ def _scales(text: str) -> list[int]:
     return [positive_int(part) for part in text.split(",")]
 
 
+def _seconds(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds (0 or more)")
+    return value
+
+
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -539,6 +553,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument(
         "--probe-in-flight", type=positive_int, default=8, help="probe requests per node"
+    )
+    parser.add_argument(
+        "--settle",
+        type=_seconds,
+        default=20.0,
+        help="seconds the cluster is left alone between set-up and the kill (0: none)",
     )
     parser.add_argument("--lease-ms", type=positive_int, default=None)
     parser.add_argument("--profile", metavar="DIR", help="run the brokers under cProfile")
