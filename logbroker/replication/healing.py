@@ -25,6 +25,7 @@ stale, and every range now and then (``FULL_LOOK_SECONDS``) and when the members
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
@@ -33,6 +34,7 @@ from twisted.logger import Logger
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.core import replica as rules
+from logbroker.replication.looks import RangesToLookAt
 from logbroker.replication.replica import copy_epoch, view_of
 from logbroker.replication.replica_codec import FetchRequest, decode_committed, encode_fetch
 from logbroker.replication.takeover import ClaimContext
@@ -75,34 +77,15 @@ class Healer:
         #: each install decides what is in its way from the log as the previous one left it
         #: (two deciding at once would each start or delete segments the other did not see).
         self._placing: dict[str, DeferredLock] = {}
-        #: The ranges the next tick looks at (``None``: every range), besides those with copies
+        #: What a tick looks at: besides the ranges whose records changed, those with copies
         #: missing (``missing``) or left behind (``_left_behind``).
-        self._to_look_at: set[str] | None = None
+        self._looks = RangesToLookAt(
+            context.control, context.clock, context.live_nodes, FULL_LOOK_SECONDS
+        )
         self._left_behind: set[str] = set()
-        #: The live members the last tick saw, and when the next looks at every range.
-        self._live: frozenset[str] = frozenset()
-        self._full_look_at = 0.0
-        context.control.watch_segments(self._look_again)
 
-    def _look_again(self, range_ids: Iterable[str]) -> None:
-        if self._to_look_at is not None:
-            self._to_look_at.update(range_ids)
-
-    def _ranges_to_look_at(self, range_ids: Sequence[str]) -> Sequence[str]:
-        ctx = self._context
-        now = ctx.clock.seconds()
-        live = frozenset(node.node_id for node in ctx.live_nodes() if node.alive)
-        if self._to_look_at is None or live != self._live or now >= self._full_look_at:
-            self._live = live
-            self._full_look_at = now + FULL_LOOK_SECONDS
-            self._to_look_at = set()
-            return range_ids
-        changed, self._to_look_at = self._to_look_at, set()
-        changed.update(range_id for range_id, _ in self.missing)
-        changed.update(self._left_behind)
-        if not changed:
-            return ()
-        return [range_id for range_id in range_ids if range_id in changed]
+    def _unfinished(self) -> Iterable[str]:
+        return itertools.chain((range_id for range_id, _ in self.missing), self._left_behind)
 
     @property
     def fetching_bytes(self) -> int:
@@ -117,7 +100,7 @@ class Healer:
         # found anew, and the fetches queued.
         missing: set[SegmentKey] = set()
         self._queue = []
-        for range_id in self._ranges_to_look_at(range_ids):
+        for range_id in self._looks.take(range_ids, self._unfinished):
             metas = ctx.control.segments(range_id)
             if any(rules.left_behind(meta, ctx.node_id) for meta in metas):
                 self._left_behind.add(range_id)

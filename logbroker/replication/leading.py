@@ -42,6 +42,7 @@ from logbroker.replication.copies import CommittedCopies, segment_read
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.actions import StepDown
 from logbroker.replication.core.claims import live_quorum
+from logbroker.replication.looks import RangesToLookAt
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.replica import view_of
 from logbroker.replication.stamps import recent_range_stamps
@@ -249,13 +250,10 @@ class LeadRanges:
         self._to_claim: collections.deque[str] = collections.deque()
         #: Whether ``_claim_more`` runs now (a claim that ends at once re-enters it).
         self._pumping = False
-        #: The ranges the next sweep looks at (besides those whose back-off ended); ``None``:
-        #: every range.
-        self._to_look_at: set[str] | None = None
-        #: The live members the last sweep saw, and when it next looks at every range.
-        self._live: frozenset[str] = frozenset()
-        self._full_sweep_at = 0.0
-        claims.context.control.watch_segments(self._look_again)
+        ctx = claims.context
+        #: What the sweep looks at: besides the ranges whose records changed, those this
+        #: node stopped leading, and those whose back-off ended.
+        self._looks = RangesToLookAt(ctx.control, ctx.clock, ctx.live_nodes, FULL_SWEEP_SECONDS)
 
     def handle(self, range_id: str) -> ReplicatedRange:
         handle = self._handles.get(range_id)
@@ -332,7 +330,7 @@ class LeadRanges:
                     self._claims,
                     self._copies,
                     self._roll_bytes,
-                    on_not_leading=self._look_again_at,
+                    on_not_leading=self._looks.add,
                 )
             if handle.leader is not None:
                 handle.leader.step_down(
@@ -395,49 +393,25 @@ class LeadRanges:
         ctx = self._claims.context
         if not ctx.holds_lease():
             self.stop()
-            self._to_look_at = None
+            self._looks.everything()
             return
         ctx.parked.resume_live(ctx.is_live)
         self._check_quorums()
         if not ctx.control_follows():
-            self._to_look_at = None
+            self._looks.everything()
             return
         queued = set(self._to_claim)
-        self._to_claim.extend(
-            r for r in self._candidates(range_ids) if r not in queued and self._should_claim(r)
-        )
+        candidates = self._looks.take(range_ids, self._backoffs_ended)
+        self._to_claim.extend(r for r in candidates if r not in queued and self._should_claim(r))
         self._claim_more()
 
-    def _candidates(self, range_ids: Sequence[str]) -> Sequence[str]:
-        """The ranges among ``range_ids`` that may have become this node's to claim since the
-        last sweep: every one, now and then and whenever the membership changed."""
-        ctx = self._claims.context
-        now = ctx.clock.seconds()
-        live = frozenset(node.node_id for node in ctx.live_nodes() if node.alive)
-        if self._to_look_at is None or live != self._live or now >= self._full_sweep_at:
-            self._live = live
-            self._full_sweep_at = now + FULL_SWEEP_SECONDS
-            self._to_look_at = set()
-            return range_ids
-        changed, self._to_look_at = self._to_look_at, set()
-        changed.update(
+    def _backoffs_ended(self) -> Iterable[str]:
+        now = self._claims.context.clock.seconds()
+        return [
             range_id
             for range_id, backoff in self._backoff.items()
             if not backoff.waiting_for_members and now >= backoff.until
-        )
-        if not changed:
-            return ()
-        wanted = set(range_ids)
-        return [range_id for range_id in changed if range_id in wanted]
-
-    def _look_again(self, range_ids: Iterable[str]) -> None:
-        """The next sweep looks at ``range_ids`` (their records changed)."""
-        if self._to_look_at is not None:
-            self._to_look_at.update(range_ids)
-
-    def _look_again_at(self, range_id: str) -> None:
-        if self._to_look_at is not None:
-            self._to_look_at.add(range_id)
+        ]
 
     def _check_quorums(self) -> None:
         """Ask every leader whether it still hears a quorum; only those whose replica set the

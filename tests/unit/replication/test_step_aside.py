@@ -49,16 +49,22 @@ def _claim(world: Cluster, node: str) -> LeadRanges:
     return lead
 
 
-def test_a_damaged_next_in_line_copy_steps_aside_and_is_replaced(
-    logged_errors: list[dict[str, Any]],
-) -> None:
-    world = cluster()
+def _lead_twenty_committed(world: Cluster) -> LeadRanges:
+    """a leads the range, with twenty records committed on every copy."""
     first = world.lead("a")
     for index in range(20):
         first.handle(RANGE).append([Record(b"value-%02d" % index)])
         world.settle()
     world.clock.advance(0.1)  # the commit notice of the last append
     world.settle()
+    return first
+
+
+def test_a_damaged_next_in_line_copy_steps_aside_and_is_replaced(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    world = cluster()
+    _lead_twenty_committed(world)
     assert world.stored("c") == [b"value-%02d" % i for i in range(20)]
     _restart_with_a_damaged_copy(world, "b")
     world.peers.dead.add("a")
@@ -109,12 +115,7 @@ def test_a_claim_does_not_seal_records_no_quorum_holds_until_one_does(
     logged_errors: list[dict[str, Any]],
 ) -> None:
     world = cluster()
-    first = world.lead("a")
-    for index in range(20):
-        first.handle(RANGE).append([Record(b"value-%02d" % index)])
-        world.settle()
-    world.clock.advance(0.1)
-    world.settle()
+    first = _lead_twenty_committed(world)
     # One more record reaches a's copy alone: it is refused in doubt, never acknowledged.
     world.peers.silent.update("bc")
     unacked = first.handle(RANGE).append([Record(b"unacked")])
