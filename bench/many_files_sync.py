@@ -15,9 +15,10 @@ round, and files made durable per second at the median. ``syncfs`` also flushes 
 is dirty on that file system (another program's writes): on a disk the broker shares, that is
 the cost it would pay too.
 
-Run it on the disk the brokers' data lives on (the default is under the system temp dir)::
+Run it on the disk the brokers' data lives on (by default it works under ``bench/.work``)::
 
-    python bench/many_files_sync.py --dir /var/lib/logbroker --files 1000 --json
+    .venv/bin/python bench/many_files_sync.py --files 1000 --json
+    .venv/bin/python bench/many_files_sync.py --dir /var/lib/logbroker --threads 16
 
 Linux only (``syncfs`` through the C library).
 """
@@ -30,12 +31,11 @@ import ctypes.util
 import json
 import os
 import statistics
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from _common import positive_int
+from _common import add_work_directory_option, positive_int, work_directory
 
 _libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
 
@@ -82,7 +82,7 @@ def measure(run: Callable[[], None], files: int, rounds: int) -> dict[str, float
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dir", help="directory on the disk to measure (default: temp dir)")
+    add_work_directory_option(parser)
     parser.add_argument("--files", type=positive_int, default=1000, help="files (ranges)")
     parser.add_argument("--threads", type=positive_int, default=4, help="fdatasync threads")
     parser.add_argument("--record-bytes", type=positive_int, default=100)
@@ -90,7 +90,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true", help="one JSON object per line")
     args = parser.parse_args()
     data = os.urandom(args.record_bytes)
-    with tempfile.TemporaryDirectory(prefix="many-files-sync-", dir=args.dir) as workdir:
+    with work_directory(args.dir, "many-files-sync-") as workdir:
         fds = [
             os.open(os.path.join(workdir, f"{index:05d}.log"), os.O_WRONLY | os.O_CREAT, 0o644)
             for index in range(args.files)
