@@ -175,17 +175,25 @@ def _changed(old: Mapping[_K, _V], new: Mapping[_K, _V]) -> Iterator[tuple[_K, _
             yield key, None
 
 
+def _segment_puts(change: Change) -> tuple[PutSegment, ...]:
+    """The segment records ``change`` puts (none for a change of anything else)."""
+    if isinstance(change, PutSegments):
+        return change.puts
+    return (change,) if isinstance(change, PutSegment) else ()
+
+
 def _batch_kind(change: Change) -> type | None:
     """The kind of changes ``change`` goes out with in one transaction (``None``: alone)."""
     kind = type(change)
     if kind not in _BATCHED:
         return None
-    return PutSegment if kind is PutSegments else kind
+    return PutSegment if _segment_puts(change) else kind
 
 
 def _compares(change: Change) -> int:
-    """The most keys ``change`` compares (and writes), as a share of one transaction."""
-    return 2 * len(change.puts) if isinstance(change, PutSegments) else 2
+    """The most keys ``change`` compares (and writes), as a share of one transaction: two per
+    segment record or group commit."""
+    return 2 * max(1, len(_segment_puts(change)))
 
 
 def _landed(operations: Sequence[Operation], found: Mapping[bytes, KeyValue | None]) -> bool:
@@ -715,12 +723,9 @@ class EtcdControlPlane(StateControlPlane):
             write(keys.position(topic, group), record)
         # What the changes rely on without changing it.
         for change in changes:
-            if isinstance(change, PutSegment):
-                guard(keys.range(change.meta.range_id))
-            elif isinstance(change, PutSegments):
-                for put in change.puts:
-                    guard(keys.range(put.meta.range_id))
-            elif isinstance(change, GrantAcl):
+            for put in _segment_puts(change):
+                guard(keys.range(put.meta.range_id))
+            if isinstance(change, GrantAcl):
                 guard(keys.user(change.grant.user))
             elif isinstance(change, CommitGroupPosition):
                 guard(keys.topic(change.topic))

@@ -102,22 +102,21 @@ class Healer:
         self._queue = []
         for range_id in self._looks.take(range_ids, self._unfinished):
             metas = ctx.control.segments(range_id)
-            if any(rules.left_behind(meta, ctx.node_id) for meta in metas):
+            # Most ranges have no segment sealed without this node: their copies are not read.
+            behind = any(rules.left_behind(meta, ctx.node_id) for meta in metas)
+            if behind:
                 self._left_behind.add(range_id)
             else:
                 self._left_behind.discard(range_id)
-            if not any(ctx.node_id in meta.replicas for meta in metas):
-                copy = ctx.storage.logs.get(range_id)
-                if copy is not None:
-                    await self._drop_stale(copy, metas)
-                continue
             copy = ctx.storage.logs.get(range_id)
-            if copy is None:
-                copy = await ctx.storage.open_range(range_id)
-            for meta in self._unhealed(copy, metas):
-                missing.add((meta.range_id, meta.base_offset))
-                self._heal(copy, meta)
-            await self._drop_stale(copy, metas)
+            if any(ctx.node_id in meta.replicas for meta in metas):
+                if copy is None:
+                    copy = await ctx.storage.open_range(range_id)
+                for meta in self._unhealed(copy, metas):
+                    missing.add((meta.range_id, meta.base_offset))
+                    self._heal(copy, meta)
+            if behind and copy is not None:
+                await self._drop_stale(copy, metas)
         self.missing = missing
         self._start_fetches()
         waiting, self._looking = self._looking, None
@@ -322,9 +321,6 @@ class Healer:
         """Delete this node's copies of segments sealed on replica sets without it, once every
         member holds the segment whole."""
         ctx = self._context
-        # Most ranges have no such segment: looked at without reading this node's copies.
-        if not any(rules.left_behind(meta, ctx.node_id) for meta in metas):
-            return
         by_base = {meta.base_offset: meta for meta in metas}
         for info in copy.segments():
             meta = by_base.get(info.base_offset)

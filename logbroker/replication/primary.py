@@ -103,9 +103,9 @@ class SegmentLeader:
         settings: ReplicationSettings,
         is_live: Callable[[str], bool],
         on_commit: Callable[[int], None],
+        parked: ParkedReplicas,
         holds_lease: Callable[[], bool] = lambda: True,
         on_step_down: Callable[[SegmentLeader, StepDown], None] = _ignore_step_down,
-        parked: ParkedReplicas | None = None,
     ) -> None:
         self._core = LeaderCore(
             node_id=node_id,
@@ -128,7 +128,8 @@ class SegmentLeader:
         self._on_commit = on_commit
         self._holds_lease = holds_lease
         self._on_step_down = on_step_down
-        self._parked = ParkedReplicas() if parked is None else parked
+        #: Shared by the node's leaders: only the sweep's ``resume_live`` ends a parking.
+        self._parked = parked
         #: The Deferreds of waiting appends, and of the fates of appends refused in doubt.
         self._tickets: dict[int, Deferred[None]] = {}
         self._fates: dict[int, Deferred[bool]] = {}

@@ -129,7 +129,7 @@ def _leader(
         on_commit=(commits.append if commits is not None else lambda commit: None),
         holds_lease=holds_lease,
         on_step_down=stepped_down,
-        parked=parked,
+        parked=ParkedReplicas() if parked is None else parked,
     )
     return leader, range_log
 
@@ -324,6 +324,7 @@ def test_a_lagging_replica_is_caught_up_from_disk(clock: Clock) -> None:
         settings=ReplicationSettings(replication_factor=3, backlog_bytes=1),
         is_live=lambda node: True,
         on_commit=lambda commit: None,
+        parked=ParkedReplicas(),
     )
     leader.append(_records(1))
     clock.advance(0)
