@@ -52,7 +52,7 @@ from twisted.python.failure import Failure
 from logbroker import exitcodes
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.segments import SegmentRecorder
-from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError
+from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError, FsyncScope
 from logbroker.config import ControlPlane as ControlPlaneKind
 from logbroker.controlplane import ControlPlane, ControlPlaneAccessError
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
@@ -77,8 +77,10 @@ from logbroker.storage import (
     OsFileSystem,
     RangeLog,
     SegmentInfo,
+    SharedFlush,
     ThreadPoolExecutor,
     TooManyRangesError,
+    shared_sync_refusal,
 )
 from logbroker.storage.file_limit import FileLimit, raise_file_limit
 from logbroker.wire import Reason
@@ -115,6 +117,7 @@ class StorageService(Service):
         log_config: LogConfig,
         metrics: Metrics,
         file_limit: FileLimit | None = None,
+        shared_flush: bool = False,
     ) -> None:
         self._reactor = reactor
         self._data_dir = data_dir
@@ -123,6 +126,8 @@ class StorageService(Service):
         self._metrics = metrics
         self._file_limit = file_limit
         self._executor = ThreadPoolExecutor(reactor)
+        #: With it, one sync makes every range's writes durable together (``fs`` decides how).
+        self._shared_flush = SharedFlush(fs, self._executor, reactor) if shared_flush else None
         # Reads get threads of their own: a fetch never waits for a free writer thread.
         self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
         self.logs: dict[str, RangeLog] = {}
@@ -179,6 +184,7 @@ class StorageService(Service):
             "on_integrity_event": self._metrics.integrity_event,
             "on_flushed": self._metrics.flushed,
             "on_sealed": lambda info: self.on_sealed(name, info),
+            "shared_flush": self._shared_flush,
         }
 
     def startService(self) -> None:
@@ -189,8 +195,11 @@ class StorageService(Service):
         self._reactor.callWhenRunning(
             log.info,
             "Storage ready: {ranges} ranges open (room for {room}), {encoder} batch encoder,"
-            " {decoder} record decoder",
+            " {decoder} record decoder, {flush}",
             ranges=len(self.logs),
+            flush="one sync for every range's writes"
+            if self._shared_flush is not None
+            else "an fsync for each range's writes",
             room="any number" if self._file_limit is None else self._file_limit.max_open_ranges,
             encoder=BATCH_ENCODER,
             decoder=RECORD_DECODER,
@@ -585,9 +594,16 @@ def build_service(
     root = BrokerService(metrics)
     # First, so that its handler is in place before anything reports being ready.
     _add(root, StopOnSigterm(reactor))
-    fs = OsFileSystem()
+    shared_flush = _shared_flush(config.storage.fsync_scope)
+    fs = OsFileSystem(shared_sync=shared_flush)
     storage = StorageService(
-        reactor, data_dir, fs, log_config_for(config), metrics, file_limit=file_limit
+        reactor,
+        data_dir,
+        fs,
+        log_config_for(config),
+        metrics,
+        file_limit=file_limit,
+        shared_flush=shared_flush,
     )
     storage.recover()
     _add(root, storage, "storage")
@@ -789,6 +805,22 @@ def log_config_for(config: BrokerConfig) -> LogConfig:
         group_commit=cluster.replication_group_commit,
         group_commit_interval_ms=cluster.replication_group_commit_interval_ms,
     )
+
+
+def _shared_flush(scope: FsyncScope) -> bool:
+    """Whether one sync makes every range's writes durable together: as ``SVC_FSYNC_SCOPE``
+    asks, where this machine can (else it says why, and each range's file is fsynced)."""
+    if scope is FsyncScope.FILE:
+        return False
+    refusal = shared_sync_refusal()
+    if refusal is not None:
+        log.warn(
+            "SVC_FSYNC_SCOPE=filesystem cannot be used here ({why}): each range's file is "
+            "fsynced on its own, as with SVC_FSYNC_SCOPE=file",
+            why=refusal,
+        )
+        return False
+    return True
 
 
 def _flag(value: bool) -> str:

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import errno
 import posixpath
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, fail, succeed
 
 from logbroker.controlplane._memory_kv import MemoryKeyValueStore
+from logbroker.storage._fs import AppendFile, sync_each
 
 _T = TypeVar("_T")
 
@@ -221,6 +222,9 @@ class MemoryFileSystem:
             if posixpath.dirname(name) == path:
                 entry.linked = True
                 entry.replaced = None
+
+    def sync_files(self, files: Sequence[AppendFile]) -> list[OSError | None]:
+        return sync_each(files)
 
     def lock(self, path: str) -> object:
         path = self._norm(path)

@@ -92,6 +92,13 @@ class SpreadPolicy(enum.Enum):
     HARD = "hard"
 
 
+class FsyncScope(enum.Enum):
+    """What one sync makes durable: see ``logbroker.storage._flush``."""
+
+    FILESYSTEM = "filesystem"
+    FILE = "file"
+
+
 @attrs.frozen
 class StorageSettings:
     """Where data lives and how range logs roll and commit."""
@@ -99,6 +106,7 @@ class StorageSettings:
     #: Absolute: a relative ``SVC_DATA_DIR`` is resolved against the working directory at boot.
     data_dir: str
     log: LogConfig
+    fsync_scope: FsyncScope = FsyncScope.FILESYSTEM
 
 
 @attrs.frozen
@@ -378,7 +386,11 @@ def _storage(env: Mapping[str, str], mode: EnvMode, cwd: str) -> StorageSettings
         flush_max_records=parse_int(env, "SVC_GROUP_COMMIT_FLUSH_MAX_RECORDS", 8000, 1),
         max_inflight_records=parse_int(env, "SVC_GROUP_COMMIT_MAX_INFLIGHT", 200_000, 1),
     )
-    return StorageSettings(os.path.abspath(os.path.join(cwd, data_dir or "data")), log_config)
+    return StorageSettings(
+        os.path.abspath(os.path.join(cwd, data_dir or "data")),
+        log_config,
+        parse_choice(env, "SVC_FSYNC_SCOPE", FsyncScope, FsyncScope.FILESYSTEM),
+    )
 
 
 def _server(env: Mapping[str, str]) -> ServerSettings:

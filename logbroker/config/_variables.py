@@ -62,6 +62,12 @@ VARIABLES: tuple[Variable, ...] = (
             "200000",
             "records waiting for their fsync past which produces fail with `overloaded`",
         ),
+        (
+            "SVC_FSYNC_SCOPE",
+            "filesystem",
+            "`filesystem`: one syncfs makes the writes of every range durable together; `file`:"
+            " an fsync for each range's file",
+        ),
     ),
     *_section(
         "Client port",

@@ -154,14 +154,16 @@ class ReplicatedRange:
             self._roll(leader)
         return appended  # type: ignore[return-value]
 
-    def roll(self) -> None:
+    def roll(self) -> bool:
         """Seal the active segment and open the next (on the live nodes), unless a roll is
-        under way or the segment holds nothing yet."""
+        under way or the segment holds nothing yet; whether a roll started."""
         leader = self.leader
         if leader is None or leader.stopped or self._rolling is not None:
-            return
-        if leader.written > leader.segment:
-            self._roll(leader)
+            return False
+        if leader.written == leader.segment:
+            return False
+        self._roll(leader)
+        return True
 
     def _roll(self, leader: SegmentLeader) -> None:
         rolled = self._claims.roll(leader, self.committed, self._stepped_down)
@@ -271,6 +273,10 @@ class LeadRanges:
             for h in self._handles.values()
             if h.leader is not None and where(h.leader) and h.leads(self._claims.active(h.range_id))
         ]
+
+    def claiming(self, range_id: str) -> bool:
+        """Whether a claim of ``range_id`` is under way."""
+        return range_id in self._claiming
 
     def prepare(self, range_id: str) -> Deferred[None]:
         """Claim one range before its first use; fails with why it cannot be led now."""

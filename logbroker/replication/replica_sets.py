@@ -167,7 +167,9 @@ class ReplicaSets:
             assert leader is not None
             if leader.written == leader.segment:
                 # Nothing to seal: claimed anew, it is led on a set completed from the live
-                # nodes.
+                # nodes. Each pass finds it weak until that claim is over: one claim is enough.
+                if self._lead.claiming(handle.range_id):
+                    continue
                 log.info(
                     "Claiming {range_id} anew: its empty active segment is on {replicas},"
                     " fewer than {factor} live replicas",
@@ -177,11 +179,13 @@ class ReplicaSets:
                 )
                 self._lead.prepare(handle.range_id).addErrback(lambda _: None)
                 continue
-            log.info(
-                "Rolling {range_id}: its active segment is on {replicas}, fewer than {factor}"
-                " live replicas; the next one is placed on the live nodes",
-                range_id=handle.range_id,
-                replicas=",".join(leader.replicas),
-                factor=factor,
-            )
-            handle.roll()
+            # A roll already under way (passes find the set weak until it is over) is not
+            # started again, nor logged again.
+            if handle.roll():
+                log.info(
+                    "Rolling {range_id}: its active segment is on {replicas}, fewer than"
+                    " {factor} live replicas; the next one is placed on the live nodes",
+                    range_id=handle.range_id,
+                    replicas=",".join(leader.replicas),
+                    factor=factor,
+                )

@@ -6,6 +6,7 @@ See ``docs/storage-format.md`` for the bytes on disk and ``RangeLog`` for the AP
 from logbroker.records import Record, StoredRecord
 from logbroker.storage._digests import DIGEST_SIZE, CopyDigests, SegmentFile
 from logbroker.storage._executor import Executor, ThreadPoolExecutor
+from logbroker.storage._flush import SharedFlush
 from logbroker.storage._format import (
     BATCH_ENCODER,
     FORMAT_VERSION,
@@ -15,7 +16,7 @@ from logbroker.storage._format import (
     Seal,
     iter_record_frames,
 )
-from logbroker.storage._fs import FileSystem, OsFileSystem
+from logbroker.storage._fs import FileSystem, OsFileSystem, shared_sync_refusal
 from logbroker.storage._segment import CopyState, IntegrityEvent, SegmentInfo, Verification
 from logbroker.storage.errors import (
     FencedError,
@@ -80,6 +81,7 @@ __all__ = [
     "SegmentInfo",
     "SegmentNotFoundError",
     "SegmentStateError",
+    "SharedFlush",
     "StorageError",
     "StoredRecord",
     "ThreadPoolExecutor",
@@ -87,4 +89,5 @@ __all__ = [
     "Verification",
     "Written",
     "iter_record_frames",
+    "shared_sync_refusal",
 ]

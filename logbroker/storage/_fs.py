@@ -11,9 +11,15 @@ Every method may block; storage calls them from its writer thread, never from th
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
+from collections.abc import Callable, Sequence
 from typing import Protocol
+
+from twisted.logger import Logger
+
+log = Logger()
 
 
 class AppendFile(Protocol):
@@ -71,9 +77,27 @@ class FileSystem(Protocol):
     def sync_dir(self, path: str) -> None:
         """Make the entries of directory ``path`` durable."""
 
+    def sync_files(self, files: Sequence[AppendFile]) -> list[OSError | None]:
+        """Make everything written to each of ``files`` durable, perhaps by one sync that covers
+        them all (and more); return each file's outcome, in order: ``None`` or the error that
+        leaves its writes in doubt."""
+
     def lock(self, path: str) -> object:
         """Take an exclusive lock on ``path`` (created if missing) for as long as the returned
         object lives; raise ``BlockingIOError`` if another process holds it."""
+
+
+def sync_each(files: Sequence[AppendFile]) -> list[OSError | None]:
+    """``FileSystem.sync_files`` by one fsync per file."""
+    outcomes: list[OSError | None] = []
+    for file in files:
+        try:
+            file.sync()
+        except OSError as error:
+            outcomes.append(error)
+        else:
+            outcomes.append(None)
+    return outcomes
 
 
 class _OsAppendFile:
@@ -82,6 +106,12 @@ class _OsAppendFile:
         if create:
             flags |= os.O_CREAT | os.O_EXCL
         self._fd = os.open(path, flags, 0o644)
+        self.path = path
+        #: The file system it is on: one ``syncfs`` covers every file of one device.
+        self.device = os.fstat(self._fd).st_dev
+
+    def fileno(self) -> int:
+        return self._fd
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -107,8 +137,57 @@ class _OsReadFile:
         os.close(self._fd)
 
 
+#: The first Linux whose ``syncfs`` reports write-back errors (before, it always succeeded).
+SYNCFS_REPORTS_ERRORS_SINCE = (5, 8)
+
+
+def _load_syncfs() -> Callable[[int], None] | None:
+    try:
+        function = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int]
+    function.restype = ctypes.c_int
+
+    def syncfs(fd: int) -> None:
+        # ctypes lets go of the GIL for the call: other threads run while the disk flushes.
+        if function(fd) != 0:
+            code = ctypes.get_errno()
+            raise OSError(code, os.strerror(code))
+
+    return syncfs
+
+
+def shared_sync_refusal(release: str | None = None) -> str | None:
+    """Why this machine cannot make many files durable by one ``syncfs``, or ``None`` if it
+    can. ``release`` is the kernel's (``os.uname().release`` by default)."""
+    release = os.uname().release if release is None else release
+    numbers = release.split("-", 1)[0].split(".")
+    try:
+        version = (int(numbers[0]), int(numbers[1]))
+    except (IndexError, ValueError):
+        return f"the kernel release {release!r} does not say its version"
+    if version < SYNCFS_REPORTS_ERRORS_SINCE:
+        since = ".".join(map(str, SYNCFS_REPORTS_ERRORS_SINCE))
+        return f"Linux {release} is older than {since}, whose syncfs reports write errors"
+    if _load_syncfs() is None:
+        return "the C library has no syncfs"
+    return None
+
+
 class OsFileSystem:
-    """The real file system, with fsync where durability needs it."""
+    """The real file system, with fsync where durability needs it.
+
+    With ``shared_sync``, ``sync_files`` makes its files durable by one ``syncfs`` per file
+    system they are on (see ``logbroker.storage._flush``); the caller checked
+    ``shared_sync_refusal`` first. After a ``syncfs`` fails, every file is synced on its own
+    from then on: the kernel reports a write-back error to one ``syncfs`` call, but to each
+    file's next ``fdatasync`` on every descriptor that has not seen it, so only per-file syncs
+    still tell which writes it hit.
+    """
+
+    def __init__(self, shared_sync: bool = False) -> None:
+        self._syncfs = _load_syncfs() if shared_sync else None
 
     def list_dir(self, path: str) -> list[str]:
         return os.listdir(path)
@@ -176,6 +255,39 @@ class OsFileSystem:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+    def sync_files(self, files: Sequence[AppendFile]) -> list[OSError | None]:
+        if self._syncfs is None:
+            return sync_each(files)
+        outcomes: list[OSError | None] = [None] * len(files)
+        by_device: dict[int, list[int]] = {}
+        for index, file in enumerate(files):
+            assert isinstance(file, _OsAppendFile), "files of this file system"
+            by_device.setdefault(file.device, []).append(index)
+        for indices in by_device.values():
+            synced = self._sync_device([files[index] for index in indices])
+            for index, outcome in zip(indices, synced, strict=True):
+                outcomes[index] = outcome
+        return outcomes
+
+    def _sync_device(self, files: list[AppendFile]) -> list[OSError | None]:
+        syncfs = self._syncfs
+        if syncfs is not None:
+            first = files[0]
+            assert isinstance(first, _OsAppendFile)
+            try:
+                syncfs(first.fileno())
+            except OSError as error:
+                self._syncfs = None
+                log.error(
+                    "syncfs failed on the file system of {path} ({error}): each file is fsynced "
+                    "on its own from now on",
+                    path=first.path,
+                    error=error,
+                )
+            else:
+                return [None] * len(files)
+        return sync_each(files)
 
     def lock(self, path: str) -> object:
         held = open(path, "a+b")  # noqa: SIM115 - held open for the life of the lock

@@ -188,11 +188,13 @@ def _write_job(
     writer: AppendFile | None,
     new_segment: bool,
     data: bytes,
+    sync: bool = True,
 ) -> tuple[AppendFile, float, Rolled | None]:
     """Append ``data`` to the segment at ``path`` (sealing the previous one first, if planned)
-    and fsync it; return the file, the seconds it all took and what the seal wrote. ``writer``
-    is the segment's open file; without one, a new segment's file is created (never an existing
-    one reused) and a recovered segment's file is opened."""
+    and fsync it (unless ``sync`` is false: the caller has it flushed, see ``_flush``); return
+    the file, the seconds it all took and what the seal wrote. ``writer`` is the segment's open
+    file; without one, a new segment's file is created (never an existing one reused) and a
+    recovered segment's file is opened."""
     started = time.monotonic()
     opened = writer is None
     rolled = None
@@ -202,7 +204,8 @@ def _write_job(
         writer = _create_segment(fs, directory, path) if new_segment else fs.open_append(path)
     try:
         writer.write(data)
-        writer.sync()
+        if sync:
+            writer.sync()
     except BaseException:
         if opened:
             writer.close()

@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
+from logbroker.storage._flush import SharedFlush
 from logbroker.storage._format import BatchInfo
 from logbroker.storage._fs import AppendFile, FileSystem
 from logbroker.storage._jobs import Rolled, SealPlan, _write_job, plan_seal
@@ -83,11 +84,14 @@ class WritePipeline:
         executor: Executor,
         config: LogConfig,
         on_flushed: Callable[[Flush], None],
+        shared_flush: SharedFlush | None = None,
     ) -> None:
         self._state = state
         self._fs = fs
         self._clock = clock
         self._executor = executor
+        #: Makes written appends durable together with other logs' (else each job fsyncs).
+        self._shared_flush = shared_flush
         self._on_flushed = on_flushed
         self._max_inflight_records = config.max_inflight_records
         self._planner: CommitPlanner[Append, _Control] = CommitPlanner(
@@ -228,22 +232,43 @@ class WritePipeline:
         taken = write.appends
         path = target.path if target is not None else state.segment_path(taken[0].base_offset)
         data = taken[0].data if len(taken) == 1 else b"".join(item.data for item in taken)
+        writer = target.writer if target is not None else None
         job = self._executor.run(
             _write_job,
             self._fs,
             state.directory,
             sealing[0] if sealing is not None else None,
             path,
-            target.writer if target is not None else None,
+            writer,
             target is None,
             data,
+            self._shared_flush is None,
         )
+        if self._shared_flush is not None:
+            job.addCallback(self._flush_written, self._shared_flush, opened=writer is None)
         job.addCallbacks(
             self._write_done,
             self._write_failed,
             callbackArgs=(write, target, sealing),
             errbackArgs=(write,),
         )
+
+    @staticmethod
+    def _flush_written(
+        written: tuple[AppendFile, float, Rolled | None], flush: SharedFlush, opened: bool
+    ) -> Deferred[tuple[AppendFile, float, Rolled | None]]:
+        writer, seconds, rolled = written
+
+        def flushed(waited: float) -> tuple[AppendFile, float, Rolled | None]:
+            return writer, seconds + waited, rolled
+
+        def failed(failure: Failure) -> Failure:
+            if opened:
+                # The job opened it for these appends; the log never sees it.
+                writer.close()
+            return failure
+
+        return flush.flush(writer).addCallbacks(flushed, failed)
 
     def _refuse_write(self, write: Write[Append], target: Segment | None) -> None:
         directory = self._state.directory

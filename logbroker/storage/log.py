@@ -35,6 +35,7 @@ from twisted.logger import Logger
 from logbroker.records import ProducerStamp, Record, StoredRecord
 from logbroker.storage._digests import CopyDigests, CopyFiles, digest_copies
 from logbroker.storage._executor import Executor
+from logbroker.storage._flush import SharedFlush
 from logbroker.storage._format import encode_batch, stamp_batch
 from logbroker.storage._fs import FileSystem
 from logbroker.storage._operations import SegmentOperations
@@ -110,6 +111,7 @@ class RangeLog:
         on_flushed: Callable[[Flush], None],
         start_offset: int,
         reader: Executor | None = None,
+        shared_flush: SharedFlush | None = None,
     ) -> None:
         self.directory = directory
         self._state = LogState(
@@ -127,6 +129,7 @@ class RangeLog:
             executor=executor,
             config=config,
             on_flushed=on_flushed,
+            shared_flush=shared_flush,
         )
         self._operations = SegmentOperations(
             self._state,
@@ -167,6 +170,7 @@ class RangeLog:
         on_flushed: Callable[[Flush], None] = lambda flush: None,
         start_offset: int = 0,
         reader: Executor | None = None,
+        shared_flush: SharedFlush | None = None,
     ) -> Deferred[RangeLog]:
         """Recover ``directory`` (created if missing) in a writer thread and return its log.
 
@@ -177,6 +181,8 @@ class RangeLog:
         control plane already holds. ``on_flushed`` hears of every write and fsync that
         completed, once per job (not per append), with or without group commit. ``reader`` is
         the executor for ``read_chunks`` and ``read_raw_async`` (default: ``executor``).
+        With ``shared_flush``, a write job does not fsync its segment: the flush makes it
+        durable together with other logs' writes (``logbroker.storage._flush``).
         """
 
         def opened(recovered: RecoveredLog) -> RangeLog:
@@ -192,6 +198,7 @@ class RangeLog:
                 on_flushed=on_flushed,
                 start_offset=start_offset,
                 reader=reader,
+                shared_flush=shared_flush,
             )
 
         return executor.run(recover_log, fs, directory).addCallback(opened)
@@ -210,6 +217,7 @@ class RangeLog:
         on_flushed: Callable[[Flush], None] = lambda flush: None,
         start_offset: int = 0,
         reader: Executor | None = None,
+        shared_flush: SharedFlush | None = None,
     ) -> RangeLog:
         """Like ``open``, but recover in the calling thread: for start-up, before the reactor
         runs, so that a range that cannot be recovered stops the broker before it serves."""
@@ -225,6 +233,7 @@ class RangeLog:
             on_flushed=on_flushed,
             start_offset=start_offset,
             reader=reader,
+            shared_flush=shared_flush,
         )
 
     # -- positions ---------------------------------------------------------------------------

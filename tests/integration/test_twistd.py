@@ -10,6 +10,7 @@ import pytest
 from twisted.application.service import IServiceMaker
 from twisted.plugin import getPlugins
 
+from logbroker.storage import shared_sync_refusal
 from tests.integration.twistd import TWISTD, broker_env, run_twistd, wait_for_line
 
 pytestmark = pytest.mark.integration
@@ -43,6 +44,10 @@ def test_twistd_recovers_the_data_directory_and_stops_cleanly(tmp_path: Path) ->
     assert "Server Shut Down" in output
     assert "1 ranges in" in output
     assert "native batch encoder" in output
+    if shared_sync_refusal() is None:
+        assert "one sync for every range's writes" in output
+    else:
+        assert "SVC_FSYNC_SCOPE=filesystem cannot be used here" in output
     assert "Torn tail" in output
     assert "every range flushed and fsynced" in output
     assert (range_dir / f"{0:020d}.log").stat().st_size == 0

@@ -18,6 +18,7 @@ from logbroker.config import (
     ControlPlane,
     DashboardSettings,
     EnvMode,
+    FsyncScope,
     RateLimit,
     RateLimitSettings,
     RetentionSettings,
@@ -136,7 +137,9 @@ def test_defaults_match_the_spec() -> None:
             flush_max_records=8000,
             max_inflight_records=200000,
         ),
+        fsync_scope=FsyncScope.FILESYSTEM,
     )
+    assert parse({"SVC_FSYNC_SCOPE": "File"}).storage.fsync_scope is FsyncScope.FILE
     assert config.server == ServerSettings(
         bind_host="::", tcp_port=4040, auth_timeout_ms=10000, max_frame_size=16777216
     )
@@ -318,6 +321,7 @@ def test_a_blank_value_means_the_default() -> None:
         ("SVC_LOG_MIN_DOMAINS", "0"),
         ("SVC_LOG_SPREAD_POLICY", "strict"),
         ("SVC_REPLICATION_GROUP_COMMIT", "sometimes"),
+        ("SVC_FSYNC_SCOPE", "range"),
         ("SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS", "0"),
     ],
 )

@@ -73,6 +73,39 @@ def test_a_node_back_from_an_outage_puts_each_missing_segment_in_place_once(
             assert c_fs.read_file(path + suffix) == a_fs.read_file(path + suffix), path + suffix
 
 
+def test_a_roll_under_way_is_not_started_again_nor_logged_again_by_the_next_passes(
+    logged: list[dict[str, Any]],
+) -> None:
+    world = cluster()
+    lead = world.lead("a", ROLL_BYTES)
+    world.peers.dead.add("c")
+    append_each(world, lead, 7)  # the next segment is placed on a and b while c is away
+    world.peers.silent.add("b")  # then a record b does not answer for: it is not committed
+    # Its producer hears "in doubt" after the ack timeout; the leader keeps offering it to b.
+    lead.handle(RANGE).append([Record(b"uncommitted", key=b"k")]).addErrback(lambda _: None)
+    world.settle()
+    active = world.control.segments(RANGE)[-1]
+    assert (active.replicas, active.state) == (("a", "b"), SegmentState.ACTIVE)
+    world.peers.dead.discard("c")
+    replica_sets = ReplicaSets(world.context("a"), lead, 60.0, lambda: True)
+    logged.clear()
+
+    for _ in range(3):  # passes while the roll waits for that record to be committed
+        replica_sets.tick([RANGE])
+        world.settle()
+    rolling = [e for e in logged if e.get("log_format", "").startswith("Rolling")]
+    assert [e["range_id"] for e in rolling] == [RANGE]
+    world.peers.silent.discard("b")
+    for _ in range(20):  # the roll gave up after the ack timeout; the passes go on
+        world.clock.advance(0.5)
+        lead.sweep([RANGE])
+        replica_sets.tick([RANGE])
+        world.settle()
+
+    active = world.control.segments(RANGE)[-1]
+    assert (set(active.replicas), active.state) == ({"a", "b", "c"}, SegmentState.ACTIVE)
+
+
 class _CountedReads:
     """A control plane that notes the ranges whose segments are read through it."""
 

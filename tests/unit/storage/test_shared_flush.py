@@ -1,0 +1,187 @@
+"""One flush makes many range logs' writes durable: what it covers, what it does not yet, and
+what a failed one fails (``logbroker.storage._flush``), on a crashable file system."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.logger import formatEvent
+
+from logbroker.storage import (
+    Appended,
+    LogFailedError,
+    OsFileSystem,
+    RangeLog,
+    Record,
+    SharedFlush,
+    shared_sync_refusal,
+)
+from logbroker.storage import _fs as fs_module
+from logbroker.storage._format import scan_batches
+from logbroker.testing import ManualExecutor, MemoryFileSystem
+from tests.unit.storage.helpers import result_of
+
+DIRECTORIES = ("/data/ranges/t/0", "/data/ranges/t/1", "/data/ranges/t/2")
+
+
+class Node:
+    """Three range logs on one ``MemoryFileSystem``, sharing one flush; jobs run when told."""
+
+    def __init__(self) -> None:
+        self.fs = MemoryFileSystem()
+        self.executor = ManualExecutor()
+        self.flush = SharedFlush(self.fs, self.executor, Clock())
+        opening = [
+            RangeLog.open(
+                directory,
+                fs=self.fs,
+                clock=Clock(),
+                executor=self.executor,
+                shared_flush=self.flush,
+            )
+            for directory in DIRECTORIES
+        ]
+        self.executor.run_all()
+        self.logs = [result_of(deferred) for deferred in opening]
+
+    def job_names(self) -> list[str]:
+        return [getattr(job, "__name__", repr(job)) for job, _, _ in self.executor.pending]
+
+    def durable_records(self, fs: MemoryFileSystem, index: int) -> int:
+        path = f"{DIRECTORIES[index]}/{0:020d}.log"
+        if not fs.exists(path):
+            return 0
+        batches = scan_batches(fs.read_file(path), 0, 0).batches
+        return batches[-1].next_offset if batches else 0
+
+
+def fired(deferred: object) -> list[object]:
+    results: list[object] = []
+    deferred.addBoth(results.append)  # type: ignore[attr-defined]
+    return results
+
+
+def test_writes_asked_for_while_a_flush_runs_go_out_together_in_the_next_one() -> None:
+    node = Node()
+    acks = [fired(log.append([Record(b"v", key=b"k")])) for log in node.logs]
+    assert node.job_names() == ["_write_job"] * 3
+
+    node.executor.run_next()  # log 0 writes, without an fsync, and a flush starts for it
+    node.executor.run_next()  # logs 1 and 2 write after it started: it does not cover them
+    node.executor.run_next()
+
+    assert [entry.operation for entry in node.fs.journal if entry.operation == "sync"] == []
+    assert node.job_names() == ["sync_files"]
+    assert acks == [[], [], []]
+    assert [node.durable_records(node.fs.crash(), index) for index in range(3)] == [0, 0, 0]
+
+    node.executor.run_next()
+
+    assert [len(ack) for ack in acks] == [1, 0, 0]
+    assert [node.durable_records(node.fs.crash(), index) for index in range(3)] == [1, 0, 0]
+    assert node.job_names() == ["sync_files"]
+
+    node.executor.run_next()  # one flush for both
+
+    assert [len(ack) for ack in acks] == [1, 1, 1]
+    assert node.flush.rounds == 2
+    assert [node.durable_records(node.fs.crash(), index) for index in range(3)] == [1, 1, 1]
+
+
+def test_a_failed_flush_fails_only_the_writes_whose_sync_failed_and_takes_that_log_out(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    node = Node()
+    node.logs[2].append([Record(b"first")])
+    acks = [fired(log.append([Record(b"v")])) for log in node.logs[:2]]
+    # Log 2 writes, and its flush starts; then logs 0 and 1 write, and wait for the next.
+    for _ in range(4):
+        node.executor.run_next()
+    assert node.job_names() == ["sync_files"]
+    node.fs.failing_syncs = 1  # the flush syncs log 0's file first: that one fails
+
+    node.executor.run_next()
+
+    assert isinstance(acks[0][0].value, LogFailedError)  # type: ignore[attr-defined]
+    assert acks[1] == [Appended(0, 1)]
+    assert [formatEvent(event).split(";")[0] for event in logged_errors] == [
+        f"A write, fsync or seal failed in {DIRECTORIES[0]}"
+    ]
+    logged_errors.clear()
+    with pytest.raises(LogFailedError):
+        result_of(node.logs[0].append([Record(b"again")]))
+    node.logs[1].append([Record(b"again")])
+    node.executor.run_all()
+    assert node.logs[1].end_offset == 2
+
+
+def test_on_the_real_file_system_one_syncfs_covers_the_files_and_a_failed_one_stops_sharing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged_errors: list[dict[str, Any]]
+) -> None:
+    if shared_sync_refusal() is not None:
+        pytest.skip(f"no shared sync here: {shared_sync_refusal()}")
+    fs = OsFileSystem(shared_sync=True)
+    files = [fs.create_append(str(tmp_path / f"{index}.log")) for index in range(3)]
+    for file in files:
+        file.write(b"x" * 100)
+    synced: list[int] = []
+    real_fdatasync = os.fdatasync
+
+    def counting_fdatasync(fd: int) -> None:
+        synced.append(fd)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(fs_module.os, "fdatasync", counting_fdatasync)
+
+    assert fs.sync_files(files) == [None, None, None]
+    assert synced == []  # one syncfs, no fdatasync
+
+    def failing_syncfs(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(fs, "_syncfs", failing_syncfs)
+    assert fs.sync_files(files) == [None, None, None]
+    assert len(synced) == 3  # each file on its own, after the syncfs failed
+    assert [formatEvent(event) for event in logged_errors] == [
+        f"syncfs failed on the file system of {tmp_path}/0.log ([Errno 5] Input/output error):"
+        " each file is fsynced on its own from now on"
+    ]
+    logged_errors.clear()
+    assert fs.sync_files(files[:1]) == [None]
+    assert len(synced) == 4  # and from then on
+    for file in files:
+        file.close()
+
+
+def test_without_a_shared_sync_each_file_is_fsynced(tmp_path: Path) -> None:
+    fs = OsFileSystem()
+    file = fs.create_append(str(tmp_path / "0.log"))
+    file.close()
+    # A closed descriptor: its fdatasync fails, and says so for that file alone.
+    outcomes = fs.sync_files([file])
+    assert isinstance(outcomes[0], OSError)
+    assert outcomes[0].errno == errno.EBADF
+
+
+@pytest.mark.parametrize(
+    ("release", "refused"),
+    [
+        ("5.4.0-182-generic", "older than 5.8"),
+        ("4.19.0", "older than 5.8"),
+        ("not-a-version", "does not say its version"),
+    ],
+)
+def test_a_kernel_whose_syncfs_hides_write_errors_is_refused(release: str, refused: str) -> None:
+    refusal = shared_sync_refusal(release)
+    assert refusal is not None
+    assert refused in refusal
+
+
+def test_a_kernel_whose_syncfs_reports_write_errors_is_taken() -> None:
+    assert shared_sync_refusal("6.1.0-18-amd64") is None
+    assert shared_sync_refusal("5.8.0") is None
