@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import gc
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +26,7 @@ from logbroker.dashboard import NodeStatus
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.metrics import Metrics
 from logbroker.service import (
+    GC_THRESHOLDS,
     GIL_SWITCH_INTERVAL_SECONDS,
     ClientPortService,
     build_service,
@@ -39,12 +41,16 @@ from tests.unit.storage.helpers import append_each, result_of
 
 @pytest.fixture
 def switch_interval() -> Iterator[None]:
-    """Restore this test process's GIL switch interval, which the composition root changes."""
+    """Restore this test process's GIL switch interval and garbage collector, which the
+    composition root changes."""
     before = sys.getswitchinterval()
+    thresholds = gc.get_threshold()
     try:
         yield
     finally:
         sys.setswitchinterval(before)
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
 
 
 @pytest.mark.usefixtures("switch_interval")
@@ -59,6 +65,23 @@ def test_the_broker_hands_the_gil_to_its_writer_threads_within_half_a_millisecon
 
     assert root.getServiceNamed("storage") is not None
     assert sys.getswitchinterval() == pytest.approx(GIL_SWITCH_INTERVAL_SECONDS)
+
+
+@pytest.mark.usefixtures("switch_interval")
+def test_the_broker_collects_garbage_less_often_and_sets_aside_what_start_up_built(
+    tmp_path: Path,
+) -> None:
+    gc.set_threshold(700, 10, 10)
+    config, _ = BrokerConfig.from_env({}, cwd=str(tmp_path))
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
+    reactor = MemoryReactorClock()
+
+    build_service(reactor, config, data_dir, None)
+
+    assert gc.get_threshold() == GC_THRESHOLDS
+    assert gc.get_freeze_count() == 0
+    reactor.run()
+    assert gc.get_freeze_count() > 10_000
 
 
 @pytest.mark.usefixtures("switch_interval")
