@@ -14,7 +14,10 @@ Run periodically on every node (``ReplicaSets.tick``):
   for data already written, not just for new segments.
 
 Every change is a compare-and-swap on the record this node read, so it never overwrites what a
-claim or a seal did meanwhile.
+claim or a seal did meanwhile. A tick reads only the segment records of the ranges that may
+need it (``RangesToLookAt``): those whose records changed, those whose change failed, and every
+range every ``FULL_LOOK_SECONDS`` and whenever the live members change (a member dead for
+longer than ``replace_after`` is seen within that time).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from logbroker.controlplane import ControlPlaneError, SegmentMeta, SegmentState
 from logbroker.placement import PlacementError, replace, segment_key
 from logbroker.replication.core import claims
 from logbroker.replication.leading import LeadRanges
+from logbroker.replication.looks import RangesToLookAt
 from logbroker.replication.primary import SegmentLeader
 from logbroker.replication.takeover import ClaimContext
 
@@ -36,6 +40,8 @@ log = Logger()
 
 #: Replica-set changes sent to the control plane at once.
 CHANGES_IN_FLIGHT = 16
+#: How often a tick reads every range's segment records, whatever changed.
+FULL_LOOK_SECONDS = 10.0
 
 
 def restore_replication_factor(meta: SegmentMeta, context: ClaimContext) -> SegmentMeta | None:
@@ -65,16 +71,26 @@ class ReplicaSets:
         self._holds_chores = holds_chores
         #: When each node was first seen dead (by this node), for ``replace_after``.
         self._dead_since: dict[str, float] = {}
+        self._looks = RangesToLookAt(
+            context.control, context.clock, context.live_nodes, FULL_LOOK_SECONDS
+        )
+        #: Ranges whose replica-set change failed: the next tick looks at them again.
+        self._failed: set[str] = set()
 
     def tick(self, range_ids: Sequence[str]) -> Deferred[None]:
         return Deferred.fromCoroutine(self._tick(range_ids))
 
     async def _tick(self, range_ids: Sequence[str]) -> None:
         ctx = self._context
-        segments = {range_id: ctx.control.segments(range_id) for range_id in range_ids}
-        self._note_deaths(node for metas in segments.values() for m in metas for node in m.replicas)
+        looked = self._looks.take(range_ids, self._take_failed)
+        segments = {range_id: ctx.control.segments(range_id) for range_id in looked}
+        # Thousands of segments share a handful of replica sets: each node is noted once.
+        replica_sets = {m.replicas for metas in segments.values() for m in metas}
+        self._note_deaths({node for replicas in replica_sets for node in replicas})
         self._roll_weak_sets()
         if not self._holds_chores() or not ctx.holds_lease():
+            # Another node decides; should this one hold the chores next, it looks at all.
+            self._looks.everything()
             return
         changes = [
             (meta, updated)
@@ -91,10 +107,15 @@ class ReplicaSets:
             consumeErrors=True,
         )
 
+    def _take_failed(self) -> Iterable[str]:
+        failed, self._failed = self._failed, set()
+        return failed
+
     async def _change(self, meta: SegmentMeta, updated: SegmentMeta) -> None:
         try:
             await self._context.control.put_segment(updated, expected=meta)
         except ControlPlaneError as error:
+            self._failed.add(meta.range_id)
             log.info(
                 "Could not change the replica set of {range_id}@{segment} now: {error}",
                 range_id=meta.range_id,
@@ -136,7 +157,8 @@ class ReplicaSets:
 
     def _note_deaths(self, nodes: Iterable[str]) -> None:
         now = self._context.clock.seconds()
-        for node in set(nodes):
+        # Those noted dead before too: one back is forgotten even if no range was looked at.
+        for node in set(nodes) | set(self._dead_since):
             if self._context.is_live(node):
                 self._dead_since.pop(node, None)
             else:

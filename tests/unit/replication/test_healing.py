@@ -13,6 +13,7 @@ from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.records import Record
 from logbroker.replication.healing import FULL_LOOK_SECONDS, Healer
 from logbroker.replication.leading import LeadRanges
+from logbroker.replication.replica_sets import FULL_LOOK_SECONDS as REPLICA_SETS_FULL_LOOK_SECONDS
 from logbroker.replication.replica_sets import ReplicaSets
 from tests.unit.replication.harness import RANGE, Cluster, cluster
 from tests.unit.storage.helpers import result_of
@@ -143,4 +144,32 @@ def test_between_full_looks_a_tick_looks_only_at_ranges_whose_records_changed() 
     assert tick() == []
 
     world.clock.advance(FULL_LOOK_SECONDS)
+    assert tick() == [RANGE], "every range now and then"
+
+
+def test_between_full_looks_the_replica_sets_tick_reads_only_ranges_whose_records_changed() -> None:
+    world = cluster()
+    lead = world.lead("a", ROLL_BYTES)
+    reads = _CountedReads(world.control)
+    context = attrs.evolve(world.context("a"), control=cast(ControlPlane, reads))
+    replica_sets = ReplicaSets(context, lead, 60.0, lambda: True)
+
+    def tick() -> list[str]:
+        reads.read.clear()
+        result_of(replica_sets.tick([RANGE]))
+        world.settle()
+        return reads.read
+
+    assert tick() == [RANGE], "the first tick looks at every range"
+    world.clock.advance(1)
+    assert tick() == [], "nothing changed"
+
+    append_each(world, lead, 12)  # rolls: segments sealed, their next ones opened
+    assert tick() == [RANGE]
+    assert tick() == []
+
+    world.peers.dead.add("c")  # the live members changed
+    assert tick() == [RANGE]
+    assert tick() == []
+    world.clock.advance(REPLICA_SETS_FULL_LOOK_SECONDS)
     assert tick() == [RANGE], "every range now and then"
