@@ -3,10 +3,12 @@ parallel, and put in place once, byte for byte its replicas' copies."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol, TypeVar, cast
 
 import attrs
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.logger import globalLogPublisher
 
 from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
@@ -15,6 +17,7 @@ from logbroker.replication.healing import FULL_LOOK_SECONDS, Healer
 from logbroker.replication.leading import LeadRanges
 from logbroker.replication.replica_sets import FULL_LOOK_SECONDS as REPLICA_SETS_FULL_LOOK_SECONDS
 from logbroker.replication.replica_sets import ReplicaSets
+from logbroker.replication.takeover import ClaimContext
 from tests.unit.replication.harness import RANGE, Cluster, cluster
 from tests.unit.storage.helpers import result_of
 
@@ -122,17 +125,34 @@ class _CountedReads:
         return getattr(self._control, name)
 
 
-def test_between_full_looks_a_tick_looks_only_at_ranges_whose_records_changed() -> None:
-    world = cluster()
-    lead = world.lead("a", ROLL_BYTES)
+class _Pass(Protocol):
+    def tick(self, range_ids: Sequence[str]) -> Deferred[None]: ...
+
+
+_P = TypeVar("_P", bound=_Pass)
+
+
+def _counted_ticks(
+    world: Cluster, node: str, make: Callable[[ClaimContext], _P]
+) -> tuple[_P, Callable[[], list[str]]]:
+    """The pass ``make`` makes on ``node``'s context, and a tick of it that says the ranges
+    whose segments it read."""
     reads = _CountedReads(world.control)
-    healer = Healer(attrs.evolve(world.context("c"), control=cast(ControlPlane, reads)))
+    made = make(attrs.evolve(world.context(node), control=cast(ControlPlane, reads)))
 
     def tick() -> list[str]:
         reads.read.clear()
-        result_of(healer.tick([RANGE]))
+        result_of(made.tick([RANGE]))
         world.settle()
         return reads.read
+
+    return made, tick
+
+
+def test_between_full_looks_a_tick_looks_only_at_ranges_whose_records_changed() -> None:
+    world = cluster()
+    lead = world.lead("a", ROLL_BYTES)
+    healer, tick = _counted_ticks(world, "c", Healer)
 
     assert tick() == [RANGE], "the first tick looks at every range"
     world.clock.advance(1)
@@ -150,15 +170,9 @@ def test_between_full_looks_a_tick_looks_only_at_ranges_whose_records_changed() 
 def test_between_full_looks_the_replica_sets_tick_reads_only_ranges_whose_records_changed() -> None:
     world = cluster()
     lead = world.lead("a", ROLL_BYTES)
-    reads = _CountedReads(world.control)
-    context = attrs.evolve(world.context("a"), control=cast(ControlPlane, reads))
-    replica_sets = ReplicaSets(context, lead, 60.0, lambda: True)
-
-    def tick() -> list[str]:
-        reads.read.clear()
-        result_of(replica_sets.tick([RANGE]))
-        world.settle()
-        return reads.read
+    _, tick = _counted_ticks(
+        world, "a", lambda context: ReplicaSets(context, lead, 60.0, lambda: True)
+    )
 
     assert tick() == [RANGE], "the first tick looks at every range"
     world.clock.advance(1)
