@@ -135,10 +135,17 @@ class StorageService(Service):
         self._metrics = metrics
         self._file_limit = file_limit
         self._executor = ThreadPoolExecutor(reactor)
-        #: With it, one sync makes every range's writes durable together (``fs`` decides how).
-        self._shared_flush = SharedFlush(fs, self._executor, reactor) if shared_flush else None
         # Reads get threads of their own: a fetch never waits for a free writer thread.
         self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
+        self._pools = [self._executor, self._reader]
+        #: With it, one sync makes every range's writes durable together (``fs`` decides how),
+        #: on a thread of its own: a flush never waits behind a long job (a healing copy's
+        #: install, a verification) for a writer thread.
+        self._shared_flush: SharedFlush | None = None
+        if shared_flush:
+            flusher = ThreadPoolExecutor(reactor, threads=1, name="logbroker-flush")
+            self._shared_flush = SharedFlush(fs, flusher, reactor)
+            self._pools.append(flusher)
         self.logs: dict[str, RangeLog] = {}
         self._opener = OpenOnce(
             self.logs,
@@ -198,8 +205,8 @@ class StorageService(Service):
 
     def startService(self) -> None:
         super().startService()
-        self._executor.start()
-        self._reader.start()
+        for pool in self._pools:
+            pool.start()
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
             log.info,
@@ -227,8 +234,8 @@ class StorageService(Service):
         closing = DeferredList([range_log.close() for range_log in self.logs.values()])
 
         def stop_threads(_: object) -> None:
-            self._reader.stop()
-            self._executor.stop()
+            for pool in self._pools:
+                pool.stop()
             log.info("Storage closed: every range flushed and fsynced")
 
         return closing.addCallback(stop_threads)

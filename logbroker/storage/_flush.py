@@ -9,8 +9,9 @@ made durable takes 180-210 ms by an fdatasync each, 10-18 ms by one ``syncfs``).
 
 ``SharedFlush`` is group commit across ranges. A log's write job only writes, then asks for a
 flush of its file; every flush asked for while one runs goes out together in the next, as one
-``FileSystem.sync_files`` call on a writer thread (one ``syncfs`` per file system on the real
-one, see ``OsFileSystem``). One round runs at a time.
+``FileSystem.sync_files`` call on the executor it is given (the broker gives it a thread of its
+own, so that a round never waits behind a long storage job); one ``syncfs`` per file system on
+the real one, see ``OsFileSystem``. One round runs at a time.
 
 Why a write is durable when its flush fires: its bytes were in the page cache before it asked,
 and the round that covers it started after it asked. A flush that fails fails the write it
