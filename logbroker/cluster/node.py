@@ -200,7 +200,13 @@ def build_cluster(
 
     peer_metrics = _PeerMetrics(metrics)
     peers = PeerConnections(
-        identity, reactor, endpoint_for, peer_settings, observer=peer_metrics, tls=tls_options
+        identity,
+        reactor,
+        endpoint_for,
+        peer_settings,
+        observer=peer_metrics,
+        tls=tls_options,
+        on_refused=membership.report_gone,
     )
 
     def keep_links() -> None:

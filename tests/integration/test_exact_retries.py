@@ -71,6 +71,8 @@ class StampedLoad:
         self._lock = threading.Lock()
         #: Retries, by what made the try before them fail.
         self.retried_after: collections.Counter[str] = collections.Counter()
+        #: While set, the index of the node every new produce is first tried through.
+        self.home: int | None = None
         self._threads = [
             threading.Thread(target=self._run, args=(index,), name=f"stamped-{index}")
             for index in range(PRODUCERS)
@@ -105,6 +107,8 @@ class StampedLoad:
                 if self._stop.is_set():
                     return
                 key = keys[sequence % len(keys)]
+                if self.home is not None:
+                    node = self.home
                 number, value = self.history.next_value(key)
                 stamp = ProducerStamp(producer_id, sequence)
                 request = wire.ProduceIdempotent(TOPIC, stamp, (Record(value, key=key),))
@@ -178,6 +182,10 @@ def test_stamped_retries_through_other_nodes_store_every_value_once(
         # leading the most segments: one leading none would only forward, refused unreachable.
         alone = leader(cluster)
         stopped = [node for node in cluster.nodes if node is not alone]
+        # Every producer's next produce goes through it (a producer waiting on a stopped node
+        # would wait there past the fault, and take no part in it).
+        load.home = cluster.nodes.index(alone)
+        time.sleep(1)
         history.mark(f"SIGSTOP {stopped[0].node_id} and {stopped[1].node_id}")
         for node in stopped:
             os.kill(pid(node), signal.SIGSTOP)
@@ -185,6 +193,7 @@ def test_stamped_retries_through_other_nodes_store_every_value_once(
         for node in stopped:
             os.kill(pid(node), signal.SIGCONT)
         history.mark(f"SIGCONT {stopped[0].node_id} and {stopped[1].node_id}")
+        load.home = None
         wait_until_alive(cluster)
         time.sleep(3)
     print(f"\nretries by what failed the try before: {dict(load.retried_after)}")

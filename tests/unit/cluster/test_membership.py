@@ -152,6 +152,67 @@ def test_a_node_that_stops_leaves_at_once(cluster: Cluster) -> None:
     assert second.holds_chores
 
 
+def _killed(node: Membership) -> None:
+    """``node``'s process is gone: nothing renews its lease, nothing answers for it."""
+    node._keepalive.stopService()
+    node._cancel_expiry()
+    node._lease = 0  # keeps the teardown from revoking what is already gone
+
+
+def test_a_node_found_gone_has_its_lease_revoked_and_is_dead_to_all_at_once(
+    cluster: Cluster,
+) -> None:
+    first, second, third = (cluster.join(f"n{i}", ttl_ms=5000) for i in (1, 2, 3))
+    cluster.advance(1)
+    _killed(third)
+
+    # n1's link to n3 was refused just now: n3 is dead to every node long before its TTL.
+    first.report_gone("n3", began=cluster.clock.seconds())
+
+    assert alive(first) == {"n1": True, "n2": True, "n3": False}
+    assert alive(second) == {"n1": True, "n2": True, "n3": False}
+    # n2 finds it gone too: its lease is no longer there to revoke, which changes nothing.
+    second.report_gone("n3", began=cluster.clock.seconds())
+    assert alive(second)["n3"] is False
+    assert first.holds_lease
+    assert second.holds_lease
+
+
+def test_a_refusal_from_before_a_node_registered_anew_leaves_its_new_lease_alone(
+    cluster: Cluster,
+) -> None:
+    first = cluster.join("n1", ttl_ms=5000)
+    cluster.advance(1)
+    refused_at = cluster.clock.seconds()
+    cluster.advance(0.25)
+    # n2 registered after the attempt that was refused began (it listens before registering).
+    second = cluster.join("n2", ttl_ms=5000)
+
+    first.report_gone("n2", began=refused_at)
+
+    assert alive(first) == {"n1": True, "n2": True}
+    assert second.holds_lease
+    assert cluster.events.count(("n2", "lost")) == 0
+
+
+def test_a_node_reports_nothing_gone_without_its_own_lease_nor_of_itself(
+    cluster: Cluster,
+) -> None:
+    first = cluster.join("n1", ttl_ms=3000)
+    cluster.join("n2", ttl_ms=3000)
+    cluster.advance(1)
+
+    first.report_gone("n1", began=cluster.clock.seconds())
+    assert first.holds_lease
+
+    # n1 resumes after a stall past its TTL, before any of its timers ran: it may have lost
+    # its lease, so what it found while stalled is not acted on.
+    cluster.clock.rightNow += 4
+    assert not first.holds_lease
+    first.report_gone("n2", began=cluster.clock.seconds())
+    assert cluster.store.get(PREFIX + b"alive/n2") is not None
+
+
 def test_the_member_list_survives_a_dropped_watch_and_a_compaction(cluster: Cluster) -> None:
     first = cluster.join("n1")
     cluster.store.drop_watches()

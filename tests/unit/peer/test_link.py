@@ -854,6 +854,36 @@ def test_failed_connection_attempts_back_off(clock: Clock) -> None:
     cluster.endpoint.flush()
 
 
+def test_a_refused_connection_is_reported_with_when_the_attempt_began(clock: Clock) -> None:
+    cluster = Cluster(clock)
+    reported: list[tuple[str, float]] = []
+    connections = PeerConnections(
+        identity("a"),
+        clock,
+        lambda node_id: cluster.endpoint,
+        SETTINGS,
+        on_refused=lambda node_id, began: reported.append((node_id, began)),
+    )
+    connections.add_peer("b")
+    connections.startService()
+    cluster.endpoint.flush()
+    assert connections.established("b") is not None
+    clock.advance(5)
+    cluster.endpoint.refuse = True  # b's process is gone: nothing listens on its port
+    cluster.endpoint.pumps[0].serverIO.loseConnection()
+    cluster.endpoint.flush()
+    assert reported == []  # a lost link alone is no proof: a network can drop it
+
+    # The default policy tries a lost link again within a fifth of a second (and a bit).
+    [retry] = clock.getDelayedCalls()
+    assert 0.2 <= retry.getTime() - clock.seconds() <= 0.3
+    clock.advance(retry.getTime() - clock.seconds())
+    assert reported == [("b", retry.getTime())]
+    [retry] = clock.getDelayedCalls()
+    assert 0.4 <= retry.getTime() - clock.seconds() <= 0.5  # then it backs off
+    connections.stopService()
+
+
 def test_refused_handshakes_back_off_too(clock: Clock, logged_errors: list[dict[str, Any]]) -> None:
     """Each refused connection counts as a failed attempt, though it connected."""
     cluster = Cluster(clock, listener=identity("b", cluster_id="c2"))
