@@ -68,15 +68,25 @@ class StateControlPlane(ABC):
     def watch_segments(self, listener: Callable[[Collection[str]], None]) -> None:
         self._segment_listeners.append(listener)
 
-    def _view_replaced(self, old: ControlState | None, new: ControlState) -> None:
+    def _view_replaced(
+        self,
+        old: ControlState | None,
+        new: ControlState,
+        touched: Collection[str] | None = None,
+    ) -> None:
         """Tell the segment listeners which ranges' records differ between ``old`` (``None``:
         nothing was loaded) and ``new``. A change copies the segments of the ranges it touches
         and keeps the others' (``Change.apply``, and the watch's updates alike): identity
-        tells, without comparing records."""
+        tells, without comparing records. ``touched``: the only ranges whose records may
+        differ, when the caller knows (a watch event names its ranges): only those are looked
+        at, not every range of the cluster."""
         if not self._segment_listeners:
             return
         if old is None:
             changed: Collection[str] = frozenset(new.segments)
+        elif touched is not None:
+            before, after = old.segments, new.segments
+            changed = {r for r in touched if before.get(r) is not after.get(r)}
         else:
             before, after = old.segments, new.segments
             changed = {r for r, segments in after.items() if before.get(r) is not segments}

@@ -130,10 +130,19 @@ class PutSegment:
     expected: SegmentMeta | AnyRecord | None = ANY_RECORD
 
     def apply(self, state: ControlState) -> ControlState:
+        return _with_segments(state, self.put_into(state, {}))
+
+    def put_into(
+        self, state: ControlState, touched: dict[str, dict[int, SegmentMeta]]
+    ) -> dict[str, dict[int, SegmentMeta]]:
+        """Put the record into ``touched`` (copies of ``state``'s ranges' records, made here
+        as needed), checked against ``state`` as ``touched`` leaves it; ``touched``."""
         meta = self.meta
         if meta.range_id not in state.ranges:
             raise NotFoundError(f"range {meta.range_id!r} does not exist")
-        segments = state.segments.get(meta.range_id, {})
+        segments = touched.get(meta.range_id)
+        if segments is None:
+            segments = touched[meta.range_id] = dict(state.segments.get(meta.range_id, {}))
         old = segments.get(meta.base_offset)
         where = f"segment {meta.range_id}@{meta.base_offset}"
         refused = swap_refusal(old, meta, self.expected)
@@ -153,10 +162,14 @@ class PutSegment:
                     f"{where} is sealed at {old.record_count} records, {old.byte_size} bytes; "
                     "a sealed segment cannot be unsealed or resized"
                 )
-        return attrs.evolve(
-            state,
-            segments={**state.segments, meta.range_id: {**segments, meta.base_offset: meta}},
-        )
+        segments[meta.base_offset] = meta
+        return touched
+
+
+def _with_segments(state: ControlState, touched: dict[str, dict[int, SegmentMeta]]) -> ControlState:
+    """``state`` with the records of the ranges in ``touched`` replaced: the segments mapping
+    is copied once, however many records were put."""
+    return attrs.evolve(state, segments={**state.segments, **touched})
 
 
 def _some_puts(_: object, attribute: attrs.Attribute[Any], value: tuple[PutSegment, ...]) -> None:
@@ -173,9 +186,10 @@ class PutSegments:
     puts: tuple[PutSegment, ...] = attrs.field(validator=_some_puts)
 
     def apply(self, state: ControlState) -> ControlState:
+        touched: dict[str, dict[int, SegmentMeta]] = {}
         for put in self.puts:
-            state = put.apply(state)
-        return state
+            put.put_into(state, touched)
+        return _with_segments(state, touched)
 
 
 @attrs.frozen

@@ -467,7 +467,7 @@ class EtcdControlPlane(StateControlPlane):
                 self._revisions.pop(kv.key, None)
             self._revision = max(self._revision, kv.mod_revision)
         before, self._state = self._state, working.finish()
-        self._view_replaced(before, self._state)
+        self._view_replaced(before, self._state, touched=working.segments.keys())
         self._wake()
 
     def _until(self, wanted: _Wanted) -> Deferred[None]:
