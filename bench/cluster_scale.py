@@ -402,14 +402,14 @@ def measure_scale(
 
         started = time.monotonic()
         creates = [wire.CreateTopic(topic_name(index), 0) for index in range(topics)]
-        _split_over(nodes, creates, ADMIN)
+        split_over([node.port for node in nodes], creates, ADMIN)
         result["create_s"] = time.monotonic() - started
         written = int(topics * args.written)
         produces = [
             wire.Produce(topic_name(index), tuple(Record(b"first", key=key) for key in keys))
             for index in range(written)
         ]
-        _split_over(nodes, produces, APP)
+        split_over([node.port for node in nodes], produces, APP)
         survivors = [node for node in nodes if node.name != VICTIM]
         started = time.monotonic()
         Probe(written, [n.port for n in survivors], keys, args.probe_in_flight).run(
@@ -465,20 +465,20 @@ def measure_scale(
     return result
 
 
-def _split_over(nodes: Sequence[Node], requests: Sequence[wire.Request], account: Any) -> None:
-    """Send ``requests`` pipelined, a share through each node, at once."""
-    shares = [requests[index :: len(nodes)] for index in range(len(nodes))]
+def split_over(ports: Sequence[int], requests: Sequence[wire.Request], account: Any) -> None:
+    """Send ``requests`` pipelined, a share through each node's client port, at once."""
+    shares = [requests[index :: len(ports)] for index in range(len(ports))]
     errors: list[BaseException] = []
 
-    def send(node: Node, share: Sequence[wire.Request]) -> None:
+    def send(port: int, share: Sequence[wire.Request]) -> None:
         try:
-            pipelined(node.port, share, account)
+            pipelined(port, share, account)
         except BaseException as error:
             errors.append(error)
 
     threads = [
-        threading.Thread(target=send, args=(node, share))
-        for node, share in zip(nodes, shares, strict=True)
+        threading.Thread(target=send, args=(port, share))
+        for port, share in zip(ports, shares, strict=True)
     ]
     for thread in threads:
         thread.start()

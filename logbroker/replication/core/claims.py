@@ -22,9 +22,13 @@ it, then:
   recorded it first. If no quorum takes them within the ack timeout, it is sealed all the
   same only when its copy knows every one of them committed (``seals_in_doubt``); otherwise
   the claim fails and is tried again later;
-- if it holds none, it is led on at the new epoch, on the copies that answered only
-  (``kept_answered``): a silent copy may hold bytes an older primary wrote there, never
-  acknowledged, and no copy may mix two primaries' bytes.
+- if it holds none, it is led on at the new epoch (``kept_answered``). A copy that did not
+  answer stays in the replica set unless placement has a live node to put in its place: the
+  leader sends it the segment from its start once it is back, and the replica rules cut the
+  bytes an older primary left there, never acknowledged, before it takes any
+  (``logbroker.replication.core.replica``), so no copy mixes two primaries' bytes. Taking a
+  dead member out where nothing can replace it would cost a control-plane change per segment
+  at the failover and another to put it back after its return (decision 0014).
 
 A node that should not lead a segment steps aside (``stepped_aside``: it moves to the end of
 the replica set, at the same epoch, so the next member claims): its copy is damaged, it cannot
@@ -176,16 +180,17 @@ def kept_answered(
     live_nodes: Iterable[PlacementNode],
     rule: PlacementRule,
 ) -> SegmentMeta:
-    """An empty segment's replica set without the copies that did not answer the fence,
-    completed by placement over the live nodes up to the replication factor (so a set placed
-    short while nodes were down is made whole on its next claim); ``meta`` itself if nothing
-    changes. Raises ``PlacementError`` when the live nodes cannot make a set."""
+    """An empty segment's replica set with the copies that did not answer the fence replaced
+    by placement over the live nodes, up to the replication factor (so a set placed short
+    while nodes were down is made whole on its next claim too); ``meta`` itself if placement
+    has no node to add: the silent copies are kept, to be sent the segment once they answer.
+    Raises ``PlacementError`` when the live nodes cannot make a set."""
     answered = set(answered)
     silent = set(meta.replicas) - answered
     candidates = [node for node in live_nodes if node.node_id not in silent]
     kept = tuple(node for node in meta.replicas if node in answered)
     placement = replace(segment_key(meta.range_id, meta.base_offset), kept, candidates, rule)
-    if placement.replicas == meta.replicas:
+    if set(placement.replicas) <= set(meta.replicas):
         return meta
     return attrs.evolve(meta, replicas=placement.replicas)
 

@@ -106,12 +106,22 @@ def test_the_next_segment_keeps_the_live_members_with_the_leader_first() -> None
         claims.next_segment(sealed, "a", _nodes("a"), RULE)
 
 
-def test_an_empty_segment_is_led_on_only_on_the_copies_that_answered() -> None:
+def test_an_empty_segment_whose_copy_did_not_answer_gets_a_live_node_in_its_place() -> None:
     meta = _active("abc", epoch=2)
-    kept = claims.kept_answered(meta, ["a", "b"], _nodes("abcd"), RULE)
-    assert kept.replicas[:2] == ("a", "b")
-    assert "c" not in kept.replicas
+    kept = claims.kept_answered(meta, ["a", "b"], _nodes("abd"), RULE)
+    assert kept.replicas == ("a", "b", "d")
     assert claims.kept_answered(meta, "abc", _nodes("abc"), RULE) is meta
+
+
+def test_an_empty_segment_keeps_a_silent_copy_that_no_live_node_can_replace() -> None:
+    meta = _active("abc", epoch=2)
+    assert claims.kept_answered(meta, ["a", "b"], _nodes("ab"), RULE) is meta
+    assert claims.kept_answered(meta, ["a", "b"], _nodes("abc"), RULE) is meta, "c is slow"
+
+
+def test_an_empty_segment_placed_short_is_made_whole_on_its_claim() -> None:
+    meta = _active("ab", epoch=2)
+    assert claims.kept_answered(meta, ["a", "b"], _nodes("abc"), RULE).replicas == ("a", "b", "c")
 
 
 def test_a_short_sealed_set_is_completed_with_live_nodes_keeping_its_members() -> None:
