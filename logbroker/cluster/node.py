@@ -248,17 +248,14 @@ def build_cluster(
         # A node without its lease leads nothing, at once.
         membership.on_lease_lost.append(replication.lead.stop)
 
-        def range_ids() -> list[str]:
-            return [r for topic in control.topics() for r in topic.range_ids]
-
         def sweep() -> None:
             # Nothing to do before the control plane has loaded: the first interval can end
             # before etcd has answered (a state of thousands of ranges takes a while).
             if control.loaded:
-                replication.sweep(range_ids())
+                replication.sweep(control.range_ids())
 
         def heal() -> Deferred[None] | None:
-            return replication.heal(range_ids()) if control.loaded else None
+            return replication.heal(control.range_ids()) if control.loaded else None
 
         chores = [
             PeriodicTask(

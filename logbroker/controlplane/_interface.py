@@ -40,6 +40,9 @@ class ControlPlane(Protocol):
     def topics(self) -> list[Topic]:
         """Every topic, by name."""
 
+    def range_ids(self) -> Sequence[str]:
+        """Every range of every topic: the topics by name, each one's ranges in order."""
+
     def range(self, range_id: str) -> Range | None: ...
 
     def ranges(self, topic: str) -> list[Range]:

@@ -50,6 +50,8 @@ class StateControlPlane(ABC):
         #: Each range's segments in order, with the dict of the state they were sorted from.
         self._ordered_segments: dict[str, tuple[Mapping[int, SegmentMeta], list[SegmentMeta]]] = {}
         self._segment_listeners: list[Callable[[Collection[str]], None]] = []
+        #: ``range_ids()``, with the topics mapping it was made from.
+        self._range_ids: tuple[Mapping[str, Topic] | None, tuple[str, ...]] = (None, ())
 
     @abstractmethod
     def _read(self) -> ControlState:
@@ -97,6 +99,16 @@ class StateControlPlane(ABC):
 
     def topics(self) -> list[Topic]:
         return [topic for _, topic in sorted(self._read().topics.items())]
+
+    def range_ids(self) -> Sequence[str]:
+        # Made again only when the topics change: the takeover sweep and healing read it
+        # twice a second, thousands of ranges long.
+        topics = self._read().topics
+        made_from, range_ids = self._range_ids
+        if made_from is not topics:
+            range_ids = tuple(r for _, topic in sorted(topics.items()) for r in topic.range_ids)
+            self._range_ids = (topics, range_ids)
+        return range_ids
 
     def range(self, range_id: str) -> Range | None:
         return self._read().ranges.get(range_id)

@@ -465,6 +465,9 @@ class LeadRanges:
             self._pumping = False
 
     def _start_claims(self) -> None:
+        #: The ranges taken over from each dead primary: one log line for them all (a node
+        #: takes over hundreds at once; each claim logs its own line once fenced).
+        taken_over: collections.Counter[str] = collections.Counter()
         while self._to_claim and len(self._claiming) < MAX_SWEEP_CLAIMS:
             range_id = self._to_claim.popleft()
             # Decided when the sweep ran; the record may have changed since.
@@ -473,13 +476,14 @@ class LeadRanges:
             meta = self._claims.active(range_id)
             assert meta is not None
             if meta.replicas[0] != self._claims.context.node_id:
-                log.info(
-                    "The primary of {range_id}@{segment}, {primary}, is dead: taking it over",
-                    range_id=range_id,
-                    segment=meta.base_offset,
-                    primary=meta.replicas[0],
-                )
+                taken_over[meta.replicas[0]] += 1
             self._claim(range_id).addErrback(self._claim_failed, range_id)
+        for primary, count in sorted(taken_over.items()):
+            log.info(
+                "Taking over {count} ranges whose primary, {primary}, is dead",
+                count=count,
+                primary=primary,
+            )
 
     def _may_claim(self, range_id: str) -> bool:
         backoff = self._backoff.get(range_id)

@@ -63,7 +63,15 @@ class ParkedReplicas:
         self._leaders: dict[str, dict[SegmentLeader, None]] = {}
 
     def park(self, leader: SegmentLeader, node: str) -> None:
-        self._leaders.setdefault(node, {})[leader] = None
+        waiting = self._leaders.get(node)
+        if waiting is None:
+            waiting = self._leaders[node] = {}
+            log.info(
+                "The leaders here wait for {node}, dead in the membership: it is sent what it"
+                " lacks once it is alive again",
+                node=node,
+            )
+        waiting[leader] = None
 
     def forget(self, leader: SegmentLeader) -> None:
         """``leader`` stopped: it waits for no one."""
@@ -81,7 +89,13 @@ class ParkedReplicas:
     def resume_live(self, is_live: Callable[[str], bool]) -> None:
         """Tell the leaders of every parked node that is alive now that it is back."""
         for node in [node for node in self._leaders if is_live(node)]:
-            for leader in self._leaders.pop(node):
+            leaders = self._leaders.pop(node)
+            log.info(
+                "{node} is alive again: {count} leaders here send it what it lacks",
+                node=node,
+                count=len(leaders),
+            )
+            for leader in leaders:
                 leader.member_back(node)
 
 
@@ -139,6 +153,8 @@ class SegmentLeader:
         #: Replicas whose last message failed: a streak of failures is logged once (a leader
         #: retries a dead replica every second, and a node leads thousands of ranges).
         self._failing: set[str] = set()
+        #: Whether the stop is logged by the caller (``step_down(..., logged=True)``).
+        self._quiet_stop = False
         range_log.commit(self._core.commit)
         self._run(self._core.start(clock.seconds()))
 
@@ -217,8 +233,11 @@ class SegmentLeader:
         """``node``, parked while dead, is alive again."""
         self._run(self._core.member_back(node, self._clock.seconds()))
 
-    def step_down(self, why: BrokerError) -> None:
-        """Stop leading (a roll sealed the segment, the node lost its lease, it stops)."""
+    def step_down(self, why: BrokerError, *, logged: bool = False) -> None:
+        """Stop leading (a roll sealed the segment, the node lost its lease, it stops).
+        ``logged``: the caller's own log line says so (a seal), this one adds none: a node
+        that takes over thousands of segments seals hundreds of them at once."""
+        self._quiet_stop = logged
         self._run(self._core.stop(why.reason, str(why)))
 
     # -- what happened ---------------------------------------------------------------------
@@ -241,7 +260,8 @@ class SegmentLeader:
     def _send_failed(self, failure: Failure, node: str, generation: int) -> None:
         if isinstance(failure.value, CancelledError):
             return
-        if node not in self._failing:
+        if node not in self._failing and self._is_live(node):
+            # A dead node's leaders park it, and ``ParkedReplicas`` says so once for them all.
             self._failing.add(node)
             log.debug(
                 "Replicating {range_id} to {node} failed: {error} (retried until it answers)",
@@ -344,13 +364,14 @@ class SegmentLeader:
             )
 
     def _stopped(self, step: StepDown) -> None:
-        log.info(
-            "No longer leading {range_id}@{segment} at epoch {epoch}: {why}",
-            range_id=self.range_id,
-            segment=self.segment,
-            epoch=self.epoch,
-            why=step.message,
-        )
+        if not self._quiet_stop:
+            log.info(
+                "No longer leading {range_id}@{segment} at epoch {epoch}: {why}",
+                range_id=self.range_id,
+                segment=self.segment,
+                epoch=self.epoch,
+                why=step.message,
+            )
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None

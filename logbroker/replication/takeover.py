@@ -168,13 +168,13 @@ class SegmentClaims:
                 f" of {ctx.settings.quorum}; it is claimed once enough of them are back",
             )
         await self._record(claim, "claim", expected=meta)
-        log.info("Claimed {segment} at epoch {epoch}", segment=where, epoch=claim.epoch)
         self._require_lease(range_id)
         ends = await self._fence(claim)
-        log.debug(
-            "Fenced {segment} at epoch {epoch}: copies end at {ends}",
+        log.info(
+            "Claimed {segment} at epoch {epoch} (its primary was {primary}): copies end at {ends}",
             segment=where,
             epoch=claim.epoch,
+            primary=meta.replicas[0],
             ends=", ".join(f"{node} {end.offset}" for node, end in sorted(ends.items())),
         )
         holder, best = claims.seal_point(ends, ctx.node_id)
@@ -453,18 +453,12 @@ class SegmentClaims:
         opening = self._next_segment(sealed)
         await self._record_together([(sealed, meta), (opening, None)], "seal")
         leader.step_down(
-            BrokerError(Reason.NOT_PRIMARY, f"{leader.range_id}@{leader.segment} is sealed")
-        )
-        log.info(
-            "Sealed {range_id}@{segment}: {records} records, {size} bytes",
-            range_id=sealed.range_id,
-            segment=sealed.base_offset,
-            records=sealed.record_count,
-            size=sealed.byte_size,
+            BrokerError(Reason.NOT_PRIMARY, f"{leader.range_id}@{leader.segment} is sealed"),
+            logged=True,
         )
         # The next segment starts here only once this node's copy of the last is sealed.
         await self._seal_copies(sealed)
-        return await self._lead_opened(opening, on_commit, on_step_down)
+        return await self._lead_opened(opening, on_commit, on_step_down, after=sealed)
 
     async def _seal_copies(self, sealed: SegmentMeta) -> None:
         """Tell every replica to seal its copy; this node's own must be sealed before the next
@@ -513,9 +507,14 @@ class SegmentClaims:
         return meta
 
     async def _lead_opened(
-        self, meta: SegmentMeta, on_commit: Callable[[int], None], on_step_down: OnStepDown
+        self,
+        meta: SegmentMeta,
+        on_commit: Callable[[int], None],
+        on_step_down: OnStepDown,
+        after: SegmentMeta | None = None,
     ) -> SegmentLeader:
-        """Start this node's copy of the segment ``meta`` it recorded opening, and lead it."""
+        """Start this node's copy of the segment ``meta`` it recorded opening, and lead it;
+        ``after``: the segment this node sealed to open it (said in the same log line)."""
         ctx = self._context
         base = meta.base_offset
         fence = encode_fence(FenceRequest(meta.range_id, base, meta.epoch))
@@ -525,12 +524,25 @@ class SegmentClaims:
                 Reason.UNREACHABLE,
                 f"this node could not start its copy of {meta.range_id}@{base}",
             )
-        log.info(
-            "Opened {range_id}@{segment} on {replicas}",
-            range_id=meta.range_id,
-            segment=base,
-            replicas=",".join(meta.replicas),
-        )
+        replicas = ",".join(meta.replicas)
+        if after is None:
+            log.info(
+                "Opened {range_id}@{segment} on {replicas}",
+                range_id=meta.range_id,
+                segment=base,
+                replicas=replicas,
+            )
+        else:
+            log.info(
+                "Sealed {range_id}@{sealed}: {records} records, {size} bytes; opened"
+                " {range_id}@{segment} on {replicas}",
+                range_id=meta.range_id,
+                sealed=after.base_offset,
+                records=after.record_count,
+                size=after.byte_size,
+                segment=base,
+                replicas=replicas,
+            )
         return self._leader(meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit, on_step_down)
 
 

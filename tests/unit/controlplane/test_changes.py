@@ -96,11 +96,13 @@ async def test_create_topic_and_read_it_back(backend: Backend, control: ControlP
     audit, audit_ranges = make_topic("audit", bits=0)
 
     await done(backend, control.create_topic(orders, ranges))
+    assert list(control.range_ids()) == ["orders.0", "orders.1", "orders.2", "orders.3"]
     await done(backend, control.create_topic(audit, audit_ranges))
 
     assert control.topic("orders") == orders
     assert control.topic("nope") is None
     assert control.topics() == [audit, orders]
+    assert list(control.range_ids()) == ["audit.0", "orders.0", "orders.1", "orders.2", "orders.3"]
     assert control.ranges("orders") == ranges
     assert [(r.start, r.end) for r in ranges] == [(0, 64), (64, 128), (128, 192), (192, 256)]
     assert control.ranges("nope") == []

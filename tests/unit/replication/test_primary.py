@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
-from twisted.logger import globalLogPublisher
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from logbroker.broker.errors import BrokerError, InDoubtError
@@ -465,3 +465,35 @@ def test_leaders_wait_for_a_dead_replica_without_retrying_and_resume_when_it_is_
     leader.step_down(BrokerError(Reason.NOT_PRIMARY, "sealed"))
     other.step_down(BrokerError(Reason.NOT_PRIMARY, "sealed"))
     assert parked.nodes() == []
+
+
+def test_the_leaders_waiting_for_a_dead_replica_log_it_once_between_them(clock: Clock) -> None:
+    # A survivor of a failover leads thousands of segments that all wait for the dead node.
+    replicas = Replicas()
+    parked = ParkedReplicas()
+    alive = {"a", "b"}
+    leaders = [_leader(clock, replicas, live=alive.__contains__, parked=parked)[0] for _ in "xyz"]
+    logged: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        for leader in leaders:
+            leader.append(_records(1))
+        clock.advance(0)
+        replicas.answer("b")
+        for _, answer in replicas.to("c"):
+            answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+        alive.add("c")
+        parked.resume_live(alive.__contains__)
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+
+    lines = [formatEvent(event) for event in logged]
+    assert not [line for line in lines if line.startswith("Replicating")], lines
+    waits = [line for line in lines if "wait for c" in line]
+    assert waits == [
+        "The leaders here wait for c, dead in the membership: it is sent what it lacks once"
+        " it is alive again"
+    ]
+    assert [line for line in lines if "alive again:" in line] == [
+        "c is alive again: 3 leaders here send it what it lacks"
+    ]
