@@ -198,6 +198,10 @@ def test_stamped_retries_through_other_nodes_store_every_value_once(
         time.sleep(3)
     print(f"\nretries by what failed the try before: {dict(load.retried_after)}")
     check(history, third)
+    # Every fault ends within LEASE + 3 s of its start: a produce retried for GIVE_UP_AFTER
+    # in vain waited on a fate that never came (its records stored, but never committed).
+    gave_up = [p for p in history.produces if p.failure == "gave up"]
+    assert not gave_up, f"{len(gave_up)} produces retried for {GIVE_UP_AFTER:g} s in vain"
     for cause in ("no_quorum", "connection lost"):
         assert load.retried_after[cause] > 0, f"no retry after {cause}: {dict(load.retried_after)}"
     assert load.retried_after["unreachable"] + load.retried_after["not_primary"] > 0

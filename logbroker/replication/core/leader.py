@@ -289,9 +289,19 @@ class LeaderCore:
             elif stream.idle and self._told_commit[node] < self._tracker.commit:
                 # A replica slower than the quorum: it was sent an older commit.
                 self._notice_soon(now)
-        elif generation == stream.generation:
+        else:
             # mismatch (or short): send from where the copy ends.
-            stream.rewind(status.end_offset, status.end_position)
+            if generation == stream.generation:
+                stream.rewind(status.end_offset, status.end_position)
+            if status.epoch == self.epoch and self._tracker.advance(
+                node, min(status.end_offset, self._written)
+            ):
+                # The copy holds more than this leader knew, durably: what it was sent before
+                # its answers were lost (a stall, a broken link). At this epoch every byte of
+                # it is this leader's (``logbroker.replication.core.replica``): it counts, or
+                # nothing would commit those records until another append comes, and a retry
+                # waiting for their fate would wait with them.
+                self._committed(actions)
         self._pump(node, actions)
         return actions
 

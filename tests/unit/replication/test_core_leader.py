@@ -181,6 +181,23 @@ class LeaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.in_flight)
     @rule(data=st.data())
+    def store_but_lose_the_answer(self, data: st.DataObject) -> None:
+        """The replica stores what it was sent, then the link fails before its answer is read
+        (it was stopped, the connection dropped)."""
+        send = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
+        copy = self.copies[send.node]
+        request = send.request
+        if send.notice or copy.fenced:
+            return
+        if request.offset == copy.offset and request.position == copy.position:
+            copy.position += len(request.data)
+            copy.offset = self.ends_at[copy.position]
+        self.run(
+            self.core.send_failed(send.node, send.generation, self.now, data.draw(st.booleans()))
+        )
+
+    @precondition(lambda self: self.in_flight)
+    @rule(data=st.data())
     def lose(self, data: st.DataObject) -> None:
         """The link fails; ``live``: whether the membership has the replica alive then."""
         send = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
@@ -271,3 +288,42 @@ def test_a_dead_replica_is_parked_not_retried_until_it_is_back() -> None:
         ("c", 0)
     ]
     assert core.member_back("c", 102.0) == [], "told once; not parked any more"
+
+
+def test_records_a_replica_stored_while_its_answers_were_lost_commit_once_it_answers() -> None:
+    # Two replicas stopped (SIGSTOP) just after they stored a write: their answers never come,
+    # the append is refused in doubt, and once they are back they answer that their copies
+    # end past what they are sent. No other append comes (the producer waits for the fate of
+    # this one): the commit must move on their word, or the doubt never settles.
+    core = _new_core()
+    core.wrote(0, 1, b"x" * 10)
+    ticket, _ = core.wait(1, 0.0)
+    sent = [a for a in core.flush(0.0) if isinstance(a, Send)]
+    core.locally_durable(1, 0.0)
+    for send in sent:
+        assert core.send_failed(send.node, send.generation, 1.0, False) == [Park(send.node)]
+    refused = [a for a in core.tick(5.0) if isinstance(a, Refuse)]
+    assert [(r.tickets, r.in_doubt) for r in refused] == [((ticket,), True)]
+
+    [again] = [a for a in core.member_back("b", 9.0) if isinstance(a, Send)]
+    assert again.request.offset == 0, "sent from where the leader last knew the copy ended"
+    answer = CopyStatus(CopyOutcome.MISMATCH, 1, 1, 10)
+    actions = core.answered("b", again.generation, answer, 9.1)
+
+    assert Commit(1) in actions
+    assert Settle((ticket,), committed=True) in actions
+    assert core.commit == 1
+
+
+def test_a_copy_of_an_older_epoch_that_ends_further_commits_nothing() -> None:
+    # Its bytes past where this leader's copy agrees with it may be another primary's.
+    core = _new_core()
+    core.wrote(0, 2, b"x" * 20)
+    core.wait(2, 0.0)
+    sent = [a for a in core.flush(0.0) if isinstance(a, Send) and a.node == "b"]
+    core.locally_durable(2, 0.0)
+    actions = core.answered(
+        "b", sent[0].generation, CopyStatus(CopyOutcome.MISMATCH, 0, 2, 20), 0.1
+    )
+    assert not [a for a in actions if isinstance(a, Commit)]
+    assert core.commit == 0
