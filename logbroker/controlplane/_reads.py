@@ -86,12 +86,10 @@ class StateControlPlane(ABC):
             return
         if old is None:
             changed: Collection[str] = frozenset(new.segments)
-        elif touched is not None:
-            before, after = old.segments, new.segments
-            changed = {r for r in touched if before.get(r) is not after.get(r)}
         else:
             before, after = old.segments, new.segments
-            changed = {r for r, segments in after.items() if before.get(r) is not segments}
+            looked_at = after.keys() if touched is None else touched
+            changed = {r for r in looked_at if before.get(r) is not after.get(r)}
             changed.update(r for r in before if r not in after)
         if changed:
             for listener in list(self._segment_listeners):

@@ -130,13 +130,13 @@ class PutSegment:
     expected: SegmentMeta | AnyRecord | None = ANY_RECORD
 
     def apply(self, state: ControlState) -> ControlState:
-        return _with_segments(state, self.put_into(state, {}))
+        touched: dict[str, dict[int, SegmentMeta]] = {}
+        self.put_into(state, touched)
+        return _with_segments(state, touched)
 
-    def put_into(
-        self, state: ControlState, touched: dict[str, dict[int, SegmentMeta]]
-    ) -> dict[str, dict[int, SegmentMeta]]:
+    def put_into(self, state: ControlState, touched: dict[str, dict[int, SegmentMeta]]) -> None:
         """Put the record into ``touched`` (copies of ``state``'s ranges' records, made here
-        as needed), checked against ``state`` as ``touched`` leaves it; ``touched``."""
+        as needed), checked against ``state`` as ``touched`` leaves it."""
         meta = self.meta
         if meta.range_id not in state.ranges:
             raise NotFoundError(f"range {meta.range_id!r} does not exist")
@@ -163,7 +163,6 @@ class PutSegment:
                     "a sealed segment cannot be unsealed or resized"
                 )
         segments[meta.base_offset] = meta
-        return touched
 
 
 def _with_segments(state: ControlState, touched: dict[str, dict[int, SegmentMeta]]) -> ControlState:
