@@ -282,28 +282,26 @@ class LeaderCore:
                 self._retry_later(node, now, live, actions)
             return actions
         self._backoff[node] = self._settings.retry_seconds
-        stored = status.outcome is CopyOutcome.OK
-        # Where the copy ends durably counts for the commit whatever the answer, if every byte
-        # of it is this leader's: stored from what it sent, or at its epoch
-        # (``logbroker.replication.core.replica``). A mismatch to what the stream sends now
-        # can say the copy holds more than this leader knew: what it was sent before its
-        # answers were lost (a stall, a broken link); without it nothing would commit those
-        # records until another append came, and a retry waiting for their fate would wait
-        # with them. The stream goes on from there (an older message's mismatch is stale).
-        current = generation == stream.generation
-        ours = stored or (current and status.epoch == self.epoch)
-        if stored:
+        if status.outcome is CopyOutcome.OK:
             stream.stored(generation, status.end_offset, status.end_position)
-        elif current:
+            if self._tracker.advance(node, min(status.end_offset, self._written)):
+                self._committed(actions)
+            elif stream.idle and self._told_commit[node] < self._tracker.commit:
+                # A replica slower than the quorum: it was sent an older commit.
+                self._notice_soon(now)
+        else:
             # mismatch (or short): send from where the copy ends.
-            stream.rewind(status.end_offset, status.end_position)
-            if ours:
-                stream.durable_at(status.end_offset, status.end_position)
-        if ours and self._tracker.advance(node, min(status.end_offset, self._written)):
-            self._committed(actions)
-        elif stored and stream.idle and self._told_commit[node] < self._tracker.commit:
-            # A replica slower than the quorum: it was sent an older commit.
-            self._notice_soon(now)
+            if generation == stream.generation:
+                stream.rewind(status.end_offset, status.end_position)
+            if status.epoch == self.epoch and self._tracker.advance(
+                node, min(status.end_offset, self._written)
+            ):
+                # The copy holds more than this leader knew, durably: what it was sent before
+                # its answers were lost (a stall, a broken link). At this epoch every byte of
+                # it is this leader's (``logbroker.replication.core.replica``): it counts, or
+                # nothing would commit those records until another append comes, and a retry
+                # waiting for their fate would wait with them.
+                self._committed(actions)
         self._pump(node, actions)
         return actions
 

@@ -203,23 +203,17 @@ class ReplicaStream:
 
     def stored(self, generation: int, end_offset: int, end_position: int) -> None:
         """A message of ``generation`` was stored: the copy is durable up to ``end_offset``."""
-        self.durable_at(end_offset, end_position)
+        self._heard(end_offset, end_position)
         if generation != self.generation:
             return
         while self._in_flight and self._in_flight[0][0] <= end_offset:
             _, size = self._in_flight.popleft()
             self._in_flight_bytes -= size
 
-    def durable_at(self, end_offset: int, end_position: int) -> None:
-        """The copy said it holds everything up to ``end_offset`` durably (where a resend after
-        a failed link starts). An answer to an older message can say so after the stream went
-        back to send again from an older end: it goes on from this one instead (the leader's
-        backlog may no longer hold what lies below it)."""
+    def _heard(self, end_offset: int, end_position: int) -> None:
         if self.durable_offset is None or end_offset > self.durable_offset:
             self.durable_offset = end_offset
             self.durable_position = end_position
-        if end_offset > self.next_offset:
-            self.rewind(end_offset, end_position)
 
     def rewind(self, offset: int, position: int) -> None:
         """Send from ``offset`` next: what was in flight is forgotten (its answers, if any come,
