@@ -181,23 +181,6 @@ class LeaderMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.in_flight)
     @rule(data=st.data())
-    def store_but_lose_the_answer(self, data: st.DataObject) -> None:
-        """The replica stores what it was sent, then the link fails before its answer is read
-        (it was stopped, the connection dropped)."""
-        send = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
-        copy = self.copies[send.node]
-        request = send.request
-        if send.notice or copy.fenced:
-            return
-        if request.offset == copy.offset and request.position == copy.position:
-            copy.position += len(request.data)
-            copy.offset = self.ends_at[copy.position]
-        self.run(
-            self.core.send_failed(send.node, send.generation, self.now, data.draw(st.booleans()))
-        )
-
-    @precondition(lambda self: self.in_flight)
-    @rule(data=st.data())
     def lose(self, data: st.DataObject) -> None:
         """The link fails; ``live``: whether the membership has the replica alive then."""
         send = self.in_flight.pop(data.draw(st.integers(0, len(self.in_flight) - 1)))
