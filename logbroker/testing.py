@@ -24,7 +24,7 @@ import attrs
 from twisted.internet.defer import Deferred, fail, succeed
 
 from logbroker.controlplane._memory_kv import MemoryKeyValueStore
-from logbroker.storage._fs import AppendFile, sync_each
+from logbroker.storage._fs import TEMPORARY_SUFFIX, Syncable, sync_each
 
 _T = TypeVar("_T")
 
@@ -70,6 +70,26 @@ class _MemoryAppendFile:
     def close(self) -> None:
         self._check_open()
         self.closed = True
+
+
+class _MemoryStep:
+    """A staged temporary file or a directory, open to be synced: syncing it is a step of an
+    atomic replace (``MemoryFileSystem.on_atomic_step`` hears of it first)."""
+
+    def __init__(
+        self, fs: MemoryFileSystem, step: str, path: str, sync: Callable[[], None]
+    ) -> None:
+        self._fs = fs
+        self._step = step
+        self._path = path
+        self._sync = sync
+
+    def sync(self) -> None:
+        self._fs._atomic_step(self._step, self._path)
+        self._sync()
+
+    def close(self) -> None:
+        pass
 
 
 class _MemoryReadFile:
@@ -179,27 +199,40 @@ class MemoryFileSystem:
         return _MemoryAppendFile(self, path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
+        # The steps of OsFileSystem.write_atomic, each one a point a crash can hit.
+        staged = self.stage_atomic(path, data)
+        staged.sync()
+        staged.close()
+        self.publish_atomic(path)
+        self.open_dir(posixpath.dirname(self._norm(path))).sync()
+
+    def stage_atomic(self, path: str, data: bytes) -> Syncable:
         path = self._norm(path)
         if self.failing_atomic_writes > 0:
             self.failing_atomic_writes -= 1
             raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
-        # The steps of OsFileSystem.write_atomic, each one a point a crash can hit.
-        temporary = path + ".tmp"
-        directory = posixpath.dirname(path)
+        temporary = path + TEMPORARY_SUFFIX
         self._atomic_step("write", temporary)
-        entry = _File(bytearray(data))
-        self._files[temporary] = entry
-        self._atomic_step("sync", temporary)
-        entry.durable = bytes(data)
+        self._files[temporary] = _File(bytearray(data))
+        return _MemoryStep(self, "sync", temporary, lambda: self._sync_staged(temporary))
+
+    def _sync_staged(self, temporary: str) -> None:
+        entry = self._file(temporary)
+        entry.durable = bytes(entry.data)
+
+    def publish_atomic(self, path: str) -> None:
+        path = self._norm(path)
         self._atomic_step("rename", path)
-        del self._files[temporary]
+        entry = self._files.pop(path + TEMPORARY_SUFFIX)
         old = self._files.get(path)
         if old is not None:
             entry.replaced = old if old.linked else old.replaced
         self._files[path] = entry
-        self._atomic_step("sync-dir", directory)
-        self.sync_dir(directory)
-        self.journal.append(JournalEntry("write-atomic", path, len(data)))
+        self.journal.append(JournalEntry("write-atomic", path, len(entry.data)))
+
+    def open_dir(self, path: str) -> Syncable:
+        path = self._norm(path)
+        return _MemoryStep(self, "sync-dir", path, lambda: self.sync_dir(path))
 
     def _atomic_step(self, step: str, path: str) -> None:
         if self.on_atomic_step is not None:
@@ -223,7 +256,7 @@ class MemoryFileSystem:
                 entry.linked = True
                 entry.replaced = None
 
-    def sync_files(self, files: Sequence[AppendFile]) -> list[OSError | None]:
+    def sync_files(self, files: Sequence[Syncable]) -> list[OSError | None]:
         return sync_each(files)
 
     def lock(self, path: str) -> object:

@@ -25,9 +25,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
-from logbroker.storage._fs import AppendFile, FileSystem
+from logbroker.storage._fs import FileSystem, Syncable
 
-_Asked = tuple[AppendFile, Deferred[float], float]
+_Asked = tuple[Syncable, Deferred[float], float]
 
 
 class SharedFlush:
@@ -42,7 +42,7 @@ class SharedFlush:
         #: Rounds started so far: each one ``sync_files`` call.
         self.rounds = 0
 
-    def flush(self, file: AppendFile) -> Deferred[float]:
+    def flush(self, file: Syncable) -> Deferred[float]:
         """Fire, with the seconds it waited, once everything written to ``file`` before this
         call is durable; fail with the ``OSError`` that left it in doubt."""
         done: Deferred[float] = Deferred()

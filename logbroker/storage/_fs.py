@@ -21,17 +21,25 @@ from twisted.logger import Logger
 
 log = Logger()
 
+#: What ``write_atomic`` writes first, beside its target; recovery removes any left by a crash.
+TEMPORARY_SUFFIX = ".tmp"
 
-class AppendFile(Protocol):
+
+class Syncable(Protocol):
+    """An open file or directory whose changes can be made durable."""
+
+    def sync(self) -> None:
+        """Make everything written so far durable (for a directory: its entries); raise
+        ``OSError`` if that failed."""
+
+    def close(self) -> None: ...
+
+
+class AppendFile(Syncable, Protocol):
     """A file opened for appending."""
 
     def write(self, data: bytes) -> None:
         """Append all of ``data`` (to the page cache: not yet durable)."""
-
-    def sync(self) -> None:
-        """Make everything written so far durable; raise ``OSError`` if that failed."""
-
-    def close(self) -> None: ...
 
 
 class ReadFile(Protocol):
@@ -68,6 +76,18 @@ class FileSystem(Protocol):
     def write_atomic(self, path: str, data: bytes) -> None:
         """Replace ``path`` with ``data`` so that a crash leaves the old or the new content."""
 
+    def stage_atomic(self, path: str, data: bytes) -> Syncable:
+        """``write_atomic`` in steps, for callers that share its syncs (``AtomicWrites``):
+        write ``data`` to the temporary file beside ``path`` and return it open, not synced.
+        The caller syncs and closes it, then calls ``publish_atomic``."""
+
+    def publish_atomic(self, path: str) -> None:
+        """Rename the synced temporary file ``stage_atomic`` wrote over ``path``; durable once
+        the directory is synced (``open_dir``)."""
+
+    def open_dir(self, path: str) -> Syncable:
+        """The directory ``path``, opened to sync its entries."""
+
     def truncate(self, path: str, size: int) -> None:
         """Cut ``path`` to ``size`` bytes, durably."""
 
@@ -77,7 +97,7 @@ class FileSystem(Protocol):
     def sync_dir(self, path: str) -> None:
         """Make the entries of directory ``path`` durable."""
 
-    def sync_files(self, files: Sequence[AppendFile]) -> list[OSError | None]:
+    def sync_files(self, files: Sequence[Syncable]) -> list[OSError | None]:
         """Make everything written to each of ``files`` durable, perhaps by one sync that covers
         them all (and more); return each file's outcome, in order: ``None`` or the error that
         leaves its writes in doubt."""
@@ -87,7 +107,7 @@ class FileSystem(Protocol):
         object lives; raise ``BlockingIOError`` if another process holds it."""
 
 
-def sync_each(files: Sequence[AppendFile]) -> list[OSError | None]:
+def sync_each(files: Sequence[Syncable]) -> list[OSError | None]:
     """``FileSystem.sync_files`` by one fsync per file."""
     outcomes: list[OSError | None] = []
     for file in files:
@@ -100,18 +120,28 @@ def sync_each(files: Sequence[AppendFile]) -> list[OSError | None]:
     return outcomes
 
 
-class _OsAppendFile:
-    def __init__(self, path: str, create: bool) -> None:
-        flags = os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC
-        if create:
-            flags |= os.O_CREAT | os.O_EXCL
-        self._fd = os.open(path, flags, 0o644)
+class _OsHandle:
+    """An open file descriptor that ``OsFileSystem.sync_files`` can sync."""
+
+    def __init__(self, path: str, flags: int) -> None:
+        self._fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
         self.path = path
         #: The file system it is on: one ``syncfs`` covers every file of one device.
         self.device = os.fstat(self._fd).st_dev
 
     def fileno(self) -> int:
         return self._fd
+
+    def sync(self) -> None:
+        os.fsync(self._fd)
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _OsAppendFile(_OsHandle):
+    def __init__(self, path: str, flags: int) -> None:
+        super().__init__(path, os.O_WRONLY | os.O_APPEND | flags)
 
     def write(self, data: bytes) -> None:
         view = memoryview(data)
@@ -121,9 +151,6 @@ class _OsAppendFile:
 
     def sync(self) -> None:
         os.fdatasync(self._fd)
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 class _OsReadFile:
@@ -220,23 +247,34 @@ class OsFileSystem:
         return _OsReadFile(path)
 
     def open_append(self, path: str) -> AppendFile:
-        return _OsAppendFile(path, create=False)
+        return _OsAppendFile(path, 0)
 
     def create_append(self, path: str) -> AppendFile:
-        return _OsAppendFile(path, create=True)
+        return _OsAppendFile(path, os.O_CREAT | os.O_EXCL)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        temporary = path + ".tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        staged = self.stage_atomic(path, data)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            staged.sync()
         finally:
-            os.close(fd)
-        os.replace(temporary, path)
+            staged.close()
+        self.publish_atomic(path)
         self.sync_dir(os.path.dirname(path) or ".")
+
+    def stage_atomic(self, path: str, data: bytes) -> Syncable:
+        staged = _OsAppendFile(path + TEMPORARY_SUFFIX, os.O_CREAT | os.O_TRUNC)
+        try:
+            staged.write(data)
+        except BaseException:
+            staged.close()
+            raise
+        return staged
+
+    def publish_atomic(self, path: str) -> None:
+        os.replace(path + TEMPORARY_SUFFIX, path)
+
+    def open_dir(self, path: str) -> Syncable:
+        return _OsHandle(path or ".", os.O_RDONLY | os.O_DIRECTORY)
 
     def truncate(self, path: str, size: int) -> None:
         fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
@@ -256,13 +294,13 @@ class OsFileSystem:
         finally:
             os.close(fd)
 
-    def sync_files(self, files: Sequence[AppendFile]) -> list[OSError | None]:
+    def sync_files(self, files: Sequence[Syncable]) -> list[OSError | None]:
         if self._syncfs is None:
             return sync_each(files)
         outcomes: list[OSError | None] = [None] * len(files)
         by_device: dict[int, list[int]] = {}
         for index, file in enumerate(files):
-            assert isinstance(file, _OsAppendFile), "files of this file system"
+            assert isinstance(file, _OsHandle), "files of this file system"
             by_device.setdefault(file.device, []).append(index)
         for indices in by_device.values():
             synced = self._sync_device([files[index] for index in indices])
@@ -270,11 +308,11 @@ class OsFileSystem:
                 outcomes[index] = outcome
         return outcomes
 
-    def _sync_device(self, files: list[AppendFile]) -> list[OSError | None]:
+    def _sync_device(self, files: list[Syncable]) -> list[OSError | None]:
         syncfs = self._syncfs
         if syncfs is not None:
             first = files[0]
-            assert isinstance(first, _OsAppendFile)
+            assert isinstance(first, _OsHandle)
             try:
                 syncfs(first.fileno())
             except OSError as error:

@@ -62,7 +62,7 @@ def plan_seal(segment: Segment) -> SealPlan:
     )
 
 
-def _create_segment(fs: FileSystem, directory: str, path: str) -> AppendFile:
+def create_segment(fs: FileSystem, directory: str, path: str) -> AppendFile:
     """Create a new segment file; it is not durable until its directory entry is."""
     writer = fs.create_append(path)
     try:
@@ -82,36 +82,46 @@ def _read_prefix(fs: FileSystem, path: str, byte_size: int) -> bytes:
         reader.close()
 
 
-def _seal_files(
+def sidecar_writes(
     fs: FileSystem, path: str, seal: Seal, index: list[IndexEntry], epoch: int | None
-) -> None:
-    """Write the sidecars of a sealed segment whose log is at ``path``: its epoch marker (with
-    ``epoch``; none on a single node), its index, then its seal marker. The marker goes last: a
-    marker on disk always has its sidecars beside it."""
+) -> list[tuple[str, bytes]]:
+    """The sidecars of a sealed segment whose log is at ``path``, in the order they must become
+    durable: its epoch marker (with ``epoch``; none on a single node), its index, then its seal
+    marker. The marker goes last: a marker on disk always has its sidecars beside it."""
     stem = path.removesuffix(LOG_SUFFIX)
+    writes: list[tuple[str, bytes]] = []
     if epoch is not None:
         marker = encode_epoch(EpochMarker(seal.base_offset, epoch))
         # Usually the copy's fence wrote this very marker, durably, before the seal: written
-        # again, it would cost two fsyncs for nothing (at every seal of every copy).
+        # again, it would cost two syncs for nothing (at every seal of every copy).
         held = stem + EPOCH_SUFFIX
         if not fs.exists(held) or fs.read_file(held) != marker:
-            fs.write_atomic(held, marker)
-    fs.write_atomic(stem + INDEX_SUFFIX, encode_index(seal.base_offset, index))
-    fs.write_atomic(stem + SEAL_SUFFIX, encode_seal(seal))
+            writes.append((held, marker))
+    writes.append((stem + INDEX_SUFFIX, encode_index(seal.base_offset, index)))
+    writes.append((stem + SEAL_SUFFIX, encode_seal(seal)))
+    return writes
 
 
-def _seal_log(
+def _seal_files(
+    fs: FileSystem, path: str, seal: Seal, index: list[IndexEntry], epoch: int | None
+) -> None:
+    """Write the sidecars of a sealed segment (``sidecar_writes``), each durable in turn."""
+    for sidecar, data in sidecar_writes(fs, path, seal, index, epoch):
+        fs.write_atomic(sidecar, data)
+
+
+def cut_to_seal(
     fs: FileSystem,
     path: str,
     base_offset: int,
     record_count: int,
     byte_size: int,
-    epoch: int | None,
-) -> Sealed:
-    """Seal the segment at ``path`` at ``byte_size``: its first ``byte_size`` bytes are read
-    back and must be whole, verified batches of ``record_count`` records (``SegmentStateError``,
-    nothing changed, otherwise); bytes past them are cut; the sidecars are derived from those
-    bytes alone and written.
+    epoch: int,
+) -> tuple[Sealed, list[tuple[str, bytes]]]:
+    """Cut the segment at ``path`` to ``byte_size`` for its seal: its first ``byte_size`` bytes
+    are read back and must be whole, verified batches of ``record_count`` records
+    (``SegmentStateError``, nothing changed, otherwise); bytes past them are cut. Return the
+    seal and the sidecars to write (``sidecar_writes``), derived from those bytes alone.
 
     The cut comes before the sidecars: a crash before the marker leaves an unsealed copy of the
     sealed length, which sealing again completes. Bytes past that length were never
@@ -131,8 +141,7 @@ def _seal_log(
         )
     if fs.size(path) != byte_size:
         fs.truncate(path, byte_size)
-    _seal_files(fs, path, sealed.seal, sealed.index, epoch)
-    return sealed
+    return sealed, sidecar_writes(fs, path, sealed.seal, sealed.index, epoch)
 
 
 @attrs.frozen
@@ -177,7 +186,7 @@ def _roll_job(
     file's name) even if retention later deletes every sealed segment.
     """
     rolled = _seal_rolled(fs, plan)
-    return _create_segment(fs, directory, next_path), rolled
+    return create_segment(fs, directory, next_path), rolled
 
 
 def _write_job(
@@ -201,7 +210,7 @@ def _write_job(
     if seal_plan is not None:
         writer, rolled = _roll_job(fs, directory, seal_plan, path)
     elif writer is None:
-        writer = _create_segment(fs, directory, path) if new_segment else fs.open_append(path)
+        writer = create_segment(fs, directory, path) if new_segment else fs.open_append(path)
     try:
         writer.write(data)
         if sync:
@@ -253,16 +262,6 @@ def _verify_job(
     if limit is not None:
         data = data[:limit]
     return verify_segment_bytes(data, base, seal)
-
-
-def _start_segment_job(fs: FileSystem, directory: str, path: str, epoch: bytes) -> AppendFile:
-    """Create a segment's epoch marker, then its file.
-
-    In that order: a crash between them leaves a marker without its log, which recovery
-    removes, so the segment either does not exist or exists at its epoch.
-    """
-    fs.write_atomic(path.removesuffix(LOG_SUFFIX) + EPOCH_SUFFIX, epoch)
-    return _create_segment(fs, directory, path)
 
 
 def check_install(data: bytes, base_offset: int, record_count: int) -> Sealed:

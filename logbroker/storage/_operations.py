@@ -15,6 +15,7 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.python.failure import Failure
 
+from logbroker.storage._atomic import AtomicWrites
 from logbroker.storage._executor import Executor
 from logbroker.storage._format import (
     MIN_BATCH_SIZE,
@@ -28,16 +29,16 @@ from logbroker.storage._jobs import (
     _delete_files,
     _install_job,
     _roll_job,
-    _seal_log,
-    _start_segment_job,
     _trim_job,
     _verify_job,
     check_install,
+    cut_to_seal,
     plan_seal,
 )
 from logbroker.storage._pipeline import WritePipeline
 from logbroker.storage._segment import (
     EPOCH_SUFFIX,
+    LOG_SUFFIX,
     CopyState,
     Sealed,
     Segment,
@@ -68,12 +69,15 @@ class SegmentOperations:
         fs: FileSystem,
         executor: Executor,
         reader: Executor,
+        atomic: AtomicWrites,
     ) -> None:
         self._state = state
         self._pipeline = pipeline
         self._fs = fs
         self._executor = executor
         self._reader = reader
+        #: Where epoch markers, sidecars and new segment files are written durably.
+        self._atomic = atomic
 
     def _out_of_service(self, failure: Failure) -> Failure:
         self._pipeline.take_out_of_service(failure, [])
@@ -296,9 +300,15 @@ class SegmentOperations:
         def run(segment: Segment, last: bool, held: int) -> Deferred[Sealed]:
             # The sidecars come from the sealed bytes, read back, never from the index built
             # as appends arrived: every copy writes the same ones.
-            return self._executor.run(
-                _seal_log, self._fs, segment.path, base_offset, record_count, byte_size, epoch
+            cutting = self._executor.run(
+                cut_to_seal, self._fs, segment.path, base_offset, record_count, byte_size, epoch
             )
+
+            def cut(result: tuple[Sealed, list[tuple[str, bytes]]]) -> Deferred[Sealed]:
+                sealed, sidecars = result
+                return self._atomic.replace(sidecars).addCallback(lambda _: sealed)
+
+            return cutting.addCallback(cut)
 
         def finish(segment: Segment, last: bool, sealed: Sealed) -> SegmentInfo:
             segment.seal, segment.index = sealed.seal, sealed.index
@@ -324,7 +334,7 @@ class SegmentOperations:
     def _write_epoch(self, base_offset: int, epoch: int) -> Deferred[None]:
         segment = self._state.find(base_offset)
         marker = encode_epoch(EpochMarker(base_offset, epoch))
-        return self._executor.run(self._fs.write_atomic, segment.stem + EPOCH_SUFFIX, marker)
+        return self._atomic.replace([(segment.stem + EPOCH_SUFFIX, marker)])
 
     def fence(self, base_offset: int, epoch: int) -> Deferred[Fenced]:
         state = self._state
@@ -380,8 +390,13 @@ class SegmentOperations:
         marker = encode_epoch(EpochMarker(base_offset, epoch))
 
         def create() -> Deferred[AppendFile]:
+            # The marker first: a crash before the log file is made leaves a marker without its
+            # log, which recovery removes, so the segment either does not exist or exists at
+            # its epoch.
             state.close_active()
-            return self._executor.run(_start_segment_job, self._fs, state.directory, path, marker)
+            stem = path.removesuffix(LOG_SUFFIX)
+            writing = self._atomic.replace([(stem + EPOCH_SUFFIX, marker)])
+            return writing.addCallback(lambda _: self._atomic.create(path))
 
         def started(writer: AppendFile) -> SegmentInfo:
             segment = state.add_active(base_offset, writer)

@@ -47,7 +47,7 @@ from logbroker.storage._format import (
     scan_batches,
     valid_record_offset,
 )
-from logbroker.storage._fs import AppendFile, FileSystem, ReadFile
+from logbroker.storage._fs import TEMPORARY_SUFFIX, AppendFile, FileSystem, ReadFile
 from logbroker.storage.errors import InvalidBatchError
 
 LOG_SUFFIX = ".log"
@@ -334,7 +334,7 @@ def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[s
     for name in fs.list_dir(directory):
         match = _SEGMENT_FILE.match(name)
         if match is None:
-            if name.endswith(".tmp"):
+            if name.endswith(TEMPORARY_SUFFIX):
                 strays.append(name)
             continue
         groups.setdefault(int(match.group(1)), set()).add(match.group(2))

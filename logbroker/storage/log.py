@@ -33,6 +33,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from logbroker.records import ProducerStamp, Record, StoredRecord
+from logbroker.storage._atomic import AtomicWrites
 from logbroker.storage._digests import CopyDigests, CopyFiles, digest_copies
 from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
@@ -137,6 +138,7 @@ class RangeLog:
             fs=fs,
             executor=executor,
             reader=reader or executor,
+            atomic=AtomicWrites(fs, executor, shared_flush),
         )
         self._reads = LogReader(self._state, fs, reader or executor)
         self._fs = fs

@@ -101,9 +101,12 @@ def test_the_checker_catches_a_replica_without_its_epoch_check(
     # checks matter when it is cut from the claimer (a partition) but still reaches a replica.
     monkeypatch.setattr(rules, "older_epoch", lambda epoch, current: False)
     monkeypatch.setattr(rules, "authority", lambda record, epoch, sender: rules.Authority.ACCEPT)
+    # It takes a stale leader, a partition and a write landing between them: rarer than the
+    # other controls' (seed 95 is the first here), so it gets twice their seeds.
     seed = _caught(
         lambda problem: "is lost" in problem or "differ" in problem,
         faults=("stale_leader", "stale_leader", "partition", "lossy", "slow"),
+        seeds=2 * CONTROL_SEEDS,
     )
     assert seed >= 0, "replicas taking any epoch's bytes broke nothing: the checker is blind"
 

@@ -34,7 +34,7 @@ from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.records import ProducerStamp, Record
 from logbroker.replication.core.actions import ReplicationSettings
-from logbroker.storage import DataDirectory, LogConfig, OpenOnce, RangeLog
+from logbroker.storage import DataDirectory, LogConfig, OpenOnce, RangeLog, SharedFlush
 from logbroker.testing import MemoryFileSystem
 from logbroker.wire.primitives import Reader
 from tests.simulation.fabric import (
@@ -86,6 +86,9 @@ class _Storage:
         self._clock = clock
         self._disk = SlowDisk(clock, rng)
         self._reader = SlowDisk(clock, rng, slowest=0.001)
+        # As on a broker (SVC_FSYNC_SCOPE=filesystem): appends, markers and sidecars are made
+        # durable by shared flush rounds, on a disk queue of their own.
+        self._flush = SharedFlush(fs, SlowDisk(clock, rng), clock)
         self._config = LogConfig(roll_bytes=ROLL_BYTES, replicated=True, auto_roll=False)
         self.logs: dict[str, RangeLog] = {
             name: RangeLog.recover(self._data.range_path(name), **self._arguments())
@@ -100,6 +103,7 @@ class _Storage:
             "executor": self._disk,
             "reader": self._reader,
             "config": self._config,
+            "shared_flush": self._flush,
         }
 
     def open_range(self, name: str) -> Deferred[RangeLog]:

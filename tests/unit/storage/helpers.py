@@ -17,6 +17,7 @@ from logbroker.storage import (
     OpenOnce,
     RangeLog,
     Record,
+    SharedFlush,
 )
 from logbroker.storage._format import scan_batches
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
@@ -110,16 +111,22 @@ def open_log(
     config: LogConfig | None = None,
     events: list[IntegrityEvent] | None = None,
     clock: Clock | None = None,
+    shared_flush: bool = False,
 ) -> RangeLog:
+    """A log of ``fs`` whose jobs run at once; with ``shared_flush``, its syncs go through a
+    ``SharedFlush`` (as on a broker with ``SVC_FSYNC_SCOPE=filesystem``)."""
     sink = events if events is not None else []
+    clock = clock or Clock()
+    executor = ImmediateExecutor()
     log: RangeLog = result_of(
         RangeLog.open(
             RANGE_DIR,
             fs=fs,
-            clock=clock or Clock(),
-            executor=ImmediateExecutor(),
+            clock=clock,
+            executor=executor,
             config=config,
             on_integrity_event=sink.append,
+            shared_flush=SharedFlush(fs, executor, clock) if shared_flush else None,
         )
     )
     return log

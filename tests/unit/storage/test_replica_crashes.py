@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import attrs
+import pytest
 
 from logbroker.storage import CopyState, IntegrityEvent, LogConfig, RangeLog
 from logbroker.storage._format import encode_batch
@@ -79,13 +80,21 @@ def recovered(image: MemoryFileSystem) -> Seen:
     return seen(log)
 
 
+@pytest.fixture(params=[False, True], ids=["own-syncs", "shared-flush"])
+def shared(request: pytest.FixtureRequest) -> bool:
+    """Whether the operation's syncs are its own or rounds of a shared flush, which stages
+    each atomic replace and syncs it in steps (``logbroker.storage._atomic``)."""
+    flag: bool = request.param
+    return flag
+
+
 def run_with_crashes(
-    fs: MemoryFileSystem, operation: Callable[[RangeLog], object]
+    fs: MemoryFileSystem, operation: Callable[[RangeLog], object], shared: bool
 ) -> tuple[Seen, Seen, list[Seen]]:
     """Run ``operation`` on a log of ``fs``: the state before, after, and in every image."""
     result_of(open_log(fs, REPLICA).close())
     before = recovered(fs)
-    log = open_log(fs, REPLICA)
+    log = open_log(fs, REPLICA, shared_flush=shared)
     crashes = CrashEveryStep(fs)
     result_of(operation(log))  # type: ignore[arg-type]
     crashes.take()
@@ -106,10 +115,10 @@ def replica_with(*batches: tuple[int, int], epoch: int = 1) -> MemoryFileSystem:
     return fs
 
 
-def test_a_crash_during_a_fence_leaves_the_old_epoch_or_the_new() -> None:
+def test_a_crash_during_a_fence_leaves_the_old_epoch_or_the_new(shared: bool) -> None:
     fs = replica_with((0, 2), epoch=3)
 
-    before, after, images = run_with_crashes(fs, lambda log: log.fence(0, 8))
+    before, after, images = run_with_crashes(fs, lambda log: log.fence(0, 8), shared)
 
     assert after.epochs == (8,)
     assert len(images) >= 8
@@ -118,10 +127,10 @@ def test_a_crash_during_a_fence_leaves_the_old_epoch_or_the_new() -> None:
     assert after in images
 
 
-def test_a_crash_during_start_segment_leaves_the_old_segments_or_the_new_one() -> None:
+def test_a_crash_during_start_segment_leaves_the_old_segments_or_the_new_one(shared: bool) -> None:
     fs = replica_with((0, 2), epoch=1)
 
-    before, after, images = run_with_crashes(fs, lambda log: log.start_segment(300, 5))
+    before, after, images = run_with_crashes(fs, lambda log: log.start_segment(300, 5), shared)
 
     assert [s[:2] for s in after.segments] == [(0, CopyState.CLOSED), (300, CopyState.ACTIVE)]
     assert after.epochs == (1, 5)
@@ -132,13 +141,15 @@ def test_a_crash_during_start_segment_leaves_the_old_segments_or_the_new_one() -
     assert after in images
 
 
-def test_a_crash_during_seal_copy_never_loses_a_record_of_the_sealed_length() -> None:
+def test_a_crash_during_seal_copy_never_loses_a_record_of_the_sealed_length(shared: bool) -> None:
     fs = replica_with((0, 2), (2, 1), (3, 2), epoch=1)
     log = open_log(fs, REPLICA)
     size = len(batch(0, 2)) + len(batch(2, 1))
     result_of(log.close())
 
-    before, after, images = run_with_crashes(fs, lambda log: log.seal_copy(0, 3, size, epoch=1))
+    before, after, images = run_with_crashes(
+        fs, lambda log: log.seal_copy(0, 3, size, epoch=1), shared
+    )
 
     assert after.segments == ((0, CopyState.SEALED, 3, size),)
     cut = Seen(((0, CopyState.ACTIVE, 3, size),), (1,), (0, 1, 2))
@@ -150,10 +161,12 @@ def test_a_crash_during_seal_copy_never_loses_a_record_of_the_sealed_length() ->
     assert after in images
 
 
-def test_sealing_again_after_a_crash_between_the_cut_and_the_marker_completes() -> None:
+def test_sealing_again_after_a_crash_between_the_cut_and_the_marker_completes(
+    shared: bool,
+) -> None:
     fs = replica_with((0, 2), (2, 2), epoch=1)
     size = len(batch(0, 2))
-    log = open_log(fs, REPLICA)
+    log = open_log(fs, REPLICA, shared_flush=shared)
     images: list[MemoryFileSystem] = []
     fs.on_atomic_step = lambda step, path: images.append(fs.crash()) if step == "write" else None
     result_of(log.seal_copy(0, 2, size, epoch=1))
@@ -167,7 +180,7 @@ def test_sealing_again_after_a_crash_between_the_cut_and_the_marker_completes() 
     assert offsets(retried) == [0, 1]
 
 
-def test_a_crash_during_install_segment_leaves_nothing_or_the_whole_segment() -> None:
+def test_a_crash_during_install_segment_leaves_nothing_or_the_whole_segment(shared: bool) -> None:
     fs = MemoryFileSystem()
     log = open_log(fs, REPLICA)
     result_of(log.start_segment(300, 1))
@@ -176,7 +189,7 @@ def test_a_crash_during_install_segment_leaves_nothing_or_the_whole_segment() ->
     data = batch(100, 3) + batch(103, 4)
 
     before, after, images = run_with_crashes(
-        fs, lambda log: log.install_segment(100, data, 7, epoch=2)
+        fs, lambda log: log.install_segment(100, data, 7, epoch=2), shared
     )
 
     assert after.segments[0] == (100, CopyState.SEALED, 7, len(data))
