@@ -273,11 +273,12 @@ class ReplicaServer:
         return sealing.addErrback(short)
 
     def _cut(self, copy: RangeLog, request: ReplicateRequest) -> Deferred[object]:
-        """Record the newer epoch, then cut the older epoch's tail back to where the new
-        primary sends from."""
+        """Record the newer epoch, then cut every byte the older epoch wrote: a segment's
+        bytes at a newer epoch start at its first byte (``Step.CUT``), wherever this request
+        starts (the ones before it may have been lost on the way)."""
         self._tails.pop(request.range_id, None)
         fenced = copy.fence(request.segment, request.epoch)
-        return fenced.addCallback(lambda _: copy.trim(request.segment, request.position))
+        return fenced.addCallback(lambda _: copy.trim(request.segment, 0))
 
     def _tail(self, copy: RangeLog, range_id: str, segment: int) -> _Tail:
         tail = self._tails.get(range_id)

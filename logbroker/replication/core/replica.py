@@ -14,9 +14,10 @@ The rules that make a quorum's acknowledgement mean something:
 - **Contiguity.** Bytes are taken only where the copy ends (offset and byte position); else
   the answer says where it ends, and the primary sends from there. A resend of bytes the copy
   holds (after a lost answer) is answered so too, and stores nothing twice.
-- **An older epoch's tail goes.** Bytes a copy holds past where a newer epoch's primary starts
-  sending were written under an older epoch and never reached a quorum: they are cut back first
-  (``replicate_step``). Rot is never cut (the storage engine refuses).
+- **An older epoch's bytes go.** An active copy at an older epoch than a primary sending to it
+  holds only an older primary's bytes, which never reached a quorum at that segment (a claim
+  seals a segment that holds records): they are all cut first (``replicate_step``), however far
+  into the segment the request starts. Rot is never cut (the storage engine refuses).
 
 And the rule for reading: **stale copies are never served.** A copy counts (for reads, fetches,
 reads of committed records, producer stamps) only if its node is in the segment's replica set
@@ -82,8 +83,12 @@ class Step(Enum):
     #: Start a copy of the segment at the request's epoch (closing the active one), then
     #: decide again.
     START = auto()
-    #: Record the request's epoch and cut the copy back to where the request starts, then
-    #: decide again.
+    #: Record the request's epoch and cut every byte of the copy (an older epoch's), then
+    #: decide again. A segment's bytes at a newer epoch start at its first byte: a claim seals
+    #: a segment that holds records and opens the next, or starts an empty one again at its
+    #: epoch. So an older epoch's copy shares no byte with it, even where the request starts
+    #: later in the segment (the messages before it lost on the way): the copy answers that it
+    #: is empty, and the primary sends from the start.
     CUT = auto()
     #: Append the bytes at ``epoch``.
     APPEND = auto()
