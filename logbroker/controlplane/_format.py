@@ -20,6 +20,9 @@ with ``\\u`` escapes), which is also how it is written; a reader re-serializes t
 by their key fields, so equal states give equal bytes. Every string round-trips exactly,
 including characters outside ASCII.
 
+A segment a claim sealed also holds ``"data_epoch"`` (the epoch of the primary whose records it
+holds); other segments' records have no such key, as before it existed.
+
 Each entry is one entity's record (``topic_record`` and ``topic_from_record``, and so on); the
 etcd control plane stores the same records, canonically serialized, as the values of its keys.
 
@@ -88,7 +91,7 @@ def segment_record(s: SegmentMeta) -> dict[str, Any]:
         "byte_size": s.byte_size,
         "replicas": list(s.replicas),
         "epoch": s.epoch,
-    }
+    } | ({} if s.data_epoch is None else {"data_epoch": s.data_epoch})
 
 
 def user_record(u: User) -> dict[str, Any]:
@@ -179,6 +182,7 @@ def segment_from_record(r: dict[str, Any]) -> SegmentMeta:
         _optional_int(r, "byte_size"),
         tuple(_strings(r, "replicas")),
         _get(r, "epoch", int),
+        data_epoch=None if r.get("data_epoch") is None else _get(r, "data_epoch", int),
     )
 
 

@@ -157,6 +157,25 @@ class SegmentMeta:
     replicas: tuple[str, ...] = attrs.field()
     #: Bumped at each failover; replicas refuse writes from an older one.
     epoch: int = attrs.field(validator=_not_negative)
+    #: Of a segment a claim sealed: the epoch of the primary whose records it holds, older than
+    #: ``epoch`` (``records_epoch``). ``None`` otherwise.
+    data_epoch: int | None = attrs.field(default=None, kw_only=True)
+
+    @data_epoch.validator
+    def _check_data_epoch(self, attribute: attrs.Attribute[int | None], value: int | None) -> None:
+        if value is None:
+            return
+        if self.state is not SegmentState.SEALED or not 0 <= value < self.epoch:
+            raise ValueError(
+                f"segment {self.range_id}@{self.base_offset}: a data epoch is recorded only "
+                f"for a sealed segment, older than its epoch {self.epoch}, not {value}"
+            )
+
+    @property
+    def records_epoch(self) -> int:
+        """The epoch of the primary whose records the segment holds (its copies' data epoch:
+        ``logbroker.replication.core.replica``)."""
+        return self.epoch if self.data_epoch is None else self.data_epoch
 
     @record_count.validator
     @byte_size.validator

@@ -27,8 +27,9 @@ Byte layout::
 Hello and Refuse keep this layout in every version of the protocol, so that two nodes of
 different versions can always tell each other why they part (``incompatible_version``); what
 follows the handshake may change with ``PROTOCOL_VERSION`` (2 since fetches carry the epoch
-the copy must be at, and replicas may answer ``unknown``; nodes of version 1 and 2 refuse each
-other: upgrade a cluster's nodes together). A request with an op this version
+the copy must be at, and replicas may answer ``unknown``; 3 since replicate and seal requests
+and copy states carry a data epoch; nodes of different versions refuse each other: upgrade a
+cluster's nodes together). A request with an op this version
 does not know still decodes (its op is kept as a number), so that it can be answered
 ``unknown_op`` rather than end the connection.
 
@@ -53,7 +54,7 @@ from logbroker import wire
 from logbroker.wire import primitives as p
 from logbroker.wire.primitives import Reader, Truncated
 
-PROTOCOL_VERSION = 2
+PROTOCOL_VERSION = 3
 NONCE_SIZE = 32
 MAC_SIZE = 32
 #: The peer port's default maximum frame: room for an append or a read of a full client frame

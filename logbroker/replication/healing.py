@@ -7,8 +7,9 @@ need it: those whose records changed since the last tick, those it left with cop
 stale, and every range now and then (``FULL_LOOK_SECONDS``) and when the membership changed:
 
 - **Its own copies.** A sealed segment whose replica set names this node must be held here
-  whole, at the segment's epoch: a copy still open at that epoch and long enough is sealed in
-  place (what lies past the sealed length was never acknowledged); a copy that is missing,
+  whole, at the segment's epoch: a copy still open, written at that epoch (by the primary that
+  sealed it: ``core.replica.seals_in_place``) and long enough is sealed in place (what lies
+  past the sealed length was never acknowledged); a copy that is missing,
   short, damaged or of another epoch is fetched whole from a live replica that holds it (at the
   segment's epoch) and installed, replacing whatever copies overlap it here. Fetches run in
   parallel, across ranges, bounded by the bytes in flight (``max_fetch_bytes``; one at least),
@@ -35,7 +36,7 @@ from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.core import replica as rules
 from logbroker.replication.looks import RangesToLookAt
-from logbroker.replication.replica import copy_epoch, view_of
+from logbroker.replication.replica import view_of
 from logbroker.replication.replica_codec import FetchRequest, decode_committed, encode_fetch
 from logbroker.replication.takeover import ClaimContext
 from logbroker.storage import CopyState, RangeLog, SegmentInfo, StorageError
@@ -160,7 +161,7 @@ class Healer:
             and info.damage is None
             and info.state is not CopyState.SEALED
             and info.byte_size >= meta.byte_size
-            and copy_epoch(copy, meta.base_offset) == meta.epoch
+            and rules.seals_in_place(view_of(copy, meta.base_offset), meta)
         ):
             self._healing.add(key)
             self._seal_in_place(copy, meta).addBoth(self._healed, key, 0)
@@ -281,7 +282,13 @@ class Healer:
             try:
                 while offset < end:
                     request = FetchRequest(
-                        meta.range_id, meta.base_offset, meta.epoch, offset, 0, FETCH_BYTES
+                        meta.range_id,
+                        meta.base_offset,
+                        meta.epoch,
+                        offset,
+                        0,
+                        FETCH_BYTES,
+                        data_epoch=meta.records_epoch,
                     )
                     data = await ctx.requester.request(holder, PeerOp.FETCH, encode_fetch(request))
                     scan = scan_batches(data, 0, offset)

@@ -120,12 +120,14 @@ class SegmentLeader:
         parked: ParkedReplicas,
         holds_lease: Callable[[], bool] = lambda: True,
         on_step_down: Callable[[SegmentLeader, StepDown], None] = _ignore_step_down,
+        data_epoch: int | None = None,
     ) -> None:
         self._core = LeaderCore(
             node_id=node_id,
             range_id=range_id,
             segment=segment,
             epoch=epoch,
+            data_epoch=data_epoch,
             replicas=replicas,
             copies=copies,
             settings=settings,
@@ -134,6 +136,8 @@ class SegmentLeader:
         self.range_id = range_id
         self.segment = segment
         self.epoch = epoch
+        #: The epoch of the primary whose records the segment holds (``LeaderCore``).
+        self.data_epoch = self._core.data_epoch
         self.replicas = self._core.replicas
         self._log = range_log
         self._requester = requester

@@ -86,6 +86,14 @@ def copy_epoch(copy: RangeLog, segment: int) -> int | None:
         return None
 
 
+def copy_data_epoch(copy: RangeLog, segment: int) -> int | None:
+    """The data epoch of this node's copy of ``segment`` (``None``: unknown, or no copy)."""
+    try:
+        return copy.segment_data_epoch(segment)
+    except (FencedError, StorageError):
+        return None
+
+
 def view_of(copy: RangeLog, segment: int) -> CopyView:
     """What the rules need to know of this node's copy of ``segment``."""
     info = find_copy(copy, segment)
@@ -95,6 +103,7 @@ def view_of(copy: RangeLog, segment: int) -> CopyView:
     return CopyView(
         info.state,
         copy_epoch(copy, segment),
+        copy_data_epoch(copy, segment),
         damaged=info.damage is not None,
         next_offset=info.next_offset,
         tail_offset=copy.next_offset if active else info.next_offset,
@@ -176,6 +185,7 @@ class ReplicaServer:
         return CopyView(
             view.state,
             view.epoch,
+            view.data_epoch,
             damaged=view.damaged,
             next_offset=view.next_offset,
             tail_offset=tail.next_offset,
@@ -228,7 +238,7 @@ class ReplicaServer:
     def _start(self, copy: RangeLog, request: ReplicateRequest) -> Deferred[object]:
         """The first bytes of a segment this node holds no active copy of: close whatever
         copy was active (sealing it to its recorded length if it is sealed already) and start
-        one at the segment's base, fenced at the request's epoch."""
+        one at the segment's base, fenced at the request's epoch, at its data epoch."""
         range_id, segment = request.range_id, request.segment
         if find_copy(copy, segment) is not None:
             # A closed copy of this very segment (it found rot, or recovery closed it): it
@@ -239,7 +249,7 @@ class ReplicaServer:
             )
         self._tails.pop(range_id, None)
         return self._close_active(copy, range_id, segment).addCallback(
-            lambda _: copy.start_segment(segment, request.epoch)
+            lambda _: copy.start_segment(segment, request.epoch, request.data_epoch)
         )
 
     def _close_active(self, copy: RangeLog, range_id: str, before: int) -> Deferred[object]:
@@ -251,9 +261,8 @@ class ReplicaServer:
         recorded = record_of(self._control, range_id, active.base_offset)
         if recorded is None or recorded.state is not SegmentState.SEALED:
             return succeed(None)
-        if copy_epoch(copy, active.base_offset) != recorded.epoch:
-            # Written under another epoch than the one it was sealed at: its bytes may not be
-            # the sealed ones. Left closed, for healing to fetch whole.
+        if not rules.seals_in_place(view_of(copy, active.base_offset), recorded):
+            # Its bytes may not be the sealed ones. Left closed, for healing to fetch whole.
             return succeed(None)
         assert recorded.record_count is not None
         assert recorded.byte_size is not None
@@ -273,12 +282,15 @@ class ReplicaServer:
         return sealing.addErrback(short)
 
     def _cut(self, copy: RangeLog, request: ReplicateRequest) -> Deferred[object]:
-        """Record the newer epoch, then cut every byte the older epoch wrote: a segment's
-        bytes at a newer epoch start at its first byte (``Step.CUT``), wherever this request
-        starts (the ones before it may have been lost on the way)."""
-        self._tails.pop(request.range_id, None)
-        fenced = copy.fence(request.segment, request.epoch)
-        return fenced.addCallback(lambda _: copy.trim(request.segment, 0))
+        """Record the request's epoch, cut every byte of the copy (``Step.CUT``: another
+        primary's records, wherever this request starts), then take the request's data epoch.
+        In that order: a crash between two steps leaves the copy refusing older epochs, and
+        never holding the other primary's records under this one's name."""
+        range_id, segment = request.range_id, request.segment
+        self._tails.pop(range_id, None)
+        fenced = copy.fence(segment, request.epoch)
+        fenced.addCallback(lambda _: copy.trim(segment, 0))
+        return fenced.addCallback(lambda _: copy.fence(segment, request.epoch, request.data_epoch))
 
     def _tail(self, copy: RangeLog, range_id: str, segment: int) -> _Tail:
         tail = self._tails.get(range_id)
@@ -349,9 +361,10 @@ class ReplicaServer:
                 return succeed(self._status(copy, segment, CopyOutcome.SHORT))
             if rules.older_epoch(request.epoch, view.epoch):
                 return succeed(self._status(copy, segment, CopyOutcome.FENCED))
-            if request.epoch != view.epoch:
-                # This copy was not fenced at the sealing epoch: its bytes may be another
-                # primary's. It is fetched whole instead.
+            if request.epoch != view.epoch or request.data_epoch != view.data_epoch:
+                # This copy was not fenced at the sealing epoch, or holds another primary's
+                # records than the sealed ones (it was fenced after the claim went on without
+                # it). It is fetched whole instead.
                 return succeed(self._status(copy, segment, CopyOutcome.SHORT))
             self._tails.pop(range_id, None)
             work = copy.seal_copy(
@@ -372,7 +385,8 @@ class ReplicaServer:
 
     def fetch(self, request: FetchRequest) -> Deferred[bytes]:
         """Whatever the copy holds from ``request.offset``: only a copy at ``request.epoch``
-        whose node is in the segment's replica set is served."""
+        holding ``request.data_epoch``'s records whose node is in the segment's replica set is
+        served."""
 
         def fetch(copy: RangeLog) -> Deferred[bytes]:
             view = view_of(copy, request.segment)
@@ -385,6 +399,14 @@ class ReplicaServer:
                     Reason.NOT_PRIMARY,
                     f"this node's copy of {where} is at epoch {view.epoch}"
                     f"{' and damaged' if view.damaged else ''}, not at {request.epoch}",
+                )
+            if view.state is not CopyState.SEALED and view.data_epoch != request.data_epoch:
+                # A sealed copy's records were checked at its seal (its data epoch is then
+                # its epoch's).
+                raise BrokerError(
+                    Reason.NOT_PRIMARY,
+                    f"this node's copy of {where} holds the records of epoch {view.data_epoch}, "
+                    f"not of {request.data_epoch}",
                 )
             if record is not None and self._node_id not in record.replicas:
                 raise BrokerError(
@@ -431,7 +453,10 @@ class ReplicaServer:
         if view.state is None:
             end_offset, end_position = segment, 0
         epoch = view.epoch or 0
-        return encode_status(CopyStatus(outcome, epoch, end_offset, end_position))
+        data_epoch = epoch if view.data_epoch is None else view.data_epoch
+        return encode_status(
+            CopyStatus(outcome, epoch, end_offset, end_position, data_epoch=data_epoch)
+        )
 
 
 def _whole_batches(chunks: list[BatchSlice], segment: int, end: int) -> bytes:

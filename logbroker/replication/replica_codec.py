@@ -3,15 +3,16 @@ primary tells its replicas.
 
 Request payloads and their ok payloads, by op (integers big-endian; ``text`` as in ``codec``)::
 
-    op 5 replicate  request = text(range_id) segment:u64 epoch:u64 offset:u64 position:u64
-                              commit:u64 crc:u32 data[rest]
+    op 5 replicate  request = text(range_id) segment:u64 epoch:u64 data_epoch:u64 offset:u64
+                              position:u64 commit:u64 crc:u32 data[rest]
                     ok      = copy_state
     op 6 fence      request = text(range_id) segment:u64 epoch:u64
                     ok      = copy_state
-    op 7 seal       request = text(range_id) segment:u64 epoch:u64 record_count:u64 byte_size:u64
+    op 7 seal       request = text(range_id) segment:u64 epoch:u64 data_epoch:u64
+                              record_count:u64 byte_size:u64
                     ok      = copy_state
-    op 8 fetch      request = text(range_id) segment:u64 epoch:u64 offset:u64 position:u64
-                              max_bytes:u32
+    op 8 fetch      request = text(range_id) segment:u64 epoch:u64 data_epoch:u64 offset:u64
+                              position:u64 max_bytes:u32
                     ok      = data[rest]         whole batches from ``offset`` (empty at the end)
     op 10 read_committed
                     request = fetch's (``position`` unused, 0)
@@ -22,11 +23,12 @@ Request payloads and their ok payloads, by op (integers big-endian; ``text`` as 
                               the sealed segments whose replica sets name the answering node
                               and that it does not hold whole yet
 
-    copy_state = outcome:u8 epoch:u64 end_offset:u64 end_position:u64
+    copy_state = outcome:u8 epoch:u64 data_epoch:u64 end_offset:u64 end_position:u64
 
 A fetch sends whatever the copy holds (a node taking a segment over needs the uncommitted tail
-too), but only from a copy at ``epoch`` whose node is in the segment's replica set (else it
-fails ``not_primary``: the copy is stale); ``read_committed`` sends only records the copy knows
+too), but only from a copy at ``epoch`` holding ``data_epoch``'s records (a sealed copy's are
+its sealed epoch's) whose node is in the segment's replica set (else it fails ``not_primary``:
+the copy is stale); ``read_committed`` sends only records the copy knows
 are committed (``end_offset``, the end of what it may send: its sealed end, or the commit index
 its primary last told it), and only of a copy in the replica set at the segment's epoch, of that
 one segment, for reads while the range's primary cannot serve them. With ``max_bytes`` 0 it
@@ -41,8 +43,14 @@ with no data is a commit notice: a primary that has nothing more to send tells i
 far the range is committed, so that their copies can serve every committed record if the
 primary is lost.
 
-A replica answers every request with the state of its copy: the epoch it is fenced at and
-where the copy's durable bytes end (``end_offset``, ``end_position``), and the outcome:
+``data_epoch`` is the epoch of the primary whose records ``data`` are (a segment's records are
+all one primary's: the one that wrote them from the segment's first byte); a node completing
+copies after a claim sends an older primary's records at its own ``epoch``. A seal names it too:
+only a copy holding that primary's records is sealed (another is fetched whole).
+
+A replica answers every request with the state of its copy: the epoch it is fenced at, the
+data epoch of its records (``logbroker.storage.RangeLog.segment_data_epoch``), where the copy's
+durable bytes end (``end_offset``, ``end_position``), and the outcome:
 
 - ``ok``: done (the data is durable, the fence or seal recorded);
 - ``fenced``: refused, the copy is fenced at a later epoch (``epoch``): the sender is stale;
@@ -86,6 +94,12 @@ class CopyStatus:
     epoch: int = attrs.field(validator=_u64)
     end_offset: int = attrs.field(validator=_u64)
     end_position: int = attrs.field(validator=_u64)
+    #: The epoch of the primary whose records the copy holds (``epoch`` unless given).
+    data_epoch: int = attrs.field(validator=_u64, kw_only=True)
+
+    @data_epoch.default
+    def _same_as_epoch(self) -> int:
+        return self.epoch
 
 
 @attrs.frozen
@@ -97,6 +111,12 @@ class ReplicateRequest:
     position: int = attrs.field(validator=_u64)
     commit: int = attrs.field(validator=_u64)
     data: bytes = attrs.field(repr=lambda data: f"<{len(data)} bytes>")
+    #: The epoch of the primary whose records ``data`` are (``epoch`` unless given).
+    data_epoch: int = attrs.field(validator=_u64, kw_only=True)
+
+    @data_epoch.default
+    def _same_as_epoch(self) -> int:
+        return self.epoch
 
 
 @attrs.frozen
@@ -113,6 +133,13 @@ class SealRequest:
     epoch: int = attrs.field(validator=_u64)
     record_count: int = attrs.field(validator=_u64)
     byte_size: int = attrs.field(validator=_u64)
+    #: The epoch of the primary whose records the sealed segment holds (``epoch`` unless
+    #: given).
+    data_epoch: int = attrs.field(validator=_u64, kw_only=True)
+
+    @data_epoch.default
+    def _same_as_epoch(self) -> int:
+        return self.epoch
 
 
 @attrs.frozen
@@ -125,17 +152,26 @@ class FetchRequest:
     offset: int = attrs.field(validator=_u64)
     position: int = attrs.field(validator=_u64)
     max_bytes: int = attrs.field(validator=_u32)
+    #: The epoch of the primary whose records the copy must hold (``epoch`` unless given: a
+    #: sealed copy's records are its sealed epoch's).
+    data_epoch: int = attrs.field(validator=_u64, kw_only=True)
+
+    @data_epoch.default
+    def _same_as_epoch(self) -> int:
+        return self.epoch
 
 
-_STATUS = struct.Struct(">BQQQ")
-_REPLICATE_HEAD = struct.Struct(">QQQQQI")
+_STATUS = struct.Struct(">BQQQQ")
+_REPLICATE_HEAD = struct.Struct(">QQQQQQI")
 _FENCE = struct.Struct(">QQ")
-_SEAL = struct.Struct(">QQQQ")
-_FETCH = struct.Struct(">QQQQI")
+_SEAL = struct.Struct(">QQQQQ")
+_FETCH = struct.Struct(">QQQQQI")
 
 
 def encode_status(status: CopyStatus) -> bytes:
-    return _STATUS.pack(status.outcome, status.epoch, status.end_offset, status.end_position)
+    return _STATUS.pack(
+        status.outcome, status.epoch, status.data_epoch, status.end_offset, status.end_position
+    )
 
 
 def decode_status(payload: bytes) -> CopyStatus:
@@ -143,7 +179,10 @@ def decode_status(payload: bytes) -> CopyStatus:
         outcome = reader.u8()
         if outcome not in CopyOutcome.__members__.values():
             raise Truncated(f"unknown copy outcome {outcome}")
-        return CopyStatus(CopyOutcome(outcome), reader.u64(), reader.u64(), reader.u64())
+        epoch, data_epoch, end_offset, end_position = (reader.u64() for _ in range(4))
+        return CopyStatus(
+            CopyOutcome(outcome), epoch, end_offset, end_position, data_epoch=data_epoch
+        )
 
     return _read_exactly(payload, read, "copy status")
 
@@ -152,6 +191,7 @@ def encode_replicate(request: ReplicateRequest) -> bytes:
     head = _REPLICATE_HEAD.pack(
         request.segment,
         request.epoch,
+        request.data_epoch,
         request.offset,
         request.position,
         request.commit,
@@ -163,14 +203,16 @@ def encode_replicate(request: ReplicateRequest) -> bytes:
 def decode_replicate(payload: bytes) -> ReplicateRequest:
     def read(reader: Reader) -> ReplicateRequest:
         range_id = _read_text(reader)
-        segment, epoch, offset, position, commit = (reader.u64() for _ in range(5))
+        segment, epoch, data_epoch, offset, position, commit = (reader.u64() for _ in range(6))
         crc = reader.u32()
         data = reader.raw(reader.remaining)
         if crc32c(data) != crc:
             # Checked here, before any batch is looked at: bytes damaged on the way never reach
             # a copy, and the primary hears of it as a broken link, not as a bad copy.
             raise MalformedPeerMessage(f"replicated data for {range_id} fails its checksum")
-        return ReplicateRequest(range_id, segment, epoch, offset, position, commit, data)
+        return ReplicateRequest(
+            range_id, segment, epoch, offset, position, commit, data, data_epoch=data_epoch
+        )
 
     return _read_exactly(payload, read, "replicate request")
 
@@ -186,16 +228,23 @@ def decode_fence(payload: bytes) -> FenceRequest:
 
 
 def encode_seal(request: SealRequest) -> bytes:
-    tail = _SEAL.pack(request.segment, request.epoch, request.record_count, request.byte_size)
+    tail = _SEAL.pack(
+        request.segment,
+        request.epoch,
+        request.data_epoch,
+        request.record_count,
+        request.byte_size,
+    )
     return encode_text(request.range_id) + tail
 
 
 def decode_seal(payload: bytes) -> SealRequest:
-    return _read_exactly(
-        payload,
-        lambda r: SealRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u64()),
-        "seal request",
-    )
+    def read(reader: Reader) -> SealRequest:
+        range_id = _read_text(reader)
+        segment, epoch, data_epoch, record_count, byte_size = (reader.u64() for _ in range(5))
+        return SealRequest(range_id, segment, epoch, record_count, byte_size, data_epoch=data_epoch)
+
+    return _read_exactly(payload, read, "seal request")
 
 
 _U64 = struct.Struct(">Q")
@@ -225,17 +274,25 @@ def decode_committed(payload: bytes) -> CommittedRecords:
 
 def encode_fetch(request: FetchRequest) -> bytes:
     tail = _FETCH.pack(
-        request.segment, request.epoch, request.offset, request.position, request.max_bytes
+        request.segment,
+        request.epoch,
+        request.data_epoch,
+        request.offset,
+        request.position,
+        request.max_bytes,
     )
     return encode_text(request.range_id) + tail
 
 
 def decode_fetch(payload: bytes) -> FetchRequest:
-    return _read_exactly(
-        payload,
-        lambda r: FetchRequest(_read_text(r), r.u64(), r.u64(), r.u64(), r.u64(), r.u32()),
-        "fetch request",
-    )
+    def read(reader: Reader) -> FetchRequest:
+        range_id = _read_text(reader)
+        segment, epoch, data_epoch, offset, position = (reader.u64() for _ in range(5))
+        return FetchRequest(
+            range_id, segment, epoch, offset, position, reader.u32(), data_epoch=data_epoch
+        )
+
+    return _read_exactly(payload, read, "fetch request")
 
 
 def encode_missing(segments: Sequence[tuple[str, int]]) -> bytes:

@@ -112,7 +112,15 @@ async def _read_stamps(context: ClaimContext, node: str, meta: SegmentMeta, offs
         end = meta.base_offset + meta.record_count
     stamps: Stamps = []
     while end is None or offset < end:
-        request = FetchRequest(meta.range_id, meta.base_offset, meta.epoch, offset, 0, _MAX_FETCH)
+        request = FetchRequest(
+            meta.range_id,
+            meta.base_offset,
+            meta.epoch,
+            offset,
+            0,
+            _MAX_FETCH,
+            data_epoch=meta.records_epoch,
+        )
         data = await context.requester.request(node, PeerOp.FETCH, encode_fetch(request))
         batches = scan_batches(data).batches
         if not batches:

@@ -169,7 +169,8 @@ class SegmentClaims:
             )
         await self._record(claim, "claim", expected=meta)
         self._require_lease(range_id)
-        ends = await self._fence(claim)
+        fenced = await self._fence(claim)
+        ends, data_epoch = dict(fenced.ends), fenced.data_epoch
         log.info(
             "Claimed {segment} at epoch {epoch} (its primary was {primary}): copies end at {ends}",
             segment=where,
@@ -180,7 +181,7 @@ class SegmentClaims:
         holder, best = claims.seal_point(ends, ctx.node_id)
         try:
             ends[ctx.node_id] = await self._complete_own_copy(
-                claim, ends[ctx.node_id], holder, best
+                claim, ends[ctx.node_id], holder, best, data_epoch
             )
         except _OwnCopyRefused as refused:
             await self.step_aside(claim, str(refused))
@@ -190,8 +191,8 @@ class SegmentClaims:
         if own_end.offset == claim.base_offset:
             # Nothing a quorum holds: lead it on at the new epoch, on the copies that answered.
             claim = await self._keep_answered(claim, ends)
-            return self._leader(claim, ends, on_commit, on_step_down)
-        leader = self._leader(claim, ends, on_commit, on_step_down)
+            return self._leader(claim, ends, on_commit, on_step_down, claim.epoch)
+        leader = self._leader(claim, ends, on_commit, on_step_down, data_epoch)
         try:
             await leader.wait_committed(own_end.offset)
         except InDoubtError as short:
@@ -291,7 +292,7 @@ class SegmentClaims:
                 f" nothing yet ({range_id})",
             )
 
-    async def _fence(self, meta: SegmentMeta) -> dict[str, CopyEnd]:
+    async def _fence(self, meta: SegmentMeta) -> Ends:
         """Fence every replica at ``meta.epoch``; the ends of those that answered, once a
         quorum has (``no_quorum`` otherwise, stepping aside if this node seems cut off)."""
         ctx = self._context
@@ -329,12 +330,14 @@ class SegmentClaims:
                 )
             raise refusal
         assert isinstance(outcome, Ends)
-        return dict(outcome.ends)
+        return outcome
 
     async def _complete_own_copy(
-        self, meta: SegmentMeta, own: CopyEnd, holder: str, best: CopyEnd
+        self, meta: SegmentMeta, own: CopyEnd, holder: str, best: CopyEnd, data_epoch: int
     ) -> CopyEnd:
-        """Fetch what this node's copy lacks of the longest end, from the copy that has it."""
+        """Fetch what this node's copy lacks of the longest end, from the copy that has it
+        (its records are ``data_epoch``'s: this node's copy, if it holds another primary's,
+        cuts them first)."""
         ctx = self._context
         where = f"{meta.range_id}@{meta.base_offset}"
         while own.offset < best.offset:
@@ -345,6 +348,7 @@ class SegmentClaims:
                 own.offset,
                 own.position,
                 ctx.settings.max_message_bytes,
+                data_epoch=data_epoch,
             )
             data = await ctx.requester.request(holder, PeerOp.FETCH, encode_fetch(fetch))
             scan = scan_batches(data, 0, own.offset)
@@ -361,6 +365,7 @@ class SegmentClaims:
                 own.position,
                 0,
                 data[: scan.end],
+                data_epoch=data_epoch,
             )
             try:
                 answer = decode_status(
@@ -387,7 +392,10 @@ class SegmentClaims:
         ends: dict[str, CopyEnd],
         on_commit: Callable[[int], None],
         on_step_down: OnStepDown,
+        data_epoch: int,
     ) -> SegmentLeader:
+        """Lead ``meta`` (its copies ending at ``ends``, of the records of ``data_epoch``'s
+        primary)."""
         ctx = self._context
         ctx.on_lead(meta.range_id, meta.base_offset, meta.epoch, ctx.node_id)
 
@@ -400,6 +408,7 @@ class SegmentClaims:
             range_id=meta.range_id,
             segment=meta.base_offset,
             epoch=meta.epoch,
+            data_epoch=data_epoch,
             replicas=meta.replicas,
             range_log=ctx.storage.logs[meta.range_id],
             copies=ends,
@@ -449,7 +458,7 @@ class SegmentClaims:
                 Reason.NOT_PRIMARY,
                 f"{leader.range_id}@{leader.segment} changed under its leader (now {meta!r})",
             )
-        sealed = claims.sealed(meta, leader.written, leader.position)
+        sealed = claims.sealed(meta, leader.written, leader.position, leader.data_epoch)
         opening = self._next_segment(sealed)
         await self._record_together([(sealed, meta), (opening, None)], "seal")
         leader.step_down(
@@ -473,6 +482,7 @@ class SegmentClaims:
                 sealed.epoch,
                 sealed.record_count,
                 sealed.byte_size,
+                data_epoch=sealed.records_epoch,
             )
         )
         for node in sealed.replicas:
@@ -543,7 +553,9 @@ class SegmentClaims:
                 segment=base,
                 replicas=replicas,
             )
-        return self._leader(meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit, on_step_down)
+        return self._leader(
+            meta, {ctx.node_id: CopyEnd(base, 0)}, on_commit, on_step_down, meta.epoch
+        )
 
 
 async def _recorded(change: Deferred[None], meta: SegmentMeta, what: str) -> None:

@@ -742,44 +742,88 @@ def decode_seal(data: bytes) -> Seal:
 
 # -- epoch marker ------------------------------------------------------------------------------
 #
-#   0  4  CRC32C of bytes [4, 32)
+#   0  4  CRC32C of bytes [4, size)
 #   4  2  magic b"LE"
-#   6  1  version (1)
+#   6  1  version (1 or 2)
 #   7  1  flags (0)
 #   8  4  reserved (0)
 #   12 8  base offset
 #   20 8  epoch
+#   version 1 (32 bytes):
 #   28 4  reserved (0)
+#   version 2 (40 bytes):
+#   28 8  data epoch
+#   36 4  reserved (0)
+#
+# A marker whose data epoch is its epoch is written as version 1, as every earlier build wrote
+# them all: a sealed copy's marker (always so) is then the same bytes whichever build wrote it.
 
 EPOCH_MAGIC = b"LE"
+#: The version of the markers whose data epoch differs from their epoch.
+EPOCH_VERSION = 2
 _EPOCH = struct.Struct(">I2sBBIQQI")
+_EPOCH_WITH_DATA = struct.Struct(">I2sBBIQQQI")
 
 
 @attrs.frozen
 class EpochMarker:
-    """The replication epoch a segment copy was last fenced or started at."""
+    """The replication epoch a segment copy was last fenced or started at (``epoch``), and the
+    epoch of the primary whose records its bytes are (``data_epoch``, the epoch itself unless
+    given). A fence raises the first without touching the bytes, so the two differ when a copy
+    holding an older primary's records is fenced; which records a copy holds is told by the
+    second."""
 
     base_offset: int
     epoch: int
+    data_epoch: int = attrs.field()
+
+    @data_epoch.default
+    def _same_as_epoch(self) -> int:
+        return self.epoch
 
 
 def encode_epoch(marker: EpochMarker) -> bytes:
-    buf = bytearray(_EPOCH.size)
-    _EPOCH.pack_into(
-        buf, 0, 0, EPOCH_MAGIC, FORMAT_VERSION, 0, 0, marker.base_offset, marker.epoch, 0
-    )
+    if marker.data_epoch == marker.epoch:
+        buf = bytearray(_EPOCH.size)
+        _EPOCH.pack_into(
+            buf, 0, 0, EPOCH_MAGIC, FORMAT_VERSION, 0, 0, marker.base_offset, marker.epoch, 0
+        )
+    else:
+        buf = bytearray(_EPOCH_WITH_DATA.size)
+        _EPOCH_WITH_DATA.pack_into(
+            buf,
+            0,
+            0,
+            EPOCH_MAGIC,
+            EPOCH_VERSION,
+            0,
+            0,
+            marker.base_offset,
+            marker.epoch,
+            marker.data_epoch,
+            0,
+        )
     with memoryview(buf) as view:
         _U32.pack_into(buf, 0, _frame_crc(view))
     return bytes(buf)
 
 
 def decode_epoch(data: bytes) -> EpochMarker:
-    """Decode an epoch marker; raise ``ValueError`` if it is damaged."""
-    if len(data) != _EPOCH.size:
-        raise ValueError(f"epoch marker is {len(data)} bytes, not {_EPOCH.size}")
-    crc, magic, version, flags, reserved, base, epoch, tail = _EPOCH.unpack(data)
-    if magic != EPOCH_MAGIC or version != FORMAT_VERSION or flags != 0 or reserved or tail:
+    """Decode an epoch marker of version 1 or 2; raise ``ValueError`` if it is damaged."""
+    if len(data) == _EPOCH.size:
+        crc, magic, version, flags, reserved, base, epoch, tail = _EPOCH.unpack(data)
+        data_epoch, expected = epoch, FORMAT_VERSION
+    elif len(data) == _EPOCH_WITH_DATA.size:
+        crc, magic, version, flags, reserved, base, epoch, data_epoch, tail = (
+            _EPOCH_WITH_DATA.unpack(data)
+        )
+        expected = EPOCH_VERSION
+    else:
+        raise ValueError(
+            f"epoch marker is {len(data)} bytes, not {_EPOCH.size} or {_EPOCH_WITH_DATA.size}"
+        )
+    if magic != EPOCH_MAGIC or version != expected or flags != 0 or reserved or tail:
         raise ValueError("epoch marker header is not an epoch header of this format")
     if _frame_crc(memoryview(data)) != crc:
         raise ValueError("epoch marker checksum does not match")
-    return EpochMarker(base, epoch)
+    return EpochMarker(base, epoch, data_epoch)

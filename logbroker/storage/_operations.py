@@ -316,7 +316,7 @@ class SegmentOperations:
             segment.state = CopyState.SEALED
             segment.damage = None
             segment.next_offset = segment.end_offset = base_offset + record_count
-            state.epochs[base_offset] = epoch
+            state.set_epochs(base_offset, epoch, epoch)
             self._moved_end(segment, last)
             state.sealed_through(segment.next_offset)
             return segment.info()
@@ -331,12 +331,19 @@ class SegmentOperations:
 
     # -- epochs and segments of a replica ----------------------------------------------------
 
-    def _write_epoch(self, base_offset: int, epoch: int) -> Deferred[None]:
+    def _write_epoch(self, base_offset: int, epoch: int, data_epoch: int) -> Deferred[None]:
         segment = self._state.find(base_offset)
-        marker = encode_epoch(EpochMarker(base_offset, epoch))
+        marker = encode_epoch(EpochMarker(base_offset, epoch, data_epoch))
         return self._atomic.replace([(segment.stem + EPOCH_SUFFIX, marker)])
 
-    def fence(self, base_offset: int, epoch: int) -> Deferred[Fenced]:
+    def _holds_records(self, base_offset: int) -> bool:
+        """Whether any record (durable or not) has taken an offset in the segment."""
+        state = self._state
+        if base_offset == state.appending_base():
+            return state.next_offset > base_offset
+        return state.find(base_offset).next_offset > base_offset
+
+    def fence(self, base_offset: int, epoch: int, data_epoch: int | None) -> Deferred[Fenced]:
         state = self._state
         try:
             _check_epoch(epoch)
@@ -344,6 +351,14 @@ class SegmentOperations:
             if refusal is not None:
                 raise refusal
             current = state.epoch_of(base_offset)
+            holds_records = self._holds_records(base_offset)
+            if data_epoch is not None:
+                _check_epoch(data_epoch)
+                if holds_records:
+                    raise SegmentStateError(
+                        f"segment {base_offset} of {state.directory} holds records: they keep "
+                        f"the data epoch they were written at; trim it to 0 bytes first"
+                    )
         except (ValueError, StorageError) as error:
             return fail(error)
         if current is not None and epoch < current:
@@ -353,28 +368,39 @@ class SegmentOperations:
                     f"epoch {epoch} is older"
                 )
             )
+        if data_epoch is None:
+            # A copy holding no record is nobody's yet: it takes the fence's epoch. One holding
+            # records keeps theirs (an unknown one, with the marker unreadable, is the fence's:
+            # the records are checksummed, but whose they are was lost with the marker).
+            known = state.data_epoch_of(base_offset) if holds_records else None
+            data_epoch = epoch if known is None else known
         # At once: appends of older epochs are refused from now on, not from when it is durable.
-        state.epochs[base_offset] = epoch
+        state.set_epochs(base_offset, epoch, data_epoch)
+        written = data_epoch
 
         def start() -> Deferred[Fenced]:
             segment = state.find(base_offset)
-            return self._write_epoch(base_offset, epoch).addCallback(
+            return self._write_epoch(base_offset, epoch, written).addCallback(
                 lambda _: Fenced(base_offset, epoch, segment.next_offset, segment.readable_end)
             )
 
         return self._pipeline.run_control(start)
 
-    def start_segment(self, base_offset: int, epoch: int) -> Deferred[SegmentInfo]:
+    def start_segment(
+        self, base_offset: int, epoch: int, data_epoch: int | None
+    ) -> Deferred[SegmentInfo]:
         state = self._state
+        data_epoch = epoch if data_epoch is None else data_epoch
         try:
             _check_epoch(epoch)
+            _check_epoch(data_epoch)
             refusal = self._pipeline.control_refusal()
             if refusal is not None:
                 raise refusal
         except (ValueError, StorageError) as error:
             return fail(error)
         if base_offset == state.appending_base() and state.next_offset == base_offset:
-            return self._restart_empty(base_offset, epoch)
+            return self._restart_empty(base_offset, epoch, data_epoch)
         if base_offset < state.next_offset:
             return fail(
                 SegmentStateError(
@@ -385,9 +411,9 @@ class SegmentOperations:
         # At once: appends made from now on take offsets in the new segment.
         state.next_offset = base_offset
         state.starting = base_offset
-        state.epochs[base_offset] = epoch
+        state.set_epochs(base_offset, epoch, data_epoch)
         path = state.segment_path(base_offset)
-        marker = encode_epoch(EpochMarker(base_offset, epoch))
+        marker = encode_epoch(EpochMarker(base_offset, epoch, data_epoch))
 
         def create() -> Deferred[AppendFile]:
             # The marker first: a crash before the log file is made leaves a marker without its
@@ -410,9 +436,11 @@ class SegmentOperations:
 
         return self._pipeline.run_control(start)
 
-    def _restart_empty(self, base_offset: int, epoch: int) -> Deferred[SegmentInfo]:
-        """``start_segment`` of the segment appends already go to, still empty: only its epoch
-        changes."""
+    def _restart_empty(
+        self, base_offset: int, epoch: int, data_epoch: int
+    ) -> Deferred[SegmentInfo]:
+        """``start_segment`` of the segment appends already go to, still empty: only its epochs
+        change."""
         state = self._state
         current = state.epochs.get(base_offset, 0)
         if current is not None and epoch < current:
@@ -422,10 +450,10 @@ class SegmentOperations:
                     f"cannot start again at epoch {epoch}, which is older"
                 )
             )
-        state.epochs[base_offset] = epoch
+        state.set_epochs(base_offset, epoch, data_epoch)
 
         def start() -> Deferred[SegmentInfo]:
-            return self._write_epoch(base_offset, epoch).addCallback(
+            return self._write_epoch(base_offset, epoch, data_epoch).addCallback(
                 lambda _: state.find(base_offset).info()
             )
 
@@ -474,7 +502,7 @@ class SegmentOperations:
                 has_marker=True,
             )
             state.insert(segment)
-            state.epochs[seal.base_offset] = epoch
+            state.set_epochs(seal.base_offset, epoch, epoch)
             if seal.next_offset > state.next_offset:
                 state.next_offset = state.durable_offset = seal.next_offset
             state.sealed_through(seal.next_offset)

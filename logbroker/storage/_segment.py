@@ -14,7 +14,8 @@ Recovery follows the spec's integrity rules 7 and 8:
 * a file with its own seal marker is never truncated, whatever is wrong with it.
 
 A segment's epoch marker (``.epoch``) records the replication epoch it was last fenced or started
-at; a missing one means epoch 0, and an unreadable one is reported like an unreadable seal marker
+at, and the epoch of the primary whose records it holds (its data epoch); a missing one means
+epoch 0, and an unreadable one is reported like an unreadable seal marker
 and leaves the epoch unknown (the range log then refuses appends to it until it is fenced again).
 """
 
@@ -35,6 +36,7 @@ from logbroker.storage._format import (
     BatchInfo,
     Damage,
     DamageReason,
+    EpochMarker,
     IndexEntry,
     Seal,
     batch_claim,
@@ -326,6 +328,8 @@ class RecoveredLog:
     #: The epoch of each segment with an epoch marker (``None``: the marker is unreadable);
     #: a segment without one is at epoch 0.
     epochs: dict[int, int | None]
+    #: The data epoch of each segment whose marker records one other than its epoch.
+    data_epochs: dict[int, int] = attrs.field(factory=dict)
 
 
 def group_segment_files(fs: FileSystem, directory: str) -> tuple[dict[int, set[str]], list[str]]:
@@ -438,6 +442,7 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
     truncated = []
     notes: list[str] = []
     epochs: dict[int, int | None] = {}
+    data_epochs: dict[int, int] = {}
     for base in sorted(groups):
         kinds = groups[base]
         stem_path = f"{directory}/{segment_stem(base)}"
@@ -467,8 +472,11 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
         events.extend(found)
         segments.append(segment)
         if "epoch" in kinds:
-            epochs[base] = _recover_epoch(fs, stem_path + EPOCH_SUFFIX, base)
-            if epochs[base] is None:
+            marker = _recover_epoch(fs, stem_path + EPOCH_SUFFIX, base)
+            epochs[base] = None if marker is None else marker.epoch
+            if marker is not None and marker.data_epoch != marker.epoch:
+                data_epochs[base] = marker.data_epoch
+            if marker is None:
                 event = IntegrityEvent(
                     DamageReason.METADATA, stem_path + EPOCH_SUFFIX, base, 0, segment.has_marker
                 )
@@ -487,13 +495,13 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
         # marker) still gives up one offset.
         last = segments[-1]
         last.end_offset = max(last.end_offset, last.base_offset + 1)
-    return RecoveredLog(segments, events, removed, truncated, notes, epochs)
+    return RecoveredLog(segments, events, removed, truncated, notes, epochs, data_epochs)
 
 
-def _recover_epoch(fs: FileSystem, path: str, base: int) -> int | None:
-    """The epoch an epoch marker records, or ``None`` when it is unreadable."""
+def _recover_epoch(fs: FileSystem, path: str, base: int) -> EpochMarker | None:
+    """What an epoch marker records, or ``None`` when it is unreadable."""
     try:
         marker = decode_epoch(fs.read_file(path))
     except ValueError:
         return None
-    return marker.epoch if marker.base_offset == base else None
+    return marker if marker.base_offset == base else None

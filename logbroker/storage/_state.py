@@ -88,6 +88,8 @@ class LogState:
         #: Epochs recorded (fenced, started, or read from markers), by base offset: ``None``
         #: where the epoch is unknown; a segment missing here is at epoch 0.
         self.epochs: dict[int, int | None] = dict(recovered.epochs)
+        #: Data epochs other than the segment's epoch, by base offset (``data_epoch_of``).
+        self.data_epochs: dict[int, int] = dict(recovered.data_epochs)
         #: The base of a segment ``start_segment`` is creating: appends made meanwhile go there.
         self.starting: int | None = None
 
@@ -135,6 +137,20 @@ class LogState:
         self.find(base_offset)
         return 0
 
+    def data_epoch_of(self, base_offset: int) -> int | None:
+        """The epoch of the primary whose records a segment holds: its epoch unless its marker
+        records another (``None``: unknown); ``SegmentNotFoundError`` if there is none."""
+        if base_offset in self.data_epochs:
+            return self.data_epochs[base_offset]
+        return self.epoch_of(base_offset)
+
+    def set_epochs(self, base_offset: int, epoch: int, data_epoch: int) -> None:
+        self.epochs[base_offset] = epoch
+        if data_epoch == epoch:
+            self.data_epochs.pop(base_offset, None)
+        else:
+            self.data_epochs[base_offset] = data_epoch
+
     # -- changes -----------------------------------------------------------------------------
 
     def add_active(self, base_offset: int, writer: AppendFile) -> Segment:
@@ -160,6 +176,7 @@ class LogState:
     def remove(self, segment: Segment) -> None:
         self.segments.remove(segment)
         self.epochs.pop(segment.base_offset, None)
+        self.data_epochs.pop(segment.base_offset, None)
 
     def sealed_through(self, offset: int) -> None:
         """A segment ending at ``offset`` is sealed: its records are committed."""

@@ -309,6 +309,21 @@ class RangeLog:
             )
         return epoch
 
+    def segment_data_epoch(self, base_offset: int) -> int:
+        """The epoch of the primary whose records a segment's bytes are: the epoch the copy was
+        started at, or trimmed empty and fenced at with one given (``fence``); a fence of a
+        copy holding records leaves it as it was. A sealed copy's is its sealed epoch.
+
+        Errors as ``segment_epoch``'s.
+        """
+        data_epoch = self._state.data_epoch_of(base_offset)
+        if data_epoch is None:
+            raise FencedError(
+                f"the data epoch of segment {base_offset} in {self.directory} is unknown (its "
+                "epoch marker is unreadable); fence the segment again"
+            )
+        return data_epoch
+
     def commit(self, offset: int) -> None:
         """Readers of a replicated log may see records below ``offset`` (once durable here).
 
@@ -455,17 +470,26 @@ class RangeLog:
         """
         return self._operations.verify_segment(base_offset)
 
-    def fence(self, base_offset: int, epoch: int) -> Deferred[Fenced]:
+    def fence(
+        self, base_offset: int, epoch: int, data_epoch: int | None = None
+    ) -> Deferred[Fenced]:
         """Fence a segment copy at ``epoch``: refuse appends of older epochs to it.
 
         Refused with ``FencedError`` when ``epoch`` is older than the copy's. Otherwise the
         epoch holds at once (``append_raw`` of an older epoch is refused from this call on) and
         is written durably after the appends queued before this call; then it fires with the
         copy's durable next offset and verified length.
-        """
-        return self._operations.fence(base_offset, epoch)
 
-    def start_segment(self, base_offset: int, epoch: int) -> Deferred[SegmentInfo]:
+        The copy's data epoch (``segment_data_epoch``) stays what it was while it holds
+        records: a fence does not make an older primary's records the new epoch's. A copy
+        holding none takes ``data_epoch``, or the fence's epoch when that is not given;
+        ``data_epoch`` for a copy holding records is refused (``SegmentStateError``).
+        """
+        return self._operations.fence(base_offset, epoch, data_epoch)
+
+    def start_segment(
+        self, base_offset: int, epoch: int, data_epoch: int | None = None
+    ) -> Deferred[SegmentInfo]:
         """Start a new segment at ``base_offset`` and ``epoch``: a primary opening one, or a
         follower about to receive its first bytes.
 
@@ -475,9 +499,10 @@ class RangeLog:
         ``base_offset``. There may be a gap before it (segments held by other nodes). Refused
         with ``SegmentStateError`` when the log already holds or was given offsets at or past
         ``base_offset``, except for the active segment while it is still empty: then only its
-        epoch changes (``FencedError`` if that is older).
+        epoch changes (``FencedError`` if that is older). Its data epoch is ``data_epoch``, or
+        ``epoch`` when that is not given.
         """
-        return self._operations.start_segment(base_offset, epoch)
+        return self._operations.start_segment(base_offset, epoch, data_epoch)
 
     def seal_copy(
         self, base_offset: int, record_count: int, byte_size: int, *, epoch: int

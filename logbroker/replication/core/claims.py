@@ -11,10 +11,14 @@ record the node read, so that of two nodes claiming from one record one wins. It
 - when the segment's primary is dead and it is the first live replica (``should_take_over``).
 
 Then it fences every replica at the new epoch; from the answers (``fence_outcome``) it needs a
-quorum, its own copy among them. Every acknowledged record is on a quorum and any two quorums
-share a copy, so the longest end among a quorum of answers holds every acknowledged record
-(``seal_point``). The claiming node completes its own copy to that end from the copy that has
-it, then:
+quorum, its own copy among them. A segment's records are all one primary's, and each copy says
+whose (its data epoch, which a fence leaves as it was: ``logbroker.replication.core.replica``).
+Every acknowledged record is on a quorum of copies of one data epoch, and no later primary
+wrote records of its own there (its claim's fence met one of those copies, which held
+records), so the latest data epoch among a quorum's answers is theirs, and the longest of those
+copies holds every acknowledged record (``seal_point``); copies of an older data epoch count as
+empty (their records never reached a quorum, and are cut before they take any). The claiming
+node completes its own copy to that end from the copy that has it, then:
 
 - if the segment holds records, it is **sealed** at that end (``sealed``) once a quorum holds
   them all, and the next segment opens at that offset (``next_segment``): on the live members
@@ -83,9 +87,12 @@ def stepped_aside(meta: SegmentMeta, node_id: str) -> SegmentMeta:
 
 @attrs.frozen
 class Ends:
-    """A quorum answered the fence: where each answering copy ends."""
+    """A quorum answered the fence: where each answering copy ends, of the records the claim
+    goes on with (a copy holding another primary's counts as empty), and whose those are
+    (their data epoch; the claim's own epoch when no copy holds any)."""
 
     ends: Mapping[str, CopyEnd]
+    data_epoch: int
 
 
 @attrs.frozen
@@ -115,7 +122,7 @@ def fence_outcome(
     quorum: int,
 ) -> FenceOutcome:
     """What the answers to a fence at ``meta.epoch`` (``None``: no answer) allow."""
-    ends: dict[str, CopyEnd] = {}
+    taken: dict[str, CopyStatus] = {}
     for node in meta.replicas:
         status = answers.get(node)
         if status is None:
@@ -123,11 +130,22 @@ def fence_outcome(
         if status.outcome is CopyOutcome.FENCED:
             return FencedOut(node, status.epoch)
         if status.outcome is CopyOutcome.OK:
-            ends[node] = CopyEnd(status.end_offset, status.end_position)
-    if node_id not in ends or len(ends) < quorum:
-        silent = tuple(node for node in meta.replicas if node not in ends)
-        return NoQuorum(len(ends), silent)
-    return Ends(ends)
+            taken[node] = status
+    if node_id not in taken or len(taken) < quorum:
+        silent = tuple(node for node in meta.replicas if node not in taken)
+        return NoQuorum(len(taken), silent)
+    base = meta.base_offset
+    data_epoch = max(
+        (status.data_epoch for status in taken.values() if status.end_offset > base),
+        default=meta.epoch,
+    )
+    ends = {
+        node: CopyEnd(status.end_offset, status.end_position)
+        if status.data_epoch == data_epoch
+        else CopyEnd(base, 0)
+        for node, status in taken.items()
+    }
+    return Ends(ends, data_epoch)
 
 
 def seal_point(ends: Mapping[str, CopyEnd], claimer: str) -> tuple[str, CopyEnd]:
@@ -164,13 +182,15 @@ def steps_aside_after(
     return bool(silent_live) and not any(heard_recently(node) for node in silent_live)
 
 
-def sealed(meta: SegmentMeta, end_offset: int, byte_size: int) -> SegmentMeta:
-    """``meta`` sealed with its records up to ``end_offset`` in ``byte_size`` bytes."""
+def sealed(meta: SegmentMeta, end_offset: int, byte_size: int, data_epoch: int) -> SegmentMeta:
+    """``meta`` sealed with its records (``data_epoch``'s primary's) up to ``end_offset`` in
+    ``byte_size`` bytes."""
     return attrs.evolve(
         meta,
         state=SegmentState.SEALED,
         record_count=end_offset - meta.base_offset,
         byte_size=byte_size,
+        data_epoch=None if data_epoch == meta.epoch else data_epoch,
     )
 
 

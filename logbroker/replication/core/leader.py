@@ -99,7 +99,9 @@ class LeaderCore:
 
     ``copies`` says where each copy was known to end durably when the leadership began (this
     node's own copy included, and complete: it ends at the longest end of a quorum); a copy not
-    listed is taken to hold nothing yet. ``now`` is when it began: every replica counts as
+    listed is taken to hold nothing yet. ``data_epoch`` is the epoch of the primary whose
+    records the segment holds (``epoch`` unless given: a claim that found records goes on with
+    an older primary's, only to seal them). ``now`` is when it began: every replica counts as
     heard from then.
     """
 
@@ -114,6 +116,7 @@ class LeaderCore:
         copies: Mapping[str, CopyEnd],
         settings: ReplicationSettings,
         now: float,
+        data_epoch: int | None = None,
     ) -> None:
         if replicas[0] != node_id:
             raise ValueError(f"{node_id} leads {range_id}@{segment}, but {replicas[0]} is first")
@@ -121,6 +124,7 @@ class LeaderCore:
         self.range_id = range_id
         self.segment = segment
         self.epoch = epoch
+        self.data_epoch = epoch if data_epoch is None else data_epoch
         self.replicas = tuple(replicas)
         self._settings = settings
         own = copies[node_id]
@@ -293,14 +297,17 @@ class LeaderCore:
             # mismatch (or short): send from where the copy ends.
             if generation == stream.generation:
                 stream.rewind(status.end_offset, status.end_position)
-            if status.epoch == self.epoch and self._tracker.advance(
-                node, min(status.end_offset, self._written)
+            if (
+                status.epoch == self.epoch
+                and status.data_epoch == self.data_epoch
+                and self._tracker.advance(node, min(status.end_offset, self._written))
             ):
                 # The copy holds more than this leader knew, durably: what it was sent before
-                # its answers were lost (a stall, a broken link). At this epoch every byte of
-                # it is this leader's (``logbroker.replication.core.replica``): it counts, or
-                # nothing would commit those records until another append comes, and a retry
-                # waiting for their fate would wait with them.
+                # its answers were lost (a stall, a broken link). At this epoch, of this data
+                # epoch, every byte of it is what this leader sent
+                # (``logbroker.replication.core.replica``): it counts, or nothing would commit
+                # those records until another append comes, and a retry waiting for their
+                # fate would wait with them.
                 self._committed(actions)
         self._pump(node, actions)
         return actions
@@ -517,6 +524,7 @@ class LeaderCore:
             chunk.position,
             self._tracker.commit,
             chunk.data,
+            data_epoch=self.data_epoch,
         )
         actions.append(Send(stream.node, generation, request))
 
@@ -547,6 +555,7 @@ class LeaderCore:
                 stream.next_position,
                 commit,
                 b"",
+                data_epoch=self.data_epoch,
             )
             actions.append(Send(node, stream.generation, notice, notice=True))
 

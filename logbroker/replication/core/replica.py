@@ -14,15 +14,24 @@ The rules that make a quorum's acknowledgement mean something:
 - **Contiguity.** Bytes are taken only where the copy ends (offset and byte position); else
   the answer says where it ends, and the primary sends from there. A resend of bytes the copy
   holds (after a lost answer) is answered so too, and stores nothing twice.
-- **An older epoch's bytes go.** An active copy at an older epoch than a primary sending to it
-  holds only an older primary's bytes, which never reached a quorum at that segment (a claim
-  seals a segment that holds records): they are all cut first (``replicate_step``), however far
-  into the segment the request starts. Rot is never cut (the storage engine refuses).
+- **One primary's records per copy.** A segment's records are all written by one primary, from
+  its first byte: the one that led it when it held none (a claim seals a segment that holds
+  records, or leads it on empty at the new epoch). Each copy knows whose they are: its **data
+  epoch**, which a fence does not change (a copy fenced late, after the claim went on without
+  it, still holds the older primary's records at the new epoch). A request carries the data
+  epoch of its records (a claimer completing copies sends the older primary's, at its own
+  epoch): a copy holding another primary's records cuts them all first (``replicate_step``),
+  however far into the segment the request starts, and a copy holding none takes the
+  request's data epoch before its records. The records cut never reached a quorum: every
+  acknowledged record is on a quorum of copies of one data epoch, which the claim's fence
+  meets, and the claim goes on with the latest data epoch it finds
+  (``logbroker.replication.core.claims``). Rot is never cut (the storage engine refuses).
 
 And the rule for reading: **stale copies are never served.** A copy counts (for reads, fetches,
 reads of committed records, producer stamps) only if its node is in the segment's replica set
 and the copy is at the segment's epoch (``trusted``); of such a copy only records known to be
-committed are served (``committed_end``).
+committed are served (``committed_end``), and a copy hears how far they are committed only from
+a primary whose records it holds.
 """
 
 from __future__ import annotations
@@ -39,12 +48,14 @@ from logbroker.storage import CopyState
 @attrs.frozen
 class CopyView:
     """What a node knows of its copy of one segment: its state (``None``: no copy), the epoch it
-    is at (``None``: unknown, its marker unreadable), whether it is damaged, where its records
-    end, and, for the copy taking appends, where its bytes end once what it was sent is written
-    (``tail_offset``, ``tail_position``) and where they are durable (``durable_offset``)."""
+    is at and the data epoch of its records (``None``: unknown, its marker unreadable), whether
+    it is damaged, where its records end, and, for the copy taking appends, where its bytes end
+    once what it was sent is written (``tail_offset``, ``tail_position``) and where they are
+    durable (``durable_offset``)."""
 
     state: CopyState | None
     epoch: int | None
+    data_epoch: int | None = None
     damaged: bool = False
     next_offset: int = 0
     tail_offset: int = 0
@@ -83,12 +94,11 @@ class Step(Enum):
     #: Start a copy of the segment at the request's epoch (closing the active one), then
     #: decide again.
     START = auto()
-    #: Record the request's epoch and cut every byte of the copy (an older epoch's), then
-    #: decide again. A segment's bytes at a newer epoch start at its first byte: a claim seals
-    #: a segment that holds records and opens the next, or starts an empty one again at its
-    #: epoch. So an older epoch's copy shares no byte with it, even where the request starts
-    #: later in the segment (the messages before it lost on the way): the copy answers that it
-    #: is empty, and the primary sends from the start.
+    #: Record the request's epoch, cut every byte of the copy (another primary's records, or
+    #: none), and take the request's data epoch; then decide again. Another primary's records
+    #: share no byte with the request's, even where the request starts later in the segment
+    #: (the messages before it lost on the way): the copy answers that it is empty, and the
+    #: primary sends from the start.
     CUT = auto()
     #: Append the bytes at ``epoch``.
     APPEND = auto()
@@ -119,7 +129,8 @@ def replicate_step(
         if view.state is CopyState.ACTIVE and view.epoch is not None:
             if older_epoch(request.epoch, view.epoch):
                 return Decision(Step.ANSWER, CopyOutcome.FENCED)
-            if request.epoch == view.epoch:
+            if request.epoch == view.epoch and view.data_epoch == request.data_epoch:
+                # Only a primary whose records the copy holds says how far they are committed.
                 return Decision(Step.NOTE_COMMIT)
         return Decision(Step.ANSWER, CopyOutcome.OK)
     if view.state is CopyState.SEALED:
@@ -127,15 +138,20 @@ def replicate_step(
         return Decision(Step.ANSWER, CopyOutcome.FENCED)
     if view.state is not CopyState.ACTIVE:
         return Decision(Step.START)
-    if view.epoch is None:
+    if view.epoch is None or view.data_epoch is None:
         return Decision(Step.UNAVAILABLE)
     if older_epoch(request.epoch, view.epoch):
         return Decision(Step.ANSWER, CopyOutcome.FENCED)
+    if view.data_epoch != request.data_epoch:
+        # Another primary's records (or none, under another's name): cut, and named anew.
+        return Decision(Step.CUT)
     if request.offset == view.tail_offset and request.position == view.tail_position:
         # Stored at the epoch these rules let through (the request's, as they stand): the
         # storage engine refuses an epoch older than the copy's once more.
         return Decision(Step.APPEND, epoch=max(request.epoch, view.epoch))
     if request.offset < view.tail_offset and request.epoch > view.epoch:
+        # The same primary's records, but the copy missed this claim's fence: it was not
+        # counted, and may hold more of them than the claim kept. Sent again from the start.
         return Decision(Step.CUT)
     return Decision(Step.ANSWER, CopyOutcome.MISMATCH)
 
@@ -143,13 +159,29 @@ def replicate_step(
 def trusted(view: CopyView, record: SegmentMeta, node_id: str) -> bool:
     """Whether this node's copy of ``record``'s segment may be served or believed at all: the
     node is in the segment's replica set, and the copy is undamaged and at the segment's epoch
-    (its bytes are then a prefix of what that epoch's one primary wrote)."""
+    (its bytes are then a prefix of what one primary wrote). Of a sealed segment, the copy
+    must be sealed too, or written at the sealed epoch (``seals_in_place``): a copy still
+    open, fenced at the epoch a claim sealed it at, may hold another primary's records than
+    the sealed ones."""
     return (
         view.state is not None
         and not view.damaged
         and node_id in record.replicas
         and view.epoch == record.epoch
+        and (
+            record.state is not SegmentState.SEALED
+            or view.state is CopyState.SEALED
+            or seals_in_place(view, record)
+        )
     )
+
+
+def seals_in_place(view: CopyView, record: SegmentMeta) -> bool:
+    """Whether a copy still open may be sealed to ``record``'s seal without a seal request from
+    the primary that sealed it: only if it is at the sealed epoch and holds the sealed records'
+    primary's records (``SegmentMeta.records_epoch``: a claim records whose it sealed), not a
+    copy fenced after the claim went on without it."""
+    return view.epoch == record.epoch and view.data_epoch == record.records_epoch
 
 
 def known_commit(told: int, durable: int) -> int:

@@ -444,3 +444,20 @@ async def test_close_settles_every_change_asked_for(
     assert creating.called
     await creating
     assert (await backend.open()).users() == [make_user("alice")]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_segment_sealed_by_a_claim_keeps_whose_records_it_holds(
+    backend: Backend, control: ControlPlane
+) -> None:
+    topic, ranges = make_topic("orders")
+    await done(backend, control.create_topic(topic, ranges))
+    seal = attrs.evolve(sealed("orders.0", 0, count=10, size=500, epoch=4), data_epoch=2)
+    await done(backend, control.put_segment(seal))
+
+    assert control.segments("orders.0") == [seal]
+    assert control.segments("orders.0")[0].records_epoch == 2
+    with pytest.raises(ValueError, match="older than its epoch 4"):
+        attrs.evolve(seal, data_epoch=4)
+    with pytest.raises(ValueError, match="only for a sealed segment"):
+        attrs.evolve(active("orders.0", 0, epoch=4), data_epoch=1)

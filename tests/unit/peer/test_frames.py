@@ -95,7 +95,7 @@ def chunked(data: bytes, cuts: list[int]) -> list[bytes]:
 
 def test_hello_bytes() -> None:
     nonce = bytes(range(32))
-    body = b"\x01\x00\x02" + b"\x00\x02c1" + b"\x00\x02n1" + nonce
+    body = b"\x01\x00\x03" + b"\x00\x02c1" + b"\x00\x02n1" + nonce
     assert encode(Hello(PROTOCOL_VERSION, "c1", "n1", nonce)) == struct.pack(">I", 43) + body
 
 

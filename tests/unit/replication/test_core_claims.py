@@ -44,14 +44,16 @@ def test_stepping_aside_moves_the_node_last_at_the_same_epoch() -> None:
     assert claims.stepped_aside(_active("abc", epoch=3), "a") == _active("bca", epoch=3)
 
 
-def _status(end: int, outcome: CopyOutcome = CopyOutcome.OK, epoch: int = 2) -> CopyStatus:
-    return CopyStatus(outcome, epoch, end, end * 10)
+def _status(
+    end: int, outcome: CopyOutcome = CopyOutcome.OK, epoch: int = 2, data_epoch: int = 0
+) -> CopyStatus:
+    return CopyStatus(outcome, epoch, end, end * 10, data_epoch=data_epoch)
 
 
 def test_a_fence_needs_a_quorum_with_the_claimer_among_it() -> None:
     meta = _active("abc", epoch=2)
     ends = claims.fence_outcome(meta, {"a": _status(5), "c": _status(7)}, "a", 2)
-    assert ends == Ends({"a": CopyEnd(5, 50), "c": CopyEnd(7, 70)})
+    assert ends == Ends({"a": CopyEnd(5, 50), "c": CopyEnd(7, 70)}, 0)
     assert claims.fence_outcome(meta, {"b": _status(5), "c": _status(7)}, "a", 2) == NoQuorum(
         2, ("a",)
     ), "the claimer's own copy must be among them"
@@ -83,6 +85,69 @@ def test_the_seal_point_of_any_quorum_holds_every_acknowledged_record(
     assert end.offset >= acknowledged
 
 
+def test_a_claim_goes_on_with_the_latest_primary_s_records_and_counts_older_ones_as_empty() -> None:
+    meta = _active("abc", epoch=4)
+    # c was fenced late: it still holds what the epoch 1 primary wrote, more than a and b hold
+    # of the epoch 3 primary's records.
+    answers = {"a": _status(5, data_epoch=3), "b": _status(4, data_epoch=3)}
+    answers["c"] = _status(9, data_epoch=1)
+    outcome = claims.fence_outcome(meta, answers, "a", 2)
+    assert outcome == Ends({"a": CopyEnd(5, 50), "b": CopyEnd(4, 40), "c": CopyEnd(0, 0)}, 3)
+    assert isinstance(outcome, Ends)
+    assert claims.seal_point(outcome.ends, "a") == ("a", CopyEnd(5, 50))
+    # No copy holds records: the claim's own epoch is theirs from now on.
+    empty = {"a": _status(0, data_epoch=3), "c": _status(0, data_epoch=1)}
+    assert claims.fence_outcome(meta, empty, "a", 2) == Ends(
+        {"a": CopyEnd(0, 0), "c": CopyEnd(0, 0)}, 4
+    )
+
+
+@given(
+    st.integers(3, 5).flatmap(
+        lambda rf: st.tuples(
+            st.just(rf),
+            st.integers(1, 50),
+            st.lists(st.tuples(st.integers(0, 3), st.integers(0, 100)), min_size=rf, max_size=rf),
+            st.sets(st.integers(0, rf - 1), min_size=quorum_size(rf)),
+            st.sets(st.integers(0, rf - 1), min_size=quorum_size(rf)),
+        )
+    )
+)
+def test_a_claim_finds_every_acknowledged_record_whatever_older_primaries_left_behind(
+    case: tuple[int, int, list[tuple[int, int]], set[int], set[int]],
+) -> None:
+    """The records acknowledged at data epoch 2 (up to ``acknowledged``) are on a quorum of
+    copies of that data epoch; the others hold an older primary's records (any length), or
+    the same primary's (any length), or none. Fenced late, every copy says so at the claim's
+    epoch: any quorum of answers leads to data epoch 2 and a seal point past them all."""
+    rf, acknowledged, others, holding, answering = case
+    statuses = {}
+    for i in range(rf):
+        older, length = others[i]
+        if i in holding:
+            statuses[str(i)] = _status(acknowledged + length % 3, epoch=5, data_epoch=2)
+        else:
+            statuses[str(i)] = _status(length, epoch=5, data_epoch=min(older, 2))
+    meta = _active("".join(str(i) for i in range(rf)), epoch=5)
+    claimer = str(min(answering))
+    answers = {node: statuses[node] if int(node) in answering else None for node in statuses}
+
+    outcome = claims.fence_outcome(meta, answers, claimer, quorum_size(rf))
+
+    assert isinstance(outcome, Ends)
+    assert outcome.data_epoch == 2
+    holder, end = claims.seal_point(outcome.ends, claimer)
+    assert end.offset >= acknowledged
+    assert statuses[holder].data_epoch == 2
+
+
+def test_a_seal_records_whose_records_it_sealed_when_they_are_an_older_primary_s() -> None:
+    by_claim = claims.sealed(_active("ab", epoch=4), 10, 100, 2)
+    assert (by_claim.data_epoch, by_claim.records_epoch) == (2, 2)
+    by_roll = claims.sealed(_active("ab", epoch=4), 10, 100, 4)
+    assert (by_roll.data_epoch, by_roll.records_epoch) == (None, 4)
+
+
 def test_a_claim_whose_fence_found_no_quorum_steps_aside_only_when_cut_off() -> None:
     meta = _active("abc", epoch=2)
     silent = NoQuorum(1, ("b", "c"))
@@ -97,7 +162,7 @@ def test_a_claim_whose_fence_found_no_quorum_steps_aside_only_when_cut_off() -> 
 
 
 def test_the_next_segment_keeps_the_live_members_with_the_leader_first() -> None:
-    sealed = claims.sealed(_active("bac", epoch=3, base=10), 25, 900)
+    sealed = claims.sealed(_active("bac", epoch=3, base=10), 25, 900, 3)
     assert (sealed.record_count, sealed.byte_size, sealed.state) == (15, 900, SegmentState.SEALED)
     following = claims.next_segment(sealed, "a", _nodes("abc"), RULE)
     assert following == SegmentMeta("r.0", 25, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
@@ -125,7 +190,7 @@ def test_an_empty_segment_placed_short_is_made_whole_on_its_claim() -> None:
 
 
 def test_a_short_sealed_set_is_completed_with_live_nodes_keeping_its_members() -> None:
-    sealed = claims.sealed(_active("ab", epoch=2), 10, 100)
+    sealed = claims.sealed(_active("ab", epoch=2), 10, 100, 2)
     completed = claims.completed_set(sealed, _nodes("bc"), RULE)
     assert completed == attrs.evolve(sealed, replicas=("a", "b", "c")), "a is down, kept"
     assert claims.completed_set(completed, _nodes("abcd"), RULE) is None, "full already"

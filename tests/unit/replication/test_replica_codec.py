@@ -30,12 +30,13 @@ from logbroker.replication.replica_codec import (
 
 
 def test_replicate_bytes_are_pinned() -> None:
-    request = ReplicateRequest("r1", 100, 3, 150, 4096, 140, b"batch")
+    request = ReplicateRequest("r1", 100, 3, 150, 4096, 140, b"batch", data_epoch=2)
     encoded = encode_replicate(request)
     assert encoded == (
         encode_text("r1")
         + (100).to_bytes(8, "big")
         + (3).to_bytes(8, "big")
+        + (2).to_bytes(8, "big")
         + (150).to_bytes(8, "big")
         + (4096).to_bytes(8, "big")
         + (140).to_bytes(8, "big")
@@ -56,8 +57,8 @@ def test_replicated_data_damaged_on_the_way_is_refused() -> None:
     ("request_", "encode", "decode"),
     [
         (FenceRequest("r1", 10, 2), encode_fence, decode_fence),
-        (SealRequest("r1", 10, 2, 40, 9000), encode_seal, decode_seal),
-        (FetchRequest("r1", 10, 3, 20, 512, 1 << 20), encode_fetch, decode_fetch),
+        (SealRequest("r1", 10, 2, 40, 9000, data_epoch=1), encode_seal, decode_seal),
+        (FetchRequest("r1", 10, 3, 20, 512, 1 << 20, data_epoch=2), encode_fetch, decode_fetch),
     ],
 )
 def test_requests_round_trip_and_refuse_trailing_bytes(request_, encode, decode) -> None:  # type: ignore[no-untyped-def]
@@ -70,17 +71,17 @@ def test_requests_round_trip_and_refuse_trailing_bytes(request_, encode, decode)
 
 
 def test_status_bytes_are_pinned() -> None:
-    status = CopyStatus(CopyOutcome.MISMATCH, 4, 200, 8192)
+    status = CopyStatus(CopyOutcome.MISMATCH, 4, 200, 8192, data_epoch=3)
     encoded = encode_status(status)
-    assert encoded == b"\x02" + (4).to_bytes(8, "big") + (200).to_bytes(8, "big") + (8192).to_bytes(
-        8, "big"
-    )
+    assert encoded == b"\x02" + b"".join(n.to_bytes(8, "big") for n in (4, 3, 200, 8192))
     assert decode_status(encoded) == status
+    # Unless said, a copy's records are its epoch's.
+    assert CopyStatus(CopyOutcome.OK, 4, 0, 0).data_epoch == 4
 
 
 def test_an_unknown_outcome_is_malformed() -> None:
     with pytest.raises(MalformedPeerMessage, match="unknown copy outcome 9"):
-        decode_status(b"\x09" + bytes(24))
+        decode_status(b"\x09" + bytes(32))
 
 
 def test_fields_must_fit_their_width() -> None:

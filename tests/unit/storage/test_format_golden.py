@@ -105,6 +105,8 @@ SEAL = Seal(
 
 # An epoch above 2**32, so that all eight bytes of the epoch field matter.
 EPOCH = EpochMarker(base_offset=BASE, epoch=2**40 + 3)
+# A copy fenced at a later epoch than its records' (version 2): both above 2**32.
+EPOCH_WITH_DATA = EpochMarker(base_offset=BASE, epoch=2**40 + 3, data_epoch=2**33 + 5)
 
 
 def golden(name: str, encoded: bytes) -> bytes:
@@ -316,6 +318,27 @@ def test_epoch_marker() -> None:
         0,
     )
     assert_same_bytes(encoded, stored)
+
+
+def test_epoch_marker_with_a_data_epoch() -> None:
+    encoded = encode_epoch(EPOCH_WITH_DATA)
+    stored = golden("epoch-data.bin", encoded)
+
+    assert decode_epoch(stored) == EPOCH_WITH_DATA
+    assert struct.unpack(">I2sBBIQQQI", stored) == (
+        computed_crc(stored),
+        b"LE",
+        2,
+        0,
+        0,
+        BASE,
+        2**40 + 3,
+        2**33 + 5,
+        0,
+    )
+    assert_same_bytes(encoded, stored)
+    # A version 1 marker's data epoch is its epoch.
+    assert decode_epoch(golden("epoch.bin", encode_epoch(EPOCH))).data_epoch == 2**40 + 3
 
 
 def test_format_marker() -> None:

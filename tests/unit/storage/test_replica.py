@@ -177,8 +177,48 @@ def test_the_epoch_survives_a_restart_and_its_marker_is_written_atomically() -> 
     reopened = replica(fs)
 
     assert reopened.segment_epoch(0) == 7
+    # The fence did not make the records epoch 7's: they are still the epoch 2 primary's.
+    assert reopened.segment_data_epoch(0) == 2
     assert failure_of(reopened.append_raw(1, batch(1), epoch=6)).check(FencedError)
-    assert fs.read_file(segment_path(0, ".epoch")) == encode_epoch(EpochMarker(0, 7))
+    assert fs.read_file(segment_path(0, ".epoch")) == encode_epoch(EpochMarker(0, 7, 2))
+
+
+def test_an_empty_copy_takes_the_fences_data_epoch_and_one_holding_records_keeps_its_own() -> None:
+    fs = MemoryFileSystem()
+    log = started(fs, epoch=2)
+    result_of(log.fence(0, 3))
+    assert (log.segment_epoch(0), log.segment_data_epoch(0)) == (3, 3), "nobody's records yet"
+    result_of(log.fence(0, 4, data_epoch=1))
+    assert (log.segment_epoch(0), log.segment_data_epoch(0)) == (4, 1)
+    result_of(log.append_raw(0, batch(0), epoch=4))
+
+    refused = failure_of(log.fence(0, 5, data_epoch=5))
+    assert refused.check(SegmentStateError)
+    assert "holds records" in refused.getErrorMessage()
+    assert (log.segment_epoch(0), log.segment_data_epoch(0)) == (4, 1), "refused whole"
+    result_of(log.fence(0, 5))
+    assert (log.segment_epoch(0), log.segment_data_epoch(0)) == (5, 1)
+    # Cut empty, it may be named anew.
+    result_of(log.trim(0, 0))
+    result_of(log.fence(0, 5, data_epoch=5))
+    result_of(log.close())
+    assert (replica(fs).segment_epoch(0), replica(fs).segment_data_epoch(0)) == (5, 5)
+
+
+def test_a_copy_sealed_at_an_epoch_is_that_epochs_whatever_it_was_fenced_with() -> None:
+    fs = MemoryFileSystem()
+    log = started(fs, epoch=0)
+    data = batch(0)
+    result_of(log.append_raw(0, data, epoch=0))
+    result_of(log.fence(0, 3))
+    assert log.segment_data_epoch(0) == 0
+
+    result_of(log.seal_copy(0, 1, len(data), epoch=3))
+
+    assert (log.segment_epoch(0), log.segment_data_epoch(0)) == (3, 3)
+    # Every copy sealed at epoch 3 holds the same marker, as every earlier build wrote it.
+    assert fs.read_file(segment_path(0, ".epoch")) == encode_epoch(EpochMarker(0, 3))
+    assert len(fs.read_file(segment_path(0, ".epoch"))) == 32
 
 
 def test_an_unreadable_epoch_marker_is_reported_and_refuses_appends_until_fenced_again(
