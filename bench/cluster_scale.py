@@ -24,8 +24,9 @@ says otherwise):
 
 Throughout both events a thread signs in (connects and authenticates) every ``_SIGN_IN_EVERY``
 seconds, through each live node in turn (``n3`` is left out just before it is killed, once the
-sign-in under way ends): the **longest sign-in** of each event is reported,
-with the count of sign-ins that failed. For each event also the etcd **transactions** and the
+sign-in under way ends, and put back once it listens again): the **longest sign-in** of each
+event is reported (in the JSON also the longest through each node), with the count of sign-ins
+that failed. For each event also the etcd **transactions** and the
 **bytes** etcd's members received from clients (``etcd_mvcc_txn_total`` of one member, since
 every member applies every transaction; ``etcd_network_client_grpc_received_bytes_total`` over
 all members), and the brokers' resident memory (``VmRSS``) at the end of set-up.
@@ -225,12 +226,12 @@ class Probe:
 
 
 class SignIns:
-    """A thread signing in through the live nodes in turn: each sign-in's start, seconds and
-    whether it succeeded."""
+    """A thread signing in through the live nodes in turn: each sign-in's start, seconds,
+    whether it succeeded, and the node it went through."""
 
     def __init__(self, ports: Mapping[str, int]) -> None:
         self.live = dict(ports)
-        self.tries: list[tuple[float, float, bool]] = []
+        self.tries: list[tuple[float, float, bool, str]] = []
         #: Held through each sign-in: ``drop`` waits for the one under way.
         self._signing_in = threading.Lock()
         self._stop = threading.Event()
@@ -248,8 +249,8 @@ class SignIns:
         turn = 0
         while not self._stop.is_set():
             with self._signing_in:
-                ports = list(self.live.values())
-                port = ports[turn % len(ports)]
+                nodes = list(self.live.items())
+                node, port = nodes[turn % len(nodes)]
                 turn += 1
                 started = time.monotonic()
                 try:
@@ -257,7 +258,7 @@ class SignIns:
                     ok = True
                 except (OSError, ConnectionClosed, BrokerRefused):
                     ok = False
-                self.tries.append((started, time.monotonic() - started, ok))
+                self.tries.append((started, time.monotonic() - started, ok, node))
             self._stop.wait(_SIGN_IN_EVERY)
 
     def drop(self, name: str) -> None:
@@ -268,10 +269,14 @@ class SignIns:
 
     def between(self, start: float, end: float) -> dict[str, Any]:
         inside = [t for t in self.tries if start <= t[0] <= end]
+        longest: dict[str, float] = {}
+        for _, seconds, _, node in inside:
+            longest[node] = max(longest.get(node, 0.0), seconds)
         return {
             "sign_ins": len(inside),
             "sign_in_failed": sum(1 for t in inside if not t[2]),
             "sign_in_longest_s": max((t[1] for t in inside), default=None),
+            "sign_in_longest_by_node_s": dict(sorted(longest.items())),
         }
 
 
