@@ -105,6 +105,8 @@ CLOSE_GRACE_SECONDS = 5.0
 MAX_HANDSHAKE_BUFFER = 256 * 1024
 #: The head of a Response's frame body: kind, correlation id, status.
 _RESPONSE_HEAD = 1 + 4 + 1
+#: The head of a Request's frame body: kind, correlation id, op.
+_REQUEST_HEAD = 1 + 4 + 1
 _MAX_CORRELATION_ID = 0xFFFFFFFF
 
 #: ``(peer node id, op, payload) -> Deferred[ok payload]``: serves the peer's requests.
@@ -136,6 +138,12 @@ class PeerSettings:
     #: of ranges replicates to each peer at once) must not fail the claims that let ranges be
     #: led at all. Claims are few at once (``leading.MAX_SWEEP_CLAIMS``), so this is enough.
     reserved_in_flight: int = attrs.field(default=256, validator=_positive)
+    #: Bytes of requests this side holds back, unsent, while ``max_in_flight`` are waiting:
+    #: they go out in order as answers come. Past it a request is refused ``overloaded``. A
+    #: node that takes over or gets back thousands of ranges sends each peer more than the
+    #: bound at once; refused, each was retried after a back-off, and the retries cost more
+    #: than the wait (``bench/cluster_scale.py``).
+    max_queued_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
     #: Requests from the peer handled at once before the connection stops reading. Above the
     #: peers' ``max_in_flight``, so that a well-behaved peer is never paused (a paused
     #: connection does not read the peer's pings either).
@@ -153,6 +161,17 @@ class PeerSettings:
     def __attrs_post_init__(self) -> None:
         if self.dead_after_s <= self.ping_interval_s:
             raise ValueError("dead_after_s must be longer than ping_interval_s")
+
+
+@attrs.define(eq=False)
+class _Queued:
+    """A request held back until fewer than ``max_in_flight`` wait for answers, and the
+    correlation id it was sent with once it is."""
+
+    op: PeerOp
+    payload: bytes
+    waiting: Deferred[bytes] = attrs.field(init=False)
+    correlation_id: int | None = None
 
 
 class PeerError(Exception):
@@ -237,6 +256,9 @@ class PeerProtocol(Protocol):
         self._inbox: deque[PeerMessage] = deque()
         #: This side's requests waiting for answers, by correlation id.
         self._outstanding: dict[int, Deferred[bytes]] = {}
+        #: Requests held back while ``max_in_flight`` wait for answers, and their bytes.
+        self._queued: deque[_Queued] = deque()
+        self._queued_bytes = 0
         self._last_correlation_id = 0
         #: The peer's requests being handled, by correlation id.
         self._serving: dict[int, Deferred[bytes]] = {}
@@ -326,7 +348,9 @@ class PeerProtocol(Protocol):
                 why=reason.getErrorMessage(),
             )
         outstanding, self._outstanding = self._outstanding, {}
-        for waiting in outstanding.values():
+        queued, self._queued = self._queued, deque()
+        self._queued_bytes = 0
+        for waiting in [*outstanding.values(), *(held.waiting for held in queued)]:
             waiting.errback(
                 PeerError(PeerReason.UNREACHABLE, f"the connection to node {peer!r} was lost")
             )
@@ -588,6 +612,7 @@ class PeerProtocol(Protocol):
                 self._serve(message)
             case Response(correlation_id, payload, error):
                 waiting = self._outstanding.pop(correlation_id, None)
+                self._send_queued()
                 # None: an answer to a request its caller cancelled.
                 if waiting is not None:
                     if error is None:
@@ -615,38 +640,77 @@ class PeerProtocol(Protocol):
                 )
 
     def request(self, op: PeerOp, payload: bytes) -> Deferred[bytes]:
-        """Send a request; the Deferred fires with the ok payload or fails with ``PeerError``."""
+        """Send a request; the Deferred fires with the ok payload or fails with ``PeerError``.
+
+        Past ``max_in_flight`` requests waiting for answers, a request is held back (up to
+        ``max_queued_bytes``) and sent in order as answers come; fences and seals go out at
+        once while ``reserved_in_flight`` more are waiting, ahead of those held back."""
         if self.state is not LinkState.ESTABLISHED:
             return fail(PeerError(PeerReason.UNREACHABLE, "the peer link is not established"))
         settings = self._settings
+        if _REQUEST_HEAD + len(payload) > settings.max_frame_size:
+            return fail(
+                PeerError(
+                    PeerReason.FRAME_TOO_LARGE,
+                    f"a request of {4 + _REQUEST_HEAD + len(payload)} bytes exceeds the maximum"
+                    f" frame of {settings.max_frame_size}",
+                )
+            )
         limit = settings.max_in_flight
         if op in RESERVED_OPS:
             limit += settings.reserved_in_flight
-        if len(self._outstanding) >= limit:
+        elif self._queued:
+            # Behind what is held back already: requests go out in the order they were made.
+            limit = 0
+        held = _Queued(op, payload)
+        held.waiting = Deferred(lambda _: self._cancel(held))
+        if len(self._outstanding) < limit:
+            self._send(held)
+            return held.waiting
+        if op in RESERVED_OPS:
             return fail(
                 PeerError(
                     PeerReason.OVERLOADED,
                     f"{limit} requests are waiting for node {self.peer_node_id!r} already",
                 )
             )
-        correlation_id = self._next_correlation_id()
-        frame = encode(Request(correlation_id, op, payload))
-        if len(frame) - 4 > settings.max_frame_size:
+        if self._queued_bytes + len(payload) > settings.max_queued_bytes:
             return fail(
                 PeerError(
-                    PeerReason.FRAME_TOO_LARGE,
-                    f"a request of {len(frame)} bytes exceeds the maximum frame"
-                    f" of {settings.max_frame_size}",
+                    PeerReason.OVERLOADED,
+                    f"{settings.max_in_flight} requests are waiting for node"
+                    f" {self.peer_node_id!r} already, and {self._queued_bytes} bytes are held"
+                    " back",
                 )
             )
+        self._queued.append(held)
+        self._queued_bytes += len(payload)
+        return held.waiting
 
-        def cancel(_: Deferred[bytes]) -> None:
-            self._outstanding.pop(correlation_id, None)
+    def _send(self, held: _Queued) -> None:
+        held.correlation_id = correlation_id = self._next_correlation_id()
+        self._outstanding[correlation_id] = held.waiting
+        self._write(encode(Request(correlation_id, held.op, held.payload)))
 
-        waiting: Deferred[bytes] = Deferred(cancel)
-        self._outstanding[correlation_id] = waiting
-        self._write(frame)
-        return waiting
+    def _send_queued(self) -> None:
+        """Send what was held back, in order, while fewer than ``max_in_flight`` wait."""
+        if self.state is not LinkState.ESTABLISHED:
+            return
+        limit = self._settings.max_in_flight
+        while self._queued and len(self._outstanding) < limit:
+            held = self._queued.popleft()
+            self._queued_bytes -= len(held.payload)
+            self._send(held)
+
+    def _cancel(self, held: _Queued) -> None:
+        """Its caller gave up on a request: one held back is not sent; the answer to one sent
+        is ignored, and its room goes to the next held back."""
+        if held.correlation_id is None:
+            self._queued.remove(held)
+            self._queued_bytes -= len(held.payload)
+            return
+        self._outstanding.pop(held.correlation_id, None)
+        self._send_queued()
 
     def _next_correlation_id(self) -> int:
         candidate = self._last_correlation_id

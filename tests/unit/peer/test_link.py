@@ -9,7 +9,7 @@ from typing import Any, cast
 
 import pytest
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import CancelledError, Deferred, fail, succeed
 from twisted.internet.error import ConnectionRefusedError
 from twisted.internet.interfaces import IProtocol, IProtocolFactory, IStreamClientEndpoint
 from twisted.internet.task import Clock
@@ -55,6 +55,7 @@ SETTINGS = PeerSettings(
     handshake_timeout_s=10.0,
     max_in_flight=4,
     reserved_in_flight=2,
+    max_queued_bytes=10,
     max_inbound=8,
     ping_interval_s=5.0,
     dead_after_s=15.0,
@@ -580,20 +581,51 @@ def test_an_error_response_fails_the_request_with_its_reason(clock: Clock) -> No
     close(pair)
 
 
-def test_requests_past_the_in_flight_bound_fail_at_once_with_overloaded(clock: Clock) -> None:
+def test_requests_past_the_in_flight_bound_are_held_back_and_go_out_in_order(clock: Clock) -> None:
     pair = Pair(clock)
     waiting = [Result(pair.dialer.request(PeerOp.READ, b"")) for _ in range(SETTINGS.max_in_flight)]
-    refused = Result(pair.dialer.request(PeerOp.READ, b""))
+    held = [Result(pair.dialer.request(PeerOp.READ, bytes([n]) * 4)) for n in range(2)]
+    # Past the bytes held back (8 of 10), a request is refused at once.
+    refused = Result(pair.dialer.request(PeerOp.READ, b"xyz"))
     assert refused.reason == PeerReason.OVERLOADED
+    assert "held back" in str(refused.error)
     pair.flush()
     assert len(pair.handler.calls) == SETTINGS.max_in_flight
+    assert not any(result.fired for result in held)
+
     pair.handler.answer(0, b"")
     pair.flush()
     assert waiting[0].fired
-    accepted = Result(pair.dialer.request(PeerOp.READ, b""))
-    assert not accepted.fired
+    assert [call[2] for call in pair.handler.calls[SETTINGS.max_in_flight :]] == [b"\x00" * 4]
+    # Room for one more held back; a new request goes behind the one still held.
+    later = Result(pair.dialer.request(PeerOp.READ, b"late"))
+    pair.handler.answer(1, b"")
+    pair.handler.answer(2, b"")
+    pair.flush()
+    sent = [call[2] for call in pair.handler.calls[SETTINGS.max_in_flight :]]
+    assert sent == [b"\x00" * 4, b"\x01" * 4, b"late"]
+    pair.handler.answer(SETTINGS.max_in_flight, b"first held")
+    pair.flush()
+    assert held[0].value == b"first held"
     close(pair)
-    assert accepted.reason == PeerReason.UNREACHABLE
+    assert held[1].reason == later.reason == PeerReason.UNREACHABLE
+
+
+def test_a_request_held_back_and_cancelled_is_never_sent(clock: Clock) -> None:
+    pair = Pair(clock)
+    for _ in range(SETTINGS.max_in_flight):
+        Result(pair.dialer.request(PeerOp.READ, b""))
+    given_up = pair.dialer.request(PeerOp.READ, b"gone")
+    kept = Result(pair.dialer.request(PeerOp.READ, b"kept"))
+    cancelled = Result(given_up)
+    given_up.cancel()
+    assert isinstance(cancelled.error, CancelledError)
+    pair.flush()
+    pair.handler.answer(0, b"")
+    pair.flush()
+    assert [call[2] for call in pair.handler.calls[SETTINGS.max_in_flight :]] == [b"kept"]
+    close(pair)
+    assert kept.reason == PeerReason.UNREACHABLE
 
 
 def test_fences_and_seals_have_room_of_their_own_past_the_in_flight_bound(clock: Clock) -> None:
@@ -602,7 +634,7 @@ def test_fences_and_seals_have_room_of_their_own_past_the_in_flight_bound(clock:
     pair = Pair(clock)
     data = [Result(pair.dialer.request(PeerOp.REPLICATE, b"")) for _ in range(4)]
     assert len(data) == SETTINGS.max_in_flight
-    assert Result(pair.dialer.request(PeerOp.REPLICATE, b"")).reason == PeerReason.OVERLOADED
+    data.append(Result(pair.dialer.request(PeerOp.REPLICATE, b"held back")))
 
     fence = Result(pair.dialer.request(PeerOp.FENCE, b""))
     seal = Result(pair.dialer.request(PeerOp.SEAL, b""))
@@ -611,6 +643,7 @@ def test_fences_and_seals_have_room_of_their_own_past_the_in_flight_bound(clock:
     assert Result(pair.dialer.request(PeerOp.FENCE, b"")).reason == PeerReason.OVERLOADED
     pair.flush()
     assert len(pair.handler.calls) == SETTINGS.max_in_flight + SETTINGS.reserved_in_flight
+    assert b"held back" not in [call[2] for call in pair.handler.calls], "the fences went first"
     close(pair)
     assert {r.reason for r in [*data, fence, seal]} == {PeerReason.UNREACHABLE}
 
