@@ -78,20 +78,13 @@ def find_copy(copy: RangeLog, segment: int) -> SegmentInfo | None:
     return copy.segment(segment)
 
 
-def copy_epoch(copy: RangeLog, segment: int) -> int | None:
-    """The epoch of this node's copy of ``segment`` (``None``: unknown, or no copy)."""
+def copy_epochs(copy: RangeLog, segment: int) -> tuple[int | None, int | None]:
+    """The epoch of this node's copy of ``segment`` and the data epoch of its records (both
+    ``None`` when its marker is unreadable, or there is no copy)."""
     try:
-        return copy.segment_epoch(segment)
-    except (FencedError, StorageError):
-        return None
-
-
-def copy_data_epoch(copy: RangeLog, segment: int) -> int | None:
-    """The data epoch of this node's copy of ``segment`` (``None``: unknown, or no copy)."""
-    try:
-        return copy.segment_data_epoch(segment)
-    except (FencedError, StorageError):
-        return None
+        return copy.segment_epoch(segment), copy.segment_data_epoch(segment)
+    except StorageError:
+        return None, None
 
 
 def view_of(copy: RangeLog, segment: int) -> CopyView:
@@ -102,8 +95,7 @@ def view_of(copy: RangeLog, segment: int) -> CopyView:
     active = info.state is CopyState.ACTIVE
     return CopyView(
         info.state,
-        copy_epoch(copy, segment),
-        copy_data_epoch(copy, segment),
+        *copy_epochs(copy, segment),
         damaged=info.damage is not None,
         next_offset=info.next_offset,
         tail_offset=copy.next_offset if active else info.next_offset,
