@@ -21,8 +21,8 @@ from logbroker.cluster.forwarding import ForwardedRange, RangeServer, RemoteWait
 from logbroker.cluster.ranges import ClusterRanges
 from logbroker.controlplane import ControlPlane
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback, PeerRequester
+from logbroker.peer.window import PeerError
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.actions import ReplicationSettings

@@ -39,7 +39,6 @@ from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
 from logbroker.errors import CLIENT_REASON, Reason
 from logbroker.peer.frames import MalformedPeerMessage, PeerCodecError, PeerOp, PeerReason
-from logbroker.peer.link import PeerError
 from logbroker.peer.range_ops import (
     AppendRequest,
     AppendResult,
@@ -64,6 +63,7 @@ from logbroker.peer.range_ops import (
     unpack_records,
 )
 from logbroker.peer.requester import PeerRequester
+from logbroker.peer.window import PeerError
 from logbroker.records import ProducerStamp, Record
 
 log = Logger()

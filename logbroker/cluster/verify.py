@@ -37,8 +37,8 @@ from twisted.internet.interfaces import IReactorTime
 from logbroker.cluster.digests import NodeCopy, node_copies
 from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerCodecError
-from logbroker.peer.link import PeerError
 from logbroker.peer.requester import PeerRequester
+from logbroker.peer.window import PeerError
 from logbroker.storage import CopyDigests, CopyState, SegmentFile
 
 #: A node that takes longer than this to answer one page of digests is reported as not

@@ -62,12 +62,12 @@ from logbroker.peer.handshake import (
 )
 from logbroker.peer.link import (
     UNOBSERVED,
-    PeerError,
     PeerObserver,
     PeerProtocol,
     PeerSettings,
     RequestHandler,
 )
+from logbroker.peer.window import PeerError
 
 log = Logger()
 

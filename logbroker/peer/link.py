@@ -20,11 +20,12 @@ reasons and ends the connection; this side closing before TLS is through aborts 
 requests:
 
 * ``request(op, payload)`` sends a ``Request`` with a fresh correlation id and returns a
-  ``Deferred`` of the ok payload, failing with ``PeerError`` (the error response's reason). At
-  most ``max_in_flight`` requests wait for answers (``reserved_in_flight`` more for fences and
-  seals): past that, ``request`` fails at once with ``overloaded``. When the connection ends,
-  every request still waiting fails with ``unreachable``; a request on a connection that is
-  not ``ESTABLISHED`` fails so at once.
+  ``Deferred`` of the ok payload, failing with ``PeerError`` (the error response's reason).
+  Forwarded client requests, internal ones, and claims' fences and seals each have room of
+  their own; past it a request is held back and sent in order as answers come (fences and
+  seals are refused ``overloaded``): ``logbroker.peer.window`` says why. When the connection
+  ends, every request still waiting fails with ``unreachable``; a request on a connection that
+  is not ``ESTABLISHED`` fails so at once.
   A request has no deadline of its own: a caller that needs one cancels it (for instance with
   ``Deferred.addTimeout(seconds, clock)``), and its late answer is ignored.
 * A side with a handler (``RequestHandler``, the accepting side) hands each ``Request`` to it and
@@ -33,7 +34,7 @@ requests:
   ``internal_error``. At most ``max_inbound`` requests are handled at once: past that, or while
   the transport's write buffer is full (the peer does not read its answers), the transport is
   paused (``pauseProducing``), so a peer can never make this side buffer without bound. The
-  requesting side never stops reading (its answers are bounded by ``max_in_flight``), so two
+  requesting side never stops reading (its answers are bounded by its rooms), so two
   nodes cannot deadlock on each other's full buffers.
 * A connection idle for ``ping_interval_s`` sends a ``Ping``; one that has received nothing for
   ``dead_after_s`` is aborted, so a dead peer is noticed within ``dead_after_s +
@@ -95,6 +96,7 @@ from logbroker.peer.handshake import (
     Refused,
     certificate_uris,
 )
+from logbroker.peer.window import PeerError, RequestWindow
 
 log = Logger()
 
@@ -107,7 +109,6 @@ MAX_HANDSHAKE_BUFFER = 256 * 1024
 _RESPONSE_HEAD = 1 + 4 + 1
 #: The head of a Request's frame body: kind, correlation id, op.
 _REQUEST_HEAD = 1 + 4 + 1
-_MAX_CORRELATION_ID = 0xFFFFFFFF
 
 #: ``(peer node id, op, payload) -> Deferred[ok payload]``: serves the peer's requests.
 RequestHandler = Callable[[str, PeerOp, bytes], "Deferred[bytes]"]
@@ -123,30 +124,28 @@ def _positive(_: object, attribute: attrs.Attribute[Any], value: float) -> None:
         raise ValueError(f"{attribute.name} must be > 0, not {value!r}")
 
 
-#: Requests that may use ``PeerSettings.reserved_in_flight``: those of claims and seals.
-RESERVED_OPS = frozenset({PeerOp.FENCE, PeerOp.SEAL})
-
-
 @attrs.frozen
 class PeerSettings:
     handshake_timeout_s: float = attrs.field(default=10.0, validator=_positive)
     max_frame_size: int = attrs.field(default=DEFAULT_MAX_PEER_FRAME_SIZE, validator=_positive)
-    #: Requests this side may have waiting for answers on one connection.
+    #: Forwarded client requests this side may have waiting for answers on one connection,
+    #: and as many internal ones (``logbroker.peer.window``).
     max_in_flight: int = attrs.field(default=256, validator=_positive)
-    #: More requests this side may have waiting when they are fences and seals
-    #: (``RESERVED_OPS``): data requests that fill ``max_in_flight`` (a node leading thousands
-    #: of ranges replicates to each peer at once) must not fail the claims that let ranges be
-    #: led at all. Claims are few at once (``leading.MAX_SWEEP_CLAIMS``), so this is enough.
+    #: Fences and seals this side may have waiting (``window.RESERVED_OPS``): data requests
+    #: that fill ``max_in_flight`` (a node leading thousands of ranges replicates to each peer
+    #: at once) must not fail the claims that let ranges be led at all. Claims are few at once
+    #: (``leading.MAX_SWEEP_CLAIMS``), so this is enough.
     reserved_in_flight: int = attrs.field(default=256, validator=_positive)
-    #: Bytes of requests this side holds back, unsent, while ``max_in_flight`` are waiting:
-    #: they go out in order as answers come. Past it a request is refused ``overloaded``. A
-    #: node that takes over or gets back thousands of ranges sends each peer more than the
-    #: bound at once; refused, each was retried after a back-off, and the retries cost more
-    #: than the wait (``bench/cluster_scale.py``).
+    #: Bytes of requests this side holds back, unsent, while their lane's room is full: they
+    #: go out in order as answers come. Past it a request is refused ``overloaded``. A node
+    #: that takes over or gets back thousands of ranges sends each peer more than the room at
+    #: once; refused, each was retried after a back-off, and the retries cost more than the
+    #: wait (``bench/cluster_scale.py``).
     max_queued_bytes: int = attrs.field(default=32 * 1024 * 1024, validator=_positive)
     #: Requests from the peer handled at once before the connection stops reading. Above the
-    #: peers' ``max_in_flight``, so that a well-behaved peer is never paused (a paused
-    #: connection does not read the peer's pings either).
+    #: peers' rooms together (two of ``max_in_flight`` and ``reserved_in_flight``), so that a
+    #: well-behaved peer is never paused (a paused connection does not read the peer's pings
+    #: either).
     max_inbound: int = attrs.field(default=1024, validator=_positive)
     #: A connection that has received nothing for this long sends a ping.
     ping_interval_s: float = attrs.field(default=5.0, validator=_positive)
@@ -161,26 +160,6 @@ class PeerSettings:
     def __attrs_post_init__(self) -> None:
         if self.dead_after_s <= self.ping_interval_s:
             raise ValueError("dead_after_s must be longer than ping_interval_s")
-
-
-@attrs.define(eq=False)
-class _Queued:
-    """A request held back until fewer than ``max_in_flight`` wait for answers, and the
-    correlation id it was sent with once it is."""
-
-    op: PeerOp
-    payload: bytes
-    waiting: Deferred[bytes] = attrs.field(init=False)
-    correlation_id: int | None = None
-
-
-class PeerError(Exception):
-    """A peer request that failed: ``reason`` is a ``PeerReason`` or the peer's reason string."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else str(reason))
-        self.reason = reason
-        self.detail = detail
 
 
 class LinkState(Enum):
@@ -254,12 +233,13 @@ class PeerProtocol(Protocol):
         self._decoder = PeerFrameDecoder(settings.max_frame_size)
         #: Messages received and not handled yet (held while ``max_inbound`` requests run).
         self._inbox: deque[PeerMessage] = deque()
-        #: This side's requests waiting for answers, by correlation id.
-        self._outstanding: dict[int, Deferred[bytes]] = {}
-        #: Requests held back while ``max_in_flight`` wait for answers, and their bytes.
-        self._queued: deque[_Queued] = deque()
-        self._queued_bytes = 0
-        self._last_correlation_id = 0
+        #: This side's requests: waiting for answers, or held back.
+        self._requests = RequestWindow(
+            self._send_request,
+            max_in_flight=settings.max_in_flight,
+            reserved_in_flight=settings.reserved_in_flight,
+            max_queued_bytes=settings.max_queued_bytes,
+        )
         #: The peer's requests being handled, by correlation id.
         self._serving: dict[int, Deferred[bytes]] = {}
         self._handshake_timer: IDelayedCall | None = None
@@ -289,7 +269,7 @@ class PeerProtocol(Protocol):
     @property
     def in_flight(self) -> int:
         """This side's requests waiting for answers."""
-        return len(self._outstanding)
+        return len(self._requests)
 
     # -- connection ----------------------------------------------------------------------
 
@@ -347,13 +327,9 @@ class PeerProtocol(Protocol):
                 peer_address=self._peer_address(),
                 why=reason.getErrorMessage(),
             )
-        outstanding, self._outstanding = self._outstanding, {}
-        queued, self._queued = self._queued, deque()
-        self._queued_bytes = 0
-        for waiting in [*outstanding.values(), *(held.waiting for held in queued)]:
-            waiting.errback(
-                PeerError(PeerReason.UNREACHABLE, f"the connection to node {peer!r} was lost")
-            )
+        self._requests.fail_all(
+            PeerError(PeerReason.UNREACHABLE, f"the connection to node {peer!r} was lost")
+        )
         serving, self._serving = self._serving, {}
         for handling in serving.values():
             handling.cancel()
@@ -611,14 +587,7 @@ class PeerProtocol(Protocol):
             case Request():
                 self._serve(message)
             case Response(correlation_id, payload, error):
-                waiting = self._outstanding.pop(correlation_id, None)
-                self._send_queued()
-                # None: an answer to a request its caller cancelled.
-                if waiting is not None:
-                    if error is None:
-                        waiting.callback(payload)
-                    else:
-                        waiting.errback(PeerError(error, "answered by the peer"))
+                self._requests.answered(correlation_id, payload, error)
             case Ping(token):
                 self._send_all([Pong(token)])
             case Pong():
@@ -642,83 +611,22 @@ class PeerProtocol(Protocol):
     def request(self, op: PeerOp, payload: bytes) -> Deferred[bytes]:
         """Send a request; the Deferred fires with the ok payload or fails with ``PeerError``.
 
-        Past ``max_in_flight`` requests waiting for answers, a request is held back (up to
-        ``max_queued_bytes``) and sent in order as answers come; fences and seals go out at
-        once while ``reserved_in_flight`` more are waiting, ahead of those held back."""
+        Past its lane's room a request is held back (up to ``max_queued_bytes``) and sent in
+        order as answers come (``logbroker.peer.window``)."""
         if self.state is not LinkState.ESTABLISHED:
             return fail(PeerError(PeerReason.UNREACHABLE, "the peer link is not established"))
-        settings = self._settings
-        if _REQUEST_HEAD + len(payload) > settings.max_frame_size:
+        if _REQUEST_HEAD + len(payload) > self._settings.max_frame_size:
             return fail(
                 PeerError(
                     PeerReason.FRAME_TOO_LARGE,
                     f"a request of {4 + _REQUEST_HEAD + len(payload)} bytes exceeds the maximum"
-                    f" frame of {settings.max_frame_size}",
+                    f" frame of {self._settings.max_frame_size}",
                 )
             )
-        limit = settings.max_in_flight
-        if op in RESERVED_OPS:
-            limit += settings.reserved_in_flight
-        elif self._queued:
-            # Behind what is held back already: requests go out in the order they were made.
-            limit = 0
-        held = _Queued(op, payload)
-        held.waiting = Deferred(lambda _: self._cancel(held))
-        if len(self._outstanding) < limit:
-            self._send(held)
-            return held.waiting
-        if op in RESERVED_OPS:
-            return fail(
-                PeerError(
-                    PeerReason.OVERLOADED,
-                    f"{limit} requests are waiting for node {self.peer_node_id!r} already",
-                )
-            )
-        if self._queued_bytes + len(payload) > settings.max_queued_bytes:
-            return fail(
-                PeerError(
-                    PeerReason.OVERLOADED,
-                    f"{settings.max_in_flight} requests are waiting for node"
-                    f" {self.peer_node_id!r} already, and {self._queued_bytes} bytes are held"
-                    " back",
-                )
-            )
-        self._queued.append(held)
-        self._queued_bytes += len(payload)
-        return held.waiting
+        return self._requests.request(op, payload, self.peer_node_id)
 
-    def _send(self, held: _Queued) -> None:
-        held.correlation_id = correlation_id = self._next_correlation_id()
-        self._outstanding[correlation_id] = held.waiting
-        self._write(encode(Request(correlation_id, held.op, held.payload)))
-
-    def _send_queued(self) -> None:
-        """Send what was held back, in order, while fewer than ``max_in_flight`` wait."""
-        if self.state is not LinkState.ESTABLISHED:
-            return
-        limit = self._settings.max_in_flight
-        while self._queued and len(self._outstanding) < limit:
-            held = self._queued.popleft()
-            self._queued_bytes -= len(held.payload)
-            self._send(held)
-
-    def _cancel(self, held: _Queued) -> None:
-        """Its caller gave up on a request: one held back is not sent; the answer to one sent
-        is ignored, and its room goes to the next held back."""
-        if held.correlation_id is None:
-            self._queued.remove(held)
-            self._queued_bytes -= len(held.payload)
-            return
-        self._outstanding.pop(held.correlation_id, None)
-        self._send_queued()
-
-    def _next_correlation_id(self) -> int:
-        candidate = self._last_correlation_id
-        while True:
-            candidate = candidate + 1 if candidate < _MAX_CORRELATION_ID else 0
-            if candidate not in self._outstanding:
-                self._last_correlation_id = candidate
-                return candidate
+    def _send_request(self, correlation_id: int, op: PeerOp, payload: bytes) -> None:
+        self._write(encode(Request(correlation_id, op, payload)))
 
     def _serve(self, request: Request) -> None:
         correlation_id = request.correlation_id

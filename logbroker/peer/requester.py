@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Protocol
 from twisted.internet.defer import Deferred, fail, maybeDeferred
 
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
+from logbroker.peer.window import PeerError
 
 
 class PeerRequester(Protocol):

@@ -26,7 +26,7 @@ from logbroker.controlplane import (
 )
 from logbroker.controlplane._kv import OnEvents, OnLost, WatchEvent, WatchHandle
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
+from logbroker.peer.window import PeerError
 
 _T = TypeVar("_T")
 

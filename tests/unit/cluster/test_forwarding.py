@@ -28,7 +28,6 @@ from logbroker.cluster.forwarding import (
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
 from logbroker.peer.range_ops import (
     AppendRequest,
     AppendResult,
@@ -44,6 +43,7 @@ from logbroker.peer.range_ops import (
     encode_read_request,
     pack_records,
 )
+from logbroker.peer.window import PeerError
 from logbroker.records import ProducerStamp, Record
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem

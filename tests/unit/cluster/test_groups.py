@@ -12,7 +12,7 @@ from logbroker.broker.groups import LocalGroups
 from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp
-from logbroker.peer.link import PeerError
+from logbroker.peer.window import PeerError
 from logbroker.placement import PlacementNode
 from tests.unit.storage.helpers import failure_of, result_of
 

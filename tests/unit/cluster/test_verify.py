@@ -13,7 +13,7 @@ from logbroker.cluster.digests import DigestServer, NodeCopy
 from logbroker.cluster.verify import ClusterVerifier, Problem, ProblemKind, compare_copies
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
+from logbroker.peer.window import PeerError
 from logbroker.records import Record
 from logbroker.storage import CopyDigests, CopyState, LogConfig, SegmentFile
 from logbroker.storage._format import encode_batch

@@ -41,12 +41,12 @@ from logbroker.peer.link import (
     MAX_HANDSHAKE_BUFFER,
     REFUSALS,
     LinkState,
-    PeerError,
     PeerProtocol,
     PeerSettings,
     RequestHandler,
 )
 from logbroker.peer.range_ops import AppendRequest, decode_append_request, encode_append_request
+from logbroker.peer.window import PeerError
 
 SECRET = b"cluster secret"
 #: Where the dialing node's connections come from.
@@ -56,7 +56,7 @@ SETTINGS = PeerSettings(
     max_in_flight=4,
     reserved_in_flight=2,
     max_queued_bytes=10,
-    max_inbound=8,
+    max_inbound=10,
     ping_interval_s=5.0,
     dead_after_s=15.0,
 )
@@ -646,6 +646,35 @@ def test_fences_and_seals_have_room_of_their_own_past_the_in_flight_bound(clock:
     assert b"held back" not in [call[2] for call in pair.handler.calls], "the fences went first"
     close(pair)
     assert {r.reason for r in [*data, fence, seal]} == {PeerReason.UNREACHABLE}
+
+
+def test_forwarded_requests_never_hold_back_replication(clock: Clock) -> None:
+    # Serving a forwarded produce takes a replication back from the serving node: were they
+    # to share the room, produces forwarded both ways would each wait for a replication held
+    # back behind the others, and no produce would finish before it timed out.
+    pair = Pair(clock)
+    forwarded = [Result(pair.dialer.request(PeerOp.APPEND, b"")) for _ in range(4)]
+    assert len(forwarded) == SETTINGS.max_in_flight
+    later = Result(pair.dialer.request(PeerOp.STAMPED_APPEND, b"late"))
+
+    replicated = [Result(pair.dialer.request(PeerOp.REPLICATE, bytes([n]))) for n in range(4)]
+    fetched = Result(pair.dialer.request(PeerOp.FETCH, b"held"))
+    pair.flush()
+    sent = [call[2] for call in pair.handler.calls]
+    assert sent == [b""] * 4 + [b"\x00", b"\x01", b"\x02", b"\x03"]
+
+    # Each lane's answers make room in that lane only, in order.
+    pair.handler.answer(4, b"replicated")
+    pair.flush()
+    assert replicated[0].value == b"replicated"
+    assert [call[2] for call in pair.handler.calls[8:]] == [b"held"]
+    assert pair.handler.calls[8][1] == PeerOp.FETCH
+    pair.handler.answer(0, b"appended")
+    pair.flush()
+    assert forwarded[0].value == b"appended"
+    assert [call[1] for call in pair.handler.calls[9:]] == [PeerOp.STAMPED_APPEND]
+    close(pair)
+    assert {r.reason for r in [*forwarded[1:], later, fetched]} == {PeerReason.UNREACHABLE}
 
 
 def test_a_dropped_connection_fails_outstanding_requests_with_unreachable(clock: Clock) -> None:

@@ -21,8 +21,8 @@ from logbroker.controlplane import (
 )
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
 from logbroker.peer.requester import Loopback
+from logbroker.peer.window import PeerError
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.actions import ReplicationSettings

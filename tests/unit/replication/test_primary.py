@@ -15,7 +15,7 @@ from twisted.python.failure import Failure
 from logbroker.broker.errors import BrokerError, InDoubtError
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp, PeerReason
-from logbroker.peer.link import PeerError
+from logbroker.peer.window import PeerError
 from logbroker.records import Record
 from logbroker.replication.core.actions import ReplicationSettings, StepDown
 from logbroker.replication.core.quorum import CopyEnd
