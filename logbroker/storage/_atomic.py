@@ -83,13 +83,8 @@ class AtomicWrites:
 
 
 def _synced(handle: Syncable, flush: SharedFlush) -> Deferred[None]:
-    """Fire once a flush round made ``handle`` durable; close it either way."""
-
-    def close(result: object) -> object:
-        handle.close()
-        return result
-
-    return flush.flush(handle).addBoth(close).addCallback(lambda _: None)
+    """Fire once a flush round made ``handle`` durable; the round closes it either way."""
+    return flush.flush(handle, close=True).addCallback(lambda _: None)
 
 
 def _write_each(fs: FileSystem, files: Sequence[tuple[str, bytes]]) -> None:

@@ -20,6 +20,8 @@ covered, and that log takes itself out of service, as after a failed fsync of it
 
 from __future__ import annotations
 
+import contextlib
+
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
@@ -27,7 +29,9 @@ from twisted.python.failure import Failure
 from logbroker.storage._executor import Executor
 from logbroker.storage._fs import FileSystem, Syncable
 
-_Asked = tuple[Syncable, Deferred[float], float]
+#: A file to flush, the flush's Deferred, when it was asked for, and whether to close the
+#: file once flushed.
+_Asked = tuple[Syncable, Deferred[float], float, bool]
 
 
 class SharedFlush:
@@ -42,11 +46,14 @@ class SharedFlush:
         #: Rounds started so far: each one ``sync_files`` call.
         self.rounds = 0
 
-    def flush(self, file: Syncable) -> Deferred[float]:
+    def flush(self, file: Syncable, *, close: bool = False) -> Deferred[float]:
         """Fire, with the seconds it waited, once everything written to ``file`` before this
-        call is durable; fail with the ``OSError`` that left it in doubt."""
+        call is durable; fail with the ``OSError`` that left it in doubt. With ``close``, the
+        round closes ``file`` too, after its sync, on the round's thread, whatever the
+        outcome: a failover flushes and closes thousands of small files (epoch markers,
+        directories) at once, and each close on the reactor thread waited for the GIL back."""
         done: Deferred[float] = Deferred()
-        self._asked.append((file, done, self._clock.seconds()))
+        self._asked.append((file, done, self._clock.seconds(), close))
         if not self._running:
             self._start_round()
         return done
@@ -55,15 +62,20 @@ class SharedFlush:
         asked, self._asked = self._asked, []
         self._running = True
         self.rounds += 1
-        files = [file for file, _, _ in asked]
-        self._executor.run(self._fs.sync_files, files).addBoth(self._round_done, asked)
+        files = [file for file, _, _, _ in asked]
+        closing = [file for file, _, _, close in asked if close]
+        if closing:
+            syncing = self._executor.run(_sync_then_close, self._fs, files, closing)
+        else:
+            syncing = self._executor.run(self._fs.sync_files, files)
+        syncing.addBoth(self._round_done, asked)
 
     def _round_done(self, result: list[OSError | None] | Failure, asked: list[_Asked]) -> None:
         self._running = False
         now = self._clock.seconds()
         outcomes: list[OSError | None] | list[Failure]
         outcomes = [result] * len(asked) if isinstance(result, Failure) else result
-        for (_, done, since), outcome in zip(asked, outcomes, strict=True):
+        for (_, done, since, _), outcome in zip(asked, outcomes, strict=True):
             if outcome is None:
                 done.callback(now - since)
             else:
@@ -71,3 +83,16 @@ class SharedFlush:
         # Flushes asked for meanwhile (or by these callbacks) go out together, at once.
         if self._asked and not self._running:
             self._start_round()
+
+
+def _sync_then_close(
+    fs: FileSystem, files: list[Syncable], closing: list[Syncable]
+) -> list[OSError | None]:
+    try:
+        return fs.sync_files(files)
+    finally:
+        for file in closing:
+            # Synced (or in doubt, which the flush reports) before: a failing close loses
+            # nothing more.
+            with contextlib.suppress(OSError):
+                file.close()

@@ -132,7 +132,7 @@ def test_a_fence_is_not_done_before_its_marker_and_its_name_are_durable() -> Non
             # Not done yet: a crash now may leave either epoch, and nothing else.
             assert epoch_after_recovery(image, DIRECTORIES[0]) in (1, 7)
 
-    assert steps == ["stage_atomic", "sync_files", "_publish", "sync_files"]
+    assert steps == ["stage_atomic", "_sync_then_close", "_publish", "_sync_then_close"]
     assert [fenced.epoch for fenced in fence] == [7]  # type: ignore[attr-defined]
     assert epoch_after_recovery(node.fs.crash(), DIRECTORIES[0]) == 7
 
@@ -252,3 +252,59 @@ def test_a_kernel_whose_syncfs_hides_write_errors_is_refused(release: str, refus
 def test_a_kernel_whose_syncfs_reports_write_errors_is_taken() -> None:
     assert shared_sync_refusal("6.1.0-18-amd64") is None
     assert shared_sync_refusal("5.8.0") is None
+
+
+class _Handle:
+    def __init__(self, name: str, events: list[str]) -> None:
+        self.name = name
+        self.events = events
+        self.device = 0
+
+    def fileno(self) -> int:
+        return 0
+
+    def sync(self) -> None:
+        raise AssertionError("synced by sync_files only")
+
+    def close(self) -> None:
+        self.events.append(f"close {self.name}")
+
+
+class _SyncRecorder:
+    """Just ``sync_files``, recorded, failing with ``failure`` when set."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+        self.failure: OSError | None = None
+
+    def sync_files(self, files: list[_Handle]) -> list[OSError | None]:
+        self.events.append("sync " + " ".join(file.name for file in files))
+        if self.failure is not None:
+            raise self.failure
+        return [None] * len(files)
+
+
+@pytest.mark.parametrize("failure", [None, OSError(errno.EIO, "Input/output error")])
+def test_a_flush_asked_to_close_closes_its_file_after_the_sync_in_the_rounds_job(
+    failure: OSError | None,
+) -> None:
+    events: list[str] = []
+    fs = _SyncRecorder(events)
+    fs.failure = failure
+    executor = ManualExecutor()
+    flush = SharedFlush(fs, executor, Clock())  # type: ignore[arg-type]
+    closed_by_round = fired(flush.flush(_Handle("marker", events), close=True))  # type: ignore[arg-type]
+    kept_open = fired(flush.flush(_Handle("log", events)))  # type: ignore[arg-type]
+    assert events == []
+
+    executor.run_next()
+
+    # In the same job as the sync, after it, whatever its outcome.
+    assert events == ["sync marker", "close marker"]
+    executor.run_next()
+    assert events == ["sync marker", "close marker", "sync log"]  # the log's file stays open
+    assert executor.pending == []
+    if failure is None:
+        assert closed_by_round == kept_open == [0.0]
+    else:
+        assert [result.value for result in closed_by_round + kept_open] == [failure] * 2  # type: ignore[attr-defined]
