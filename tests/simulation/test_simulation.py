@@ -102,10 +102,11 @@ def test_the_checker_catches_a_replica_without_its_epoch_check(
     monkeypatch.setattr(rules, "older_epoch", lambda epoch, current: False)
     monkeypatch.setattr(rules, "authority", lambda record, epoch, sender: rules.Authority.ACCEPT)
     # It takes a stale leader, a partition and a write landing between them: rarer than the
-    # other controls' (seed 95 is the first here), so it gets twice their seeds.
+    # other controls' (seed 34 is the first here, then 68 and 75; with lossy links among the
+    # faults it was seed 95, a minute and a half of the suite), so it gets twice their seeds.
     seed = _caught(
         lambda problem: "is lost" in problem or "differ" in problem,
-        faults=("stale_leader", "stale_leader", "partition", "lossy", "slow"),
+        faults=("stale_leader", "stale_leader", "partition", "slow"),
         seeds=2 * CONTROL_SEEDS,
     )
     assert seed >= 0, "replicas taking any epoch's bytes broke nothing: the checker is blind"
