@@ -11,6 +11,8 @@ waited seconds for the disk (``bench/cluster_scale.py``).
 rename it over the target, sync the directory), but each sync is a flush of the node's
 ``SharedFlush``: every marker staged while a round runs is made durable by the next round,
 together with the appends of every range (one ``syncfs`` per file system on the real one).
+Several files replaced together (a seal's index, then its seal marker) have their temporary
+files written and synced in one round, then are renamed in order, a round after each.
 Without a shared flush (``SVC_FSYNC_SCOPE=file``, or a kernel whose ``syncfs`` cannot be
 trusted) each write is ``FileSystem.write_atomic`` in a writer thread, as before.
 
@@ -25,7 +27,7 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from twisted.internet.defer import Deferred, succeed
+from twisted.internet.defer import Deferred, gatherResults, succeed
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
@@ -43,24 +45,23 @@ class AtomicWrites:
         self._flush = flush
 
     def replace(self, files: Sequence[tuple[str, bytes]]) -> Deferred[None]:
-        """Replace each ``(path, data)`` of ``files`` atomically, in order: each is durable
-        before the next is written. Fire once the last is durable."""
+        """Replace each ``(path, data)`` of ``files`` atomically, in order: each one's name
+        is durable before the next one's is changed. Fire once the last is durable."""
         flush = self._flush
         if flush is None:
             return self._executor.run(_write_each, self._fs, files)
-        done: Deferred[None] = succeed(None)
-        for path, data in files:
-            done.addCallback(self._replace_one, flush, path, data)
+        if not files:
+            return succeed(None)
+        # Every temporary file is written at once and made durable by one round: only their
+        # names must become durable in order (a seal marker's never before its index's), so a
+        # seal's two sidecars cost three rounds, not four.
+        done = self._executor.run(_stage_each, self._fs, files).addCallback(_all_synced, flush)
+        for path, _ in files:
+            done.addCallback(self._publish_one, flush, path)
         return done
 
-    def _replace_one(self, _: object, flush: SharedFlush, path: str, data: bytes) -> Deferred[None]:
-        fs = self._fs
-        staging = self._executor.run(fs.stage_atomic, path, data)
-        return (
-            staging.addCallback(_synced, flush)
-            .addCallback(lambda _: self._executor.run(_publish, fs, path))
-            .addCallback(_synced, flush)
-        )
+    def _publish_one(self, _: object, flush: SharedFlush, path: str) -> Deferred[None]:
+        return self._executor.run(_publish, self._fs, path).addCallback(_synced, flush)
 
     def create(self, path: str) -> Deferred[AppendFile]:
         """Create the file ``path`` for appending, its directory entry durable."""
@@ -85,6 +86,27 @@ class AtomicWrites:
 def _synced(handle: Syncable, flush: SharedFlush) -> Deferred[None]:
     """Fire once a flush round made ``handle`` durable; the round closes it either way."""
     return flush.flush(handle, close=True).addCallback(lambda _: None)
+
+
+def _all_synced(handles: Sequence[Syncable], flush: SharedFlush) -> Deferred[None]:
+    """Fire once one flush round made every one of ``handles`` durable (the round closes them)."""
+    syncs = flush.flush_each(handles, close=True)
+    return gatherResults(syncs, consumeErrors=True).addCallbacks(
+        lambda _: None, lambda failure: failure.value.subFailure
+    )
+
+
+def _stage_each(fs: FileSystem, files: Sequence[tuple[str, bytes]]) -> list[Syncable]:
+    """``stage_atomic`` each of ``files``; if one fails, those staged are closed."""
+    staged: list[Syncable] = []
+    try:
+        for path, data in files:
+            staged.append(fs.stage_atomic(path, data))
+    except BaseException:
+        for handle in staged:
+            handle.close()
+        raise
+    return staged
 
 
 def _write_each(fs: FileSystem, files: Sequence[tuple[str, bytes]]) -> None:

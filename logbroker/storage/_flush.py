@@ -21,6 +21,7 @@ covered, and that log takes itself out of service, as after a failed fsync of it
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -52,11 +53,18 @@ class SharedFlush:
         round closes ``file`` too, after its sync, on the round's thread, whatever the
         outcome: a failover flushes and closes thousands of small files (epoch markers,
         directories) at once, and each close on the reactor thread waited for the GIL back."""
-        done: Deferred[float] = Deferred()
-        self._asked.append((file, done, self._clock.seconds(), close))
+        return self.flush_each([file], close=close)[0]
+
+    def flush_each(
+        self, files: Sequence[Syncable], *, close: bool = False
+    ) -> list[Deferred[float]]:
+        """``flush`` of each of ``files``, asked for together: one round covers them all."""
+        now = self._clock.seconds()
+        asked: list[_Asked] = [(file, Deferred(), now, close) for file in files]
+        self._asked.extend(asked)
         if not self._running:
             self._start_round()
-        return done
+        return [done for _, done, _, _ in asked]
 
     def _start_round(self) -> None:
         asked, self._asked = self._asked, []

@@ -23,7 +23,7 @@ from logbroker.storage import (
     shared_sync_refusal,
 )
 from logbroker.storage import _fs as fs_module
-from logbroker.storage._format import scan_batches
+from logbroker.storage._format import encode_batch, scan_batches
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 from tests.unit.storage.helpers import result_of
 
@@ -132,9 +132,37 @@ def test_a_fence_is_not_done_before_its_marker_and_its_name_are_durable() -> Non
             # Not done yet: a crash now may leave either epoch, and nothing else.
             assert epoch_after_recovery(image, DIRECTORIES[0]) in (1, 7)
 
-    assert steps == ["stage_atomic", "_sync_then_close", "_publish", "_sync_then_close"]
+    assert steps == ["_stage_each", "_sync_then_close", "_publish", "_sync_then_close"]
     assert [fenced.epoch for fenced in fence] == [7]  # type: ignore[attr-defined]
     assert epoch_after_recovery(node.fs.crash(), DIRECTORIES[0]) == 7
+
+
+def test_a_seals_sidecars_take_three_rounds_and_a_crash_at_any_step_recovers_whole() -> None:
+    # The index and the seal marker are written and synced together, then named in order: a
+    # seal marker is never durable without its index beside it.
+    node = Node(REPLICA)
+    log = node.logs[0]
+    run_all(node, log.start_segment(0, 1))
+    run_all(node, log.append_raw(0, encode_batch(0, [Record(b"v", key=b"k")]), epoch=1))
+    size = log.active_bytes
+    rounds = node.flush.rounds
+    sealing = fired(log.seal_copy(0, 1, size, epoch=1))
+    states: set[tuple[str, int]] = set()
+    while node.executor.pending:
+        image = node.fs.crash()
+        node.executor.run_next()
+        recovered = RangeLog.recover(
+            DIRECTORIES[0], fs=image, clock=Clock(), executor=ImmediateExecutor(), config=REPLICA
+        )
+        info = recovered.segment(0)
+        assert info is not None
+        assert info.damage is None
+        assert (info.record_count, info.byte_size) == (1, size)
+        states.add((info.state.name, info.record_count))
+
+    assert [info.state.name for info in sealing] == ["SEALED"]  # type: ignore[attr-defined]
+    assert node.flush.rounds - rounds == 3
+    assert states == {("ACTIVE", 1), ("SEALED", 1)}
 
 
 def epoch_after_recovery(fs: MemoryFileSystem, directory: str) -> int | None:
