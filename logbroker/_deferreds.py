@@ -1,10 +1,10 @@
-"""Small Deferred helpers shared by the broker core and the cluster."""
+"""Small Deferred helpers shared by the broker core, the cluster, security and storage."""
 
 from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, FirstError, gatherResults
 from twisted.python.failure import Failure
 
 _T = TypeVar("_T")
@@ -25,3 +25,14 @@ def detached(source: Deferred[_T]) -> Deferred[_T]:
 
     source.addBoth(forward)
     return result
+
+
+def gather(deferreds: list[Deferred[_T]]) -> Deferred[list[_T]]:
+    """All the results, in order, or the first failure itself (not wrapped in a
+    ``FirstError``); the other failures are consumed."""
+    return gatherResults(deferreds, consumeErrors=True).addErrback(_first_failure)
+
+
+def _first_failure(failure: Failure) -> Failure:
+    error = failure.value
+    return error.subFailure if isinstance(error, FirstError) else failure

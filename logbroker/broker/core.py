@@ -20,15 +20,12 @@ import bisect
 import itertools
 import struct
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 import attrs
 from twisted.internet.defer import (
     Deferred,
-    FirstError,
     ensureDeferred,
     fail,
-    gatherResults,
     succeed,
 )
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -36,7 +33,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker import wire
-from logbroker._deferreds import detached
+from logbroker._deferreds import detached, gather
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import GroupCoordinator, LocalGroups
@@ -198,7 +195,7 @@ class Broker:
         appends = [
             self._append(handles[range_id], batch, stamp) for range_id, batch in routed.items()
         ]
-        stored = _gather(appends).addCallback(lambda _: self._produced(topic.name, records))
+        stored = gather(appends).addCallback(lambda _: self._produced(topic.name, records))
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
         return detached(stored)
@@ -314,7 +311,7 @@ class Broker:
     async def _bounds(self, handles: Mapping[str, RangeHandle]) -> dict[str, Bounds]:
         """Every range's bounds, asked of all at once."""
         range_ids = list(handles)
-        found = await _gather([handles[range_id].bounds() for range_id in range_ids])
+        found = await gather([handles[range_id].bounds() for range_id in range_ids])
         return dict(zip(range_ids, found, strict=True))
 
     def _positions(
@@ -529,15 +526,3 @@ def _check_positions(positions: Mapping[str, int], bounds: Mapping[str, Bounds])
                 Reason.INVALID_CURSOR,
                 f"cursor is past the end of {range_id} ({offset} > {end})",
             )
-
-
-def _gather(deferreds: list[Deferred[Any]]) -> Deferred[list[Any]]:
-    """All the results, or the first failure itself (not wrapped in a ``FirstError``)."""
-    return gatherResults(deferreds, consumeErrors=True).addErrback(_first_error)
-
-
-def _first_error(failure: Failure) -> Any:
-    error = failure.value
-    if isinstance(error, FirstError):
-        error.subFailure.raiseException()
-    failure.raiseException()

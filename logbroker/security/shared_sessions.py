@@ -70,11 +70,12 @@ from typing import Any, cast
 
 import attrs
 from twisted.application.service import MultiService
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logbroker._deferreds import gather
 from logbroker.controlplane._kv import (
     Delete,
     EventType,
@@ -414,7 +415,7 @@ class SharedSessions(MultiService):
         missing = [grant(bucket) for bucket in sorted(buckets) if bucket not in self._leases]
         if not missing:
             return succeed(None)
-        granting = gatherResults(missing, consumeErrors=True).addErrback(_first_error)
+        granting = gather(missing)
         return cast(Deferred[object], granting)
 
     def _bucket(self, expires_ms: int) -> int:
@@ -541,9 +542,3 @@ class _Wait:
             self.timeout.cancel()
         if not self.done.called:
             self.done.callback(self.session)
-
-
-def _first_error(failure: Failure) -> Failure:
-    """The failure inside a ``gatherResults``' ``FirstError``."""
-    sub = getattr(failure.value, "subFailure", None)
-    return sub if isinstance(sub, Failure) else failure

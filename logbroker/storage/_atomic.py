@@ -27,9 +27,10 @@ from __future__ import annotations
 import posixpath
 from collections.abc import Sequence
 
-from twisted.internet.defer import Deferred, gatherResults, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.python.failure import Failure
 
+from logbroker._deferreds import gather
 from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
 from logbroker.storage._fs import AppendFile, FileSystem, Syncable
@@ -90,10 +91,7 @@ def _synced(handle: Syncable, flush: SharedFlush) -> Deferred[None]:
 
 def _all_synced(handles: Sequence[Syncable], flush: SharedFlush) -> Deferred[None]:
     """Fire once one flush round made every one of ``handles`` durable (the round closes them)."""
-    syncs = flush.flush_each(handles, close=True)
-    return gatherResults(syncs, consumeErrors=True).addCallbacks(
-        lambda _: None, lambda failure: failure.value.subFailure
-    )
+    return gather(flush.flush_each(handles, close=True)).addCallback(lambda _: None)
 
 
 def _stage_each(fs: FileSystem, files: Sequence[tuple[str, bytes]]) -> list[Syncable]:

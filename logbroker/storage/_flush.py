@@ -53,18 +53,24 @@ class SharedFlush:
         round closes ``file`` too, after its sync, on the round's thread, whatever the
         outcome: a failover flushes and closes thousands of small files (epoch markers,
         directories) at once, and each close on the reactor thread waited for the GIL back."""
-        return self.flush_each([file], close=close)[0]
+        done = self._ask(file, close)
+        if not self._running:
+            self._start_round()
+        return done
 
     def flush_each(
         self, files: Sequence[Syncable], *, close: bool = False
     ) -> list[Deferred[float]]:
         """``flush`` of each of ``files``, asked for together: one round covers them all."""
-        now = self._clock.seconds()
-        asked: list[_Asked] = [(file, Deferred(), now, close) for file in files]
-        self._asked.extend(asked)
+        asked = [self._ask(file, close) for file in files]
         if not self._running:
             self._start_round()
-        return [done for _, done, _, _ in asked]
+        return asked
+
+    def _ask(self, file: Syncable, close: bool) -> Deferred[float]:
+        done: Deferred[float] = Deferred()
+        self._asked.append((file, done, self._clock.seconds(), close))
+        return done
 
     def _start_round(self) -> None:
         asked, self._asked = self._asked, []
