@@ -74,13 +74,14 @@ from logbroker.storage import (
     DataDirectory,
     FileSystem,
     LogConfig,
+    OpenFiles,
     OpenOnce,
     OsFileSystem,
     RangeLog,
     SegmentInfo,
     SharedFlush,
     ThreadPoolExecutor,
-    TooManyRangesError,
+    close_each,
     shared_sync_refusal,
 )
 from logbroker.storage.file_limit import FileLimit, raise_file_limit
@@ -115,8 +116,9 @@ def configure_interpreter() -> None:
 
 class StorageService(Service):
     """Owns the writer threads and every open range log of the data directory; the logs report
-    integrity events and flushes to ``metrics``. No more ranges are open at once than
-    ``file_limit`` leaves room for (recovery refuses to start past it)."""
+    integrity events and flushes to ``metrics``. The logs keep no more segment files open
+    between them than ``file_limit`` leaves room for (the least recently used idle ones are
+    closed past it, and opened again at their next use)."""
 
     def __init__(
         self,
@@ -133,7 +135,6 @@ class StorageService(Service):
         self._fs = fs
         self._log_config = log_config
         self._metrics = metrics
-        self._file_limit = file_limit
         self._executor = ThreadPoolExecutor(reactor)
         # Reads get threads of their own: a fetch never waits for a free writer thread.
         self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
@@ -146,14 +147,20 @@ class StorageService(Service):
             flusher = ThreadPoolExecutor(reactor, threads=1, name="logbroker-flush")
             self._shared_flush = SharedFlush(fs, flusher, reactor)
             self._pools.append(flusher)
+        #: Keeps the segment files the logs hold open within the descriptors the limit
+        #: leaves, closing idle ones on a writer thread.
+        self._open_files: OpenFiles | None = None
+        if file_limit is not None:
+            self._open_files = OpenFiles(
+                file_limit.max_open_files,
+                lambda handles: self._executor.run(close_each, handles),
+            )
         self.logs: dict[str, RangeLog] = {}
         self._opener = OpenOnce(
             self.logs,
             lambda name: RangeLog.open(
                 self._data_dir.range_path(name), **self._log_arguments(name)
             ),
-            max_open=None if file_limit is None else file_limit.max_open_ranges,
-            max_open_why="" if file_limit is None else file_limit.why(),
         )
         #: Told of every seal, with the range's name: the control plane records them.
         self.on_sealed: Callable[[str, SegmentInfo], None] = lambda name, info: None
@@ -168,12 +175,6 @@ class StorageService(Service):
         the reactor runs. Raises what recovery raises (``StorageError``, ``OSError``)."""
         started = time.monotonic()
         names = self._data_dir.range_names()
-        limit = self._file_limit
-        if limit is not None and len(names) > limit.max_open_ranges:
-            raise TooManyRangesError(
-                f"{self._data_dir.path} holds {len(names)} ranges, more than this node can keep"
-                f" open: {limit.max_open_ranges}, {limit.why()}"
-            )
         for name in names:
             self.logs[name] = RangeLog.recover(
                 self._data_dir.range_path(name), **self._log_arguments(name)
@@ -201,6 +202,7 @@ class StorageService(Service):
             "on_flushed": self._metrics.flushed,
             "on_sealed": lambda info: self.on_sealed(name, info),
             "shared_flush": self._shared_flush,
+            "open_files": self._open_files,
         }
 
     def startService(self) -> None:
@@ -210,13 +212,14 @@ class StorageService(Service):
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
             log.info,
-            "Storage ready: {ranges} ranges open (room for {room}), {encoder} batch encoder,"
+            "Storage ready: {ranges} ranges open (their segment files kept open: at most"
+            " {room}), {encoder} batch encoder,"
             " {decoder} record decoder, {flush}",
             ranges=len(self.logs),
             flush="one sync for every range's writes"
             if self._shared_flush is not None
             else "an fsync for each range's writes",
-            room="any number" if self._file_limit is None else self._file_limit.max_open_ranges,
+            room="any number" if self._open_files is None else self._open_files.budget,
             encoder=BATCH_ENCODER,
             decoder=RECORD_DECODER,
         )
@@ -601,10 +604,10 @@ def build_service(
     file_limit = raise_file_limit()
     if file_limit.raised_from is not None:
         log.info(
-            "Raised the open-file limit from {soft} to {hard}: room for {ranges} open ranges",
+            "Raised the open-file limit from {soft} to {hard}: room for {files} open segment files",
             soft=file_limit.raised_from,
             hard=file_limit.descriptors,
-            ranges=file_limit.max_open_ranges,
+            files=file_limit.max_open_files,
         )
     metrics = Metrics(reactor)
     root = BrokerService(metrics)

@@ -53,6 +53,7 @@ class _MemoryAppendFile:
         self._fs = fs
         self._path = path
         self.closed = False
+        fs.open_handles.add(self)
 
     def write(self, data: bytes) -> None:
         self._check_open()
@@ -70,6 +71,7 @@ class _MemoryAppendFile:
     def close(self) -> None:
         self._check_open()
         self.closed = True
+        self._fs.open_handles.discard(self)
 
 
 class _MemoryStep:
@@ -96,12 +98,17 @@ class _MemoryReadFile:
     def __init__(self, fs: MemoryFileSystem, path: str) -> None:
         self._fs = fs
         self._path = path
+        self.closed = False
+        fs.open_handles.add(self)
 
     def read(self, position: int, length: int) -> bytes:
+        if self.closed:
+            raise OSError(errno.EBADF, "Bad file descriptor (file closed)", self._path)
         return bytes(self._fs._file(self._path).data[position : position + length])
 
     def close(self) -> None:
-        pass
+        self.closed = True
+        self._fs.open_handles.discard(self)
 
 
 class _MemoryLock:
@@ -123,6 +130,8 @@ class MemoryFileSystem:
         self._dirs: set[str] = {"/"}
         self.journal: list[JournalEntry] = []
         self._locks: set[str] = set()
+        #: The append and read handles open now (not the temporary ones of atomic writes).
+        self.open_handles: set[_MemoryAppendFile | _MemoryReadFile] = set()
         #: While positive, each fsync fails with EIO and counts this down.
         self.failing_syncs = 0
         #: While positive, each atomic replace (seal marker, index) fails with ENOSPC.

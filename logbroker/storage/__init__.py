@@ -17,6 +17,7 @@ from logbroker.storage._format import (
     iter_record_frames,
 )
 from logbroker.storage._fs import FileSystem, OsFileSystem, shared_sync_refusal
+from logbroker.storage._handles import OpenFiles, close_each
 from logbroker.storage._segment import CopyState, IntegrityEvent, SegmentInfo, Verification
 from logbroker.storage.errors import (
     FencedError,
@@ -31,7 +32,6 @@ from logbroker.storage.errors import (
     SegmentNotFoundError,
     SegmentStateError,
     StorageError,
-    TooManyRangesError,
 )
 from logbroker.storage.log import (
     Appended,
@@ -70,6 +70,7 @@ __all__ = [
     "NotADataDirectoryError",
     "NotContiguousError",
     "OffsetOutOfRangeError",
+    "OpenFiles",
     "OpenLogs",
     "OpenOnce",
     "OsFileSystem",
@@ -85,9 +86,9 @@ __all__ = [
     "StorageError",
     "StoredRecord",
     "ThreadPoolExecutor",
-    "TooManyRangesError",
     "Verification",
     "Written",
+    "close_each",
     "iter_record_frames",
     "shared_sync_refusal",
 ]

@@ -184,10 +184,7 @@ class SegmentOperations:
                     f"fewer than {byte_size}"
                 )
             last = segment is state.segments[-1]
-            for handle in (segment.writer, segment.reader):
-                if handle is not None:
-                    handle.close()
-            segment.writer = segment.reader = None
+            state.files.close_all(segment)
             held = segment.readable_end
             before = (segment.state, held, state.active)
             if segment is state.active:

@@ -102,6 +102,9 @@ class WritePipeline:
             roll_bytes=config.roll_bytes if config.auto_roll else MAX_SEGMENT_BYTES,
         )
         self._timer: IDelayedCall | None = None
+        # A job in flight, or appends queued for the next one, may use the writer: the node's
+        # open-file budget closes it only while neither is so.
+        state.files.writer_in_use = lambda: not self._planner.idle
         #: Append outcomes to deliver, in offset order (see ``_settle``).
         self._outcomes: deque[tuple[Deferred[Any], Appended | Exception]] = deque()
         self._settling = False
@@ -303,7 +306,8 @@ class WritePipeline:
             target = state.active
         if target is None:
             target = state.add_active(taken[0].base_offset, writer)
-        target.writer = writer
+        else:
+            state.files.attach_writer(target, writer)
         end = taken[-1].base_offset + taken[-1].record_count
         target.end_offset = state.durable_offset = end
         self._planner.written(write.records)
@@ -410,10 +414,7 @@ class WritePipeline:
 
     def _finish_close(self) -> None:
         for segment in self._state.segments:
-            for handle in (segment.writer, segment.reader):
-                if handle is not None:
-                    handle.close()
-            segment.writer = segment.reader = None
+            self._state.files.close_all(segment)
         self._closed = True
         waiters, self._close_waiters = self._close_waiters, []
         for waiter in waiters:

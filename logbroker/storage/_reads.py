@@ -367,10 +367,7 @@ class LogReader:
     # -- in the reactor thread ---------------------------------------------------------------
 
     def _cached_reader(self, view: SegmentView) -> ReadFile:
-        segment = view.segment
-        if segment.reader is None:
-            segment.reader = self._fs.open_read(segment.path)
-        return segment.reader
+        return self._state.files.reader(view.segment, self._fs.open_read)
 
     def _found_now(self, view: SegmentView, damage: Damage) -> None:
         self._state.found_damage(view.segment, damage)

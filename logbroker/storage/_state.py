@@ -3,7 +3,7 @@
 ``LogState`` is the range log's table, owned by the reactor thread: the segments in base-offset
 order, the active one, the offsets appends take and readers see, and each segment's replication
 epoch. The write pipeline, the segment operations and the reads all work on it; it does no I/O
-itself (closing an open file handle aside).
+itself (closing an open file handle aside: ``files`` counts each in the node's budget).
 
 Offsets, lowest first::
 
@@ -27,6 +27,7 @@ from twisted.logger import Logger
 
 from logbroker.storage._format import Damage, DamageReason
 from logbroker.storage._fs import AppendFile
+from logbroker.storage._handles import LogFiles, OpenFiles
 from logbroker.storage._segment import (
     LOG_SUFFIX,
     CopyState,
@@ -68,8 +69,11 @@ class LogState:
         start_offset: int,
         on_integrity_event: Callable[[IntegrityEvent], None],
         on_sealed: Callable[[SegmentInfo], None],
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.directory = directory
+        #: Every segment file this log opens or closes, counted in the node's budget.
+        self.files = LogFiles(open_files)
         self._on_integrity_event = on_integrity_event
         self._on_sealed = on_sealed
         #: In base-offset order, with gaps where segments are held by other nodes.
@@ -165,7 +169,7 @@ class LogState:
             [],
             None,
         )
-        segment.writer = writer
+        self.files.attach_writer(segment, writer)
         self.segments.append(segment)
         self.active = segment
         return segment
@@ -188,9 +192,7 @@ class LogState:
         if active is None:
             return
         active.state = CopyState.CLOSED
-        if active.writer is not None:
-            active.writer.close()
-            active.writer = None
+        self.files.close_writer(active)
         self.active = None
 
     def apply_seal(
@@ -198,9 +200,7 @@ class LogState:
     ) -> SegmentInfo:
         """A roll is durable and the next segment's file exists: switch to it. ``damage`` is
         rot the roll found reading the segment back."""
-        if segment.writer is not None:
-            segment.writer.close()
-            segment.writer = None
+        self.files.close_writer(segment)
         seal = sealed.seal
         segment.state = CopyState.SEALED
         segment.seal = seal

@@ -17,14 +17,6 @@ class OverloadedError(StorageError):
     default_reason = Reason.OVERLOADED
 
 
-class TooManyRangesError(StorageError):
-    """This node holds as many open ranges as its file-descriptor limit allows (each open range
-    keeps its active segment's file open): another is refused, rather than failing a write or a
-    connection later for want of a descriptor."""
-
-    default_reason = Reason.OVERLOADED
-
-
 class LogClosedError(StorageError):
     """The range log is closed (the broker is shutting down)."""
 

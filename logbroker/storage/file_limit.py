@@ -1,11 +1,11 @@
-"""The open-file limit the broker runs with, and the open ranges it leaves room for.
+"""The open-file limit the broker runs with, and the segment files it leaves room for.
 
-Each open range keeps its active segment's file open, so a node holding tens of thousands of
-ranges needs as many descriptors. ``raise_file_limit`` raises the soft limit to the hard one at
-start (the soft one is often 1,024 while the hard one allows far more); ``StorageService``
-opens no more ranges than ``FileLimit.max_open_ranges``, refusing another with
-``TooManyRangesError`` rather than failing a write or a connection later for want of a
-descriptor.
+``raise_file_limit`` raises the soft limit to the hard one at start (the soft one is often
+1,024 while the hard one allows far more). The range logs keep at most
+``FileLimit.max_open_files`` segment files open between them (``logbroker.storage._handles``
+closes the least recently used idle ones past it), so a node may hold more ranges than it has
+descriptors; the rest are kept for connections, etcd's, reads of sealed segments and the logs
+writing at the moment.
 """
 
 from __future__ import annotations
@@ -15,16 +15,17 @@ from collections.abc import Callable
 
 import attrs
 
-#: File descriptors kept for what is not a range's open segment: client and peer connections,
-#: etcd's, the dashboard's, reads of sealed segments, the process's own; a quarter of a
-#: limit below four times this.
+#: File descriptors kept for what is not a segment file a range log keeps open: client and
+#: peer connections, etcd's, the dashboard's, reads of sealed segments in reader threads, the
+#: process's own, and the writers of logs writing past the budget; a quarter of a limit below
+#: four times this.
 DESCRIPTORS_KEPT = 4096
 
 
 @attrs.frozen
 class FileLimit:
-    """The open-file limit (``RLIMIT_NOFILE``) the broker runs with, and the open ranges it
-    leaves room for: each open range keeps its active segment's file open."""
+    """The open-file limit (``RLIMIT_NOFILE``) the broker runs with, and how many segment
+    files the range logs may keep open between them."""
 
     descriptors: int
     #: What the limit was before ``raise_file_limit`` raised it, if it did.
@@ -35,15 +36,8 @@ class FileLimit:
         return min(DESCRIPTORS_KEPT, self.descriptors // 4)
 
     @property
-    def max_open_ranges(self) -> int:
+    def max_open_files(self) -> int:
         return max(1, self.descriptors - self.kept)
-
-    def why(self) -> str:
-        return (
-            f"as many as its open-file limit of {self.descriptors} allows (one each, with"
-            f" {self.kept} kept for connections); raise the limit (LimitNOFILE= in the"
-            f" systemd unit, ulimit -n) and restart, or spread the ranges over more nodes"
-        )
 
 
 #: What an unlimited limit counts as.

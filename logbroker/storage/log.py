@@ -39,6 +39,7 @@ from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
 from logbroker.storage._format import encode_batch, stamp_batch
 from logbroker.storage._fs import FileSystem
+from logbroker.storage._handles import OpenFiles
 from logbroker.storage._operations import SegmentOperations
 from logbroker.storage._pipeline import Append, WritePipeline
 from logbroker.storage._reads import LogReader
@@ -113,6 +114,7 @@ class RangeLog:
         start_offset: int,
         reader: Executor | None = None,
         shared_flush: SharedFlush | None = None,
+        open_files: OpenFiles | None = None,
     ) -> None:
         self.directory = directory
         self._state = LogState(
@@ -122,6 +124,7 @@ class RangeLog:
             start_offset=start_offset,
             on_integrity_event=on_integrity_event,
             on_sealed=on_sealed,
+            open_files=open_files,
         )
         self._pipeline = WritePipeline(
             self._state,
@@ -173,6 +176,7 @@ class RangeLog:
         start_offset: int = 0,
         reader: Executor | None = None,
         shared_flush: SharedFlush | None = None,
+        open_files: OpenFiles | None = None,
     ) -> Deferred[RangeLog]:
         """Recover ``directory`` (created if missing) in a writer thread and return its log.
 
@@ -184,7 +188,9 @@ class RangeLog:
         completed, once per job (not per append), with or without group commit. ``reader`` is
         the executor for ``read_chunks`` and ``read_raw_async`` (default: ``executor``).
         With ``shared_flush``, a write job does not fsync its segment: the flush makes it
-        durable together with other logs' writes (``logbroker.storage._flush``).
+        durable together with other logs' writes (``logbroker.storage._flush``). With
+        ``open_files``, the log's open segment files count in the node's budget, which closes
+        them while idle (``logbroker.storage._handles``).
         """
 
         def opened(recovered: RecoveredLog) -> RangeLog:
@@ -201,6 +207,7 @@ class RangeLog:
                 start_offset=start_offset,
                 reader=reader,
                 shared_flush=shared_flush,
+                open_files=open_files,
             )
 
         return executor.run(recover_log, fs, directory).addCallback(opened)
@@ -220,6 +227,7 @@ class RangeLog:
         start_offset: int = 0,
         reader: Executor | None = None,
         shared_flush: SharedFlush | None = None,
+        open_files: OpenFiles | None = None,
     ) -> RangeLog:
         """Like ``open``, but recover in the calling thread: for start-up, before the reactor
         runs, so that a range that cannot be recovered stops the broker before it serves."""
@@ -236,6 +244,7 @@ class RangeLog:
             start_offset=start_offset,
             reader=reader,
             shared_flush=shared_flush,
+            open_files=open_files,
         )
 
     # -- positions ---------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -32,7 +32,6 @@ from logbroker.storage.errors import (
     FormatTooNewError,
     NotADataDirectoryError,
     StorageError,
-    TooManyRangesError,
 )
 
 FORMAT_FILE = "FORMAT"
@@ -62,21 +61,15 @@ class OpenLogs(Protocol):
 class OpenOnce:
     """Opens each range's log at most once, however many ask for it at once: two logs on one
     directory would each write as if it were alone. Every ``OpenLogs`` opens through one.
-    ``logs`` gets each log once it is open; ``open_log`` opens one. With ``max_open``, no more
-    ranges than that are open at once: another is refused (``TooManyRangesError``, whose
-    message is ``max_open_why``)."""
+    ``logs`` gets each log once it is open; ``open_log`` opens one."""
 
     def __init__(
         self,
         logs: dict[str, RangeLog],
         open_log: Callable[[str], Deferred[RangeLog]],
-        max_open: int | None = None,
-        max_open_why: str = "",
     ) -> None:
         self._logs = logs
         self._open_log = open_log
-        self._max_open = max_open
-        self._max_open_why = max_open_why
         self._opening: dict[str, list[Deferred[RangeLog]]] = {}
 
     def open_range(self, name: str) -> Deferred[RangeLog]:
@@ -88,13 +81,6 @@ class OpenOnce:
         if waiting is not None:
             waiting.append(waiter)
             return waiter
-        if self._max_open is not None and len(self._logs) + len(self._opening) >= self._max_open:
-            return fail(
-                TooManyRangesError(
-                    f"range {name} cannot be opened: this node holds {self._max_open} open"
-                    f" ranges already, {self._max_open_why}"
-                )
-            )
         self._opening[name] = [waiter]
 
         def done(outcome: RangeLog | Failure) -> None:

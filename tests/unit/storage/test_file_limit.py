@@ -1,30 +1,22 @@
-"""The open-file limit: raised to the hard limit at start, and the open ranges it leaves room
-for, past which a range is refused with why, and recovery refuses to start."""
+"""The open-file limit: raised to the hard limit at start, and the segment files it leaves the
+range logs room for, which a node holding more ranges than that stays within."""
 
 from __future__ import annotations
 
+import contextlib
 import resource
 from pathlib import Path
 
 import pytest
-from twisted.internet.defer import Deferred
-from twisted.internet.task import Clock
-from twisted.internet.testing import MemoryReactorClock
+import pytest_twisted
+from twisted.internet.task import Clock, deferLater
 
-from logbroker.errors import Reason
 from logbroker.metrics import Metrics
 from logbroker.service import StorageService
-from logbroker.storage import (
-    DataDirectory,
-    LogConfig,
-    OpenOnce,
-    OsFileSystem,
-    RangeLog,
-    TooManyRangesError,
-)
+from logbroker.storage import DataDirectory, LogConfig, OsFileSystem, RangeLog
 from logbroker.storage.file_limit import FileLimit, raise_file_limit
 from logbroker.testing import ImmediateExecutor
-from tests.unit.storage.helpers import MemoryLogs, failure_of, result_of
+from tests.unit.storage.helpers import record, result_of
 
 
 class _Limits:
@@ -48,7 +40,7 @@ def test_the_soft_limit_is_raised_to_the_hard_one() -> None:
     limit = raise_file_limit(limits.get, limits.set)
     assert limits.limits == (65536, 65536)
     assert limit == FileLimit(65536, raised_from=1024)
-    assert limit.max_open_ranges == 65536 - 4096
+    assert limit.max_open_files == 65536 - 4096
 
 
 @pytest.mark.parametrize(
@@ -68,54 +60,54 @@ def test_a_limit_that_cannot_be_raised_is_kept(
 
 
 def test_a_small_limit_keeps_a_quarter_for_connections() -> None:
-    assert FileLimit(1024).max_open_ranges == 768
-    assert FileLimit(20000).max_open_ranges == 20000 - 4096
+    assert FileLimit(1024).max_open_files == 768
+    assert FileLimit(20000).max_open_files == 20000 - 4096
 
 
-def test_past_the_room_left_a_range_is_refused_with_why() -> None:
-    logs: dict[str, RangeLog] = {}
-    opened = MemoryLogs()
-    why = FileLimit(8).why()
-    opener = OpenOnce(logs, opened.open_range, max_open=2, max_open_why=why)
-    result_of(opener.open_range("a"))
-    result_of(opener.open_range("b"))
+@pytest_twisted.ensureDeferred
+async def test_a_node_holds_more_ranges_than_its_limit_leaves_files_for(tmp_path: Path) -> None:
+    from twisted.internet import reactor
 
-    error = failure_of(opener.open_range("c")).value
-    assert isinstance(error, TooManyRangesError)
-    assert error.reason is Reason.OVERLOADED
-    assert "holds 2 open ranges already" in str(error)
-    assert "open-file limit of 8" in str(error)
-    assert "LimitNOFILE" in str(error)
-    # Those open are still handed out.
-    assert result_of(opener.open_range("a")) is logs["a"]
-
-
-def test_opens_under_way_count_against_the_room() -> None:
-    logs: dict[str, RangeLog] = {}
-    pending: list[Deferred[RangeLog]] = []
-
-    def slow_open(name: str) -> Deferred[RangeLog]:
-        pending.append(Deferred())
-        return pending[-1]
-
-    opener = OpenOnce(logs, slow_open, max_open=1)
-    opener.open_range("a")
-    failure_of(opener.open_range("b")).trap(TooManyRangesError)
-
-
-def test_recovery_refuses_more_ranges_than_the_limit_leaves_room_for(tmp_path: Path) -> None:
     fs = OsFileSystem()
     data_dir = DataDirectory.open(str(tmp_path / "data"), fs)
-    for name in ("orders.0", "orders.1", "orders.2"):
-        opened = RangeLog.open(
-            data_dir.range_path(name), fs=fs, clock=Clock(), executor=ImmediateExecutor()
+    for number in range(12):
+        opened = result_of(
+            RangeLog.open(
+                data_dir.range_path(f"orders.{number}"),
+                fs=fs,
+                clock=Clock(),
+                executor=ImmediateExecutor(),
+            )
         )
-        result_of(result_of(opened).close())
-    storage = StorageService(
-        MemoryReactorClock(), data_dir, fs, LogConfig(), Metrics(Clock()), FileLimit(2)
-    )
+        result_of(opened.append([record(number)]))
+        result_of(opened.close())
+    # A limit of 8 leaves the logs 6 files, and 2 for the rest.
+    storage = StorageService(reactor, data_dir, fs, LogConfig(), Metrics(Clock()), FileLimit(8))
+    storage.recover()
+    storage.startService()
+    try:
+        for number in range(20):
+            log = await storage.open_range(f"orders.{number}")
+            await log.append([record(100 + number)])
+            # The writer threads close what the budget released: give them a moment.
+            for _ in range(200):
+                if _segment_files_open(tmp_path) <= 6:
+                    break
+                await deferLater(reactor, 0.01)
+            assert _segment_files_open(tmp_path) <= 6
+        for number in range(12):
+            values = [s.record.value for s in storage.logs[f"orders.{number}"].read(0)]
+            assert values == [record(number).value, record(100 + number).value]
+    finally:
+        await storage.stopService()
+    assert _segment_files_open(tmp_path) == 0
 
-    with pytest.raises(TooManyRangesError) as refused:
-        storage.recover()
-    assert "holds 3 ranges, more than this node can keep open: 2" in str(refused.value)
-    assert storage.logs == {}
+
+def _segment_files_open(path: Path) -> int:
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = fd.readlink()
+            if target.suffix == ".log" and target.is_relative_to(path):
+                count += 1
+    return count
