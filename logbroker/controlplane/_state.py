@@ -3,7 +3,10 @@
 Pure: no files, no reactor. ``change.apply(state)`` checks the change against ``state`` (raising
 a typed ``ControlPlaneError``) and returns the new state; ``state`` itself is never touched, so
 a snapshot can be serialized on a writer thread while the reactor goes on applying changes.
-Each change copies only the mapping it touches.
+The mappings are persistent maps (``immutables.Map``, a hash array mapped trie): a change
+makes a new map sharing all but a path of the old one, so changing one range of 40,000 costs
+what changing one of 40 does, where copying a dict of every range cost a quarter of a
+millisecond and made each change at that scale as slow as its size.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import attrs
+from immutables import Map
 
 from logbroker.controlplane._model import (
     ANY_RECORD,
@@ -37,23 +41,28 @@ MAX_GROUP_NAME = 249
 _V = TypeVar("_V")
 
 
+def _persistent(mapping: Mapping[Any, Any]) -> Map[Any, Any]:
+    return mapping if isinstance(mapping, Map) else Map(mapping)
+
+
 @attrs.frozen
 class ControlState:
-    """Everything the control plane records. The mappings are never modified once built."""
+    """Everything the control plane records, in persistent maps (plain mappings given are
+    made into them)."""
 
-    topics: Mapping[str, Topic] = attrs.field(factory=dict)
-    ranges: Mapping[str, Range] = attrs.field(factory=dict)
-    #: range id -> base offset -> segment
-    segments: Mapping[str, Mapping[int, SegmentMeta]] = attrs.field(factory=dict)
-    users: Mapping[str, User] = attrs.field(factory=dict)
+    topics: Map[str, Topic] = attrs.field(factory=Map, converter=_persistent)
+    ranges: Map[str, Range] = attrs.field(factory=Map, converter=_persistent)
+    #: range id -> base offset -> segment (the inner mappings are small, never modified)
+    segments: Map[str, Mapping[int, SegmentMeta]] = attrs.field(factory=Map, converter=_persistent)
+    users: Map[str, User] = attrs.field(factory=Map, converter=_persistent)
     #: user name -> that user's grants (no entry for a user without any)
-    acls: Mapping[str, frozenset[AclGrant]] = attrs.field(factory=dict)
+    acls: Map[str, frozenset[AclGrant]] = attrs.field(factory=Map, converter=_persistent)
     #: (topic, group) -> the group's committed cursor
-    positions: Mapping[tuple[str, str], str] = attrs.field(factory=dict)
+    positions: Map[tuple[str, str], str] = attrs.field(factory=Map, converter=_persistent)
 
 
-def _without(mapping: Mapping[str, _V], key: str) -> dict[str, _V]:
-    return {k: v for k, v in mapping.items() if k != key}
+def _without(mapping: Map[str, _V], key: str) -> Map[str, _V]:
+    return mapping.delete(key) if key in mapping else mapping
 
 
 @attrs.frozen
@@ -96,8 +105,8 @@ class CreateTopic:
             )
         return attrs.evolve(
             state,
-            topics={**state.topics, topic.name: topic},
-            ranges={**state.ranges, **{r.range_id: r for r in self.ranges}},
+            topics=state.topics.set(topic.name, topic),
+            ranges=state.ranges.update({r.range_id: r for r in self.ranges}),
         )
 
 
@@ -168,7 +177,7 @@ class PutSegment:
 def _with_segments(state: ControlState, touched: dict[str, dict[int, SegmentMeta]]) -> ControlState:
     """``state`` with the records of the ranges in ``touched`` replaced: the segments mapping
     is copied once, however many records were put."""
-    return attrs.evolve(state, segments={**state.segments, **touched})
+    return attrs.evolve(state, segments=state.segments.update(touched))
 
 
 def _some_puts(_: object, attribute: attrs.Attribute[Any], value: tuple[PutSegment, ...]) -> None:
@@ -203,7 +212,7 @@ class DeleteSegment:
         rest = {base: meta for base, meta in segments.items() if base != self.base_offset}
         # No empty entries: the state file has none, and a reloaded state must compare equal.
         others = _without(state.segments, self.range_id)
-        return attrs.evolve(state, segments={**others, self.range_id: rest} if rest else others)
+        return attrs.evolve(state, segments=others.set(self.range_id, rest) if rest else others)
 
 
 @attrs.frozen
@@ -213,7 +222,7 @@ class CreateUser:
     def apply(self, state: ControlState) -> ControlState:
         if self.user.name in state.users:
             raise UserExistsError(f"user {self.user.name!r} exists already")
-        return attrs.evolve(state, users={**state.users, self.user.name: self.user})
+        return attrs.evolve(state, users=state.users.set(self.user.name, self.user))
 
 
 def _existing_user(state: ControlState, name: str) -> User:
@@ -241,7 +250,7 @@ class UpdateUser:
             user = attrs.evolve(user, password_hash=self.password_hash)
         if self.permissions is not None:
             user = attrs.evolve(user, permissions=self.permissions)
-        return attrs.evolve(state, users={**state.users, self.name: user})
+        return attrs.evolve(state, users=state.users.set(self.name, user))
 
 
 @attrs.frozen
@@ -269,7 +278,7 @@ class GrantAcl:
         user = self.grant.user
         _existing_user(state, user)
         grants = state.acls.get(user, frozenset()) | {self.grant}
-        return attrs.evolve(state, acls={**state.acls, user: grants})
+        return attrs.evolve(state, acls=state.acls.set(user, grants))
 
 
 @attrs.frozen
@@ -282,7 +291,7 @@ class RevokeAcl:
         if self.grant not in grants:
             raise NotFoundError(f"no such ACL grant: {self.grant!r}")
         rest = grants - {self.grant}
-        acls = {**state.acls, user: rest} if rest else _without(state.acls, user)
+        acls = state.acls.set(user, rest) if rest else _without(state.acls, user)
         return attrs.evolve(state, acls=acls)
 
 
@@ -314,7 +323,7 @@ class CommitGroupPosition:
         cursor = (
             self.cursor if self.merge is None else self.merge(state.positions.get(key), self.cursor)
         )
-        return attrs.evolve(state, positions={**state.positions, key: cursor})
+        return attrs.evolve(state, positions=state.positions.set(key, cursor))
 
 
 Change = (

@@ -52,9 +52,10 @@ import collections
 import itertools
 import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, assert_never
 
 import attrs
+from immutables import MapMutation
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
@@ -81,9 +82,15 @@ from logbroker.controlplane._state import (
     Change,
     CommitGroupPosition,
     ControlState,
+    CreateTopic,
+    CreateUser,
+    DeleteSegment,
+    DeleteUser,
     GrantAcl,
     PutSegment,
     PutSegments,
+    RevokeAcl,
+    UpdateUser,
 )
 from logbroker.controlplane.errors import (
     ContendedError,
@@ -182,6 +189,50 @@ def _segment_puts(change: Change) -> tuple[PutSegment, ...]:
     return (change,) if isinstance(change, PutSegment) else ()
 
 
+@attrs.define
+class _Named:
+    """The keys of the cluster-sized mappings (topics, ranges, segments, group positions) that
+    a batch of changes may change: each kind of change names its own. A transaction's writes
+    are looked for among them, not among every range of the cluster (tens of thousands, for
+    every transaction). Users and grants are few, and compared whole."""
+
+    topics: set[str] = attrs.Factory(set)
+    ranges: set[str] = attrs.Factory(set)
+    segments: set[str] = attrs.Factory(set)
+    positions: set[tuple[str, str]] = attrs.Factory(set)
+
+    @classmethod
+    def by(cls, changes: Sequence[Change]) -> _Named:
+        named = cls()
+        for change in changes:
+            if isinstance(change, CreateTopic):
+                named.topics.add(change.topic.name)
+                named.ranges.update(range_.range_id for range_ in change.ranges)
+            elif isinstance(change, DeleteSegment):
+                named.segments.add(change.range_id)
+            elif isinstance(change, (PutSegment, PutSegments)):
+                named.segments.update(put.meta.range_id for put in _segment_puts(change))
+            elif isinstance(change, CommitGroupPosition):
+                named.positions.add((change.topic, change.group))
+            elif not isinstance(change, (CreateUser, UpdateUser, DeleteUser, GrantAcl, RevokeAcl)):
+                # Every kind of change is one of the above: a new kind must say what it names.
+                assert_never(change)
+        return named
+
+
+def _changed_among(
+    old: Mapping[_K, _V], new: Mapping[_K, _V], keys: set[_K]
+) -> Iterator[tuple[_K, _V | None]]:
+    """``_changed``, among ``keys`` only (in their order)."""
+    if old is new:
+        return
+    for key in sorted(keys):  # type: ignore[type-var]  # str or tuples of str
+        found = old.get(key, _MISSING)
+        value = new.get(key, _MISSING)
+        if found is not value and found != value:
+            yield key, None if value is _MISSING else value
+
+
 def _batch_kind(change: Change) -> type | None:
     """The kind of changes ``change`` goes out with in one transaction (``None``: alone)."""
     kind = type(change)
@@ -211,25 +262,26 @@ def _landed(operations: Sequence[Operation], found: Mapping[bytes, KeyValue | No
 
 
 class _Working:
-    """A state being brought up to date by watch events; copies each mapping it touches once."""
+    """A state being brought up to date by watch events: a mutation of each persistent map it
+    touches, and a copy of each range's segments it touches."""
 
     def __init__(self, state: ControlState) -> None:
         self.state = state
-        self.topics: dict[str, Topic] | None = None
-        self.ranges: dict[str, Range] | None = None
+        self.topics: MapMutation[str, Topic] | None = None
+        self.ranges: MapMutation[str, Range] | None = None
         self.segments: dict[str, dict[int, SegmentMeta]] = {}
-        self.users: dict[str, User] | None = None
-        self.acls: dict[str, frozenset[AclGrant]] | None = None
-        self.positions: dict[tuple[str, str], str] | None = None
+        self.users: MapMutation[str, User] | None = None
+        self.acls: MapMutation[str, frozenset[AclGrant]] | None = None
+        self.positions: MapMutation[tuple[str, str], str] | None = None
 
-    def _topics(self) -> dict[str, Topic]:
+    def _topics(self) -> MapMutation[str, Topic]:
         if self.topics is None:
-            self.topics = dict(self.state.topics)
+            self.topics = self.state.topics.mutate()
         return self.topics
 
-    def _ranges(self) -> dict[str, Range]:
+    def _ranges(self) -> MapMutation[str, Range]:
         if self.ranges is None:
-            self.ranges = dict(self.state.ranges)
+            self.ranges = self.state.ranges.mutate()
         return self.ranges
 
     def _segments(self, range_id: str) -> dict[int, SegmentMeta]:
@@ -237,19 +289,19 @@ class _Working:
             self.segments[range_id] = dict(self.state.segments.get(range_id, {}))
         return self.segments[range_id]
 
-    def _users(self) -> dict[str, User]:
+    def _users(self) -> MapMutation[str, User]:
         if self.users is None:
-            self.users = dict(self.state.users)
+            self.users = self.state.users.mutate()
         return self.users
 
-    def _acls(self) -> dict[str, frozenset[AclGrant]]:
+    def _acls(self) -> MapMutation[str, frozenset[AclGrant]]:
         if self.acls is None:
-            self.acls = dict(self.state.acls)
+            self.acls = self.state.acls.mutate()
         return self.acls
 
-    def _positions(self) -> dict[tuple[str, str], str]:
+    def _positions(self) -> MapMutation[tuple[str, str], str]:
         if self.positions is None:
-            self.positions = dict(self.state.positions)
+            self.positions = self.state.positions.mutate()
         return self.positions
 
     def apply(self, relative: str, value: bytes | None) -> bool:
@@ -258,7 +310,7 @@ class _Working:
         kind, _, rest = relative.partition("/")
         record = None if value is None else json.loads(value)
         # Entities kept by name alone: their mapping (copied on first change), and the decoder.
-        by_name: dict[str, tuple[Callable[[], dict[str, Any]], Callable[[Any], Any]]] = {
+        by_name: dict[str, tuple[Callable[[], MapMutation[str, Any]], Callable[[Any], Any]]] = {
             "topics": (self._topics, _format.topic_from_record),
             "ranges": (self._ranges, _format.range_from_record),
             "users": (self._users, _format.user_from_record),
@@ -302,18 +354,18 @@ class _Working:
     def finish(self) -> ControlState:
         changes: dict[str, Any] = {}
         for name in ("topics", "ranges", "users", "acls", "positions"):
-            copied = getattr(self, name)
-            if copied is not None:
-                changes[name] = copied
+            mutation = getattr(self, name)
+            if mutation is not None:
+                changes[name] = mutation.finish()
         if self.segments:
-            segments = dict(self.state.segments)
+            segments = self.state.segments.mutate()
             for range_id, inner in self.segments.items():
                 # No empty entries, as in the state file: equal states compare equal.
                 if inner:
                     segments[range_id] = inner
                 else:
                     segments.pop(range_id, None)
-            changes["segments"] = segments
+            changes["segments"] = segments.finish()
         return attrs.evolve(self.state, **changes) if changes else self.state
 
 
@@ -691,12 +743,13 @@ class EtcdControlPlane(StateControlPlane):
             guard(key)
             operations.append(Delete(key) if record is None else Put(key, _value(record)))
 
-        for name, new_topic in _changed(before.topics, after.topics):
+        named = _Named.by(changes)
+        for name, new_topic in _changed_among(before.topics, after.topics, named.topics):
             record = None if new_topic is None else _format.topic_record(new_topic)
             write(keys.topic(name), record)
-        for range_id, range_ in _changed(before.ranges, after.ranges):
+        for range_id, range_ in _changed_among(before.ranges, after.ranges, named.ranges):
             write(keys.range(range_id), None if range_ is None else _format.range_record(range_))
-        for range_id, _ in _changed(before.segments, after.segments):
+        for range_id, _ in _changed_among(before.segments, after.segments, named.segments):
             old = before.segments.get(range_id, {})
             new = after.segments.get(range_id, {})
             for base, meta in _changed(old, new):
@@ -718,7 +771,9 @@ class EtcdControlPlane(StateControlPlane):
                 write(keys.acl(grant), _format.grant_record(grant))
             for grant in sorted(old_grants - new_grants, key=keys.acl):
                 write(keys.acl(grant), None)
-        for (topic, group), cursor in _changed(before.positions, after.positions):
+        for (topic, group), cursor in _changed_among(
+            before.positions, after.positions, named.positions
+        ):
             record = None if cursor is None else _format.position_record(topic, group, cursor)
             write(keys.position(topic, group), record)
         # What the changes rely on without changing it.
