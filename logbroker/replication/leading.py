@@ -28,6 +28,7 @@ from typing import Any
 
 import attrs
 from twisted.internet.defer import Deferred, fail, gatherResults, succeed
+from twisted.internet.interfaces import IDelayedCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -58,6 +59,11 @@ log = Logger()
 #: (sealed and the next segment opened, when it holds records): at 256, a node taking over
 #: 660 ranges did so in three waves, each waiting for the last one's seals.
 MAX_SWEEP_CLAIMS = 1024
+#: The most queued ranges the sweep starts claims of (or drops) in one reactor turn; the rest
+#: go on at the next. Claims that fail at once (the node lost its lease, the record changed)
+#: never fill ``MAX_SWEEP_CLAIMS``: at 40,000 ranges one pass over them all held a node's
+#: reactor for 2.8 s, its peer links unanswered, and its peers stopped leading with it.
+CLAIMS_PER_TURN = 256
 #: How often the sweep looks at every range. In between it looks only at the ranges that may
 #: have become this node's to claim: their records changed, this node stopped leading them, or
 #: their back-off ended; and at every range when the membership changed. At thousands of ranges,
@@ -252,6 +258,8 @@ class LeadRanges:
         self._to_claim: collections.deque[str] = collections.deque()
         #: Whether ``_claim_more`` runs now (a claim that ends at once re-enters it).
         self._pumping = False
+        #: The next reactor turn's go at the claims still queued (see ``_start_claims``).
+        self._next_turn: IDelayedCall | None = None
         ctx = claims.context
         #: What the sweep looks at: besides the ranges whose records changed, those this
         #: node stopped leading, and those whose back-off ended.
@@ -468,7 +476,12 @@ class LeadRanges:
         #: The ranges taken over from each dead primary: one log line for them all (a node
         #: takes over hundreds at once; each claim logs its own line once fenced).
         taken_over: collections.Counter[str] = collections.Counter()
+        looked_at = 0
         while self._to_claim and len(self._claiming) < MAX_SWEEP_CLAIMS:
+            if looked_at == CLAIMS_PER_TURN:
+                self._claim_next_turn()
+                break
+            looked_at += 1
             range_id = self._to_claim.popleft()
             # Decided when the sweep ran; the record may have changed since.
             if not self._should_claim(range_id):
@@ -484,6 +497,11 @@ class LeadRanges:
                 count=count,
                 primary=primary,
             )
+
+    def _claim_next_turn(self) -> None:
+        if self._next_turn is None or not self._next_turn.active():
+            clock = self._claims.context.clock
+            self._next_turn = clock.callLater(0, self._claim_more)
 
     def _may_claim(self, range_id: str) -> bool:
         backoff = self._backoff.get(range_id)
