@@ -135,21 +135,19 @@ class LogFiles:
         return reader
 
     def close_writer(self, segment: Segment) -> None:
-        writer = segment.writer
-        if writer is not None:
-            segment.writer = None
-            if self._open_files is not None:
-                self._open_files.forget((segment, "writer"))
-            writer.close()
+        self._close(segment, "writer")
 
     def close_all(self, segment: Segment) -> None:
-        self.close_writer(segment)
-        reader = segment.reader
-        if reader is not None:
-            segment.reader = None
+        self._close(segment, "writer")
+        self._close(segment, "reader")
+
+    def _close(self, segment: Segment, kind: str) -> None:
+        handle: _Closable | None = getattr(segment, kind)
+        if handle is not None:
+            setattr(segment, kind, None)
             if self._open_files is not None:
-                self._open_files.forget((segment, "reader"))
-            reader.close()
+                self._open_files.forget((segment, kind))
+            handle.close()
 
     def _release_writer(self, segment: Segment) -> AppendFile | None:
         if self.writer_in_use():
