@@ -16,8 +16,8 @@ from logbroker.storage._format import (
     Seal,
     iter_record_frames,
 )
-from logbroker.storage._fs import FileSystem, OsFileSystem, shared_sync_refusal
-from logbroker.storage._handles import OpenFiles, close_each
+from logbroker.storage._fs import FileSystem, OsFileSystem, close_each, shared_sync_refusal
+from logbroker.storage._handles import OpenFiles
 from logbroker.storage._segment import CopyState, IntegrityEvent, SegmentInfo, Verification
 from logbroker.storage.errors import (
     FencedError,

@@ -20,7 +20,6 @@ covered, and that log takes itself out of service, as after a failed fsync of it
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Sequence
 
 from twisted.internet.defer import Deferred
@@ -28,7 +27,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
-from logbroker.storage._fs import FileSystem, Syncable
+from logbroker.storage._fs import FileSystem, Syncable, close_each
 
 #: A file to flush, the flush's Deferred, when it was asked for, and whether to close the
 #: file once flushed.
@@ -105,8 +104,4 @@ def _sync_then_close(
     try:
         return fs.sync_files(files)
     finally:
-        for file in closing:
-            # Synced (or in doubt, which the flush reports) before: a failing close loses
-            # nothing more.
-            with contextlib.suppress(OSError):
-                file.close()
+        close_each(closing)

@@ -107,6 +107,18 @@ class FileSystem(Protocol):
         object lives; raise ``BlockingIOError`` if another process holds it."""
 
 
+class Closable(Protocol):
+    def close(self) -> None: ...
+
+
+def close_each(files: Sequence[Closable]) -> None:
+    """Close each of ``files`` (blocking: on a writer thread), whose writes were synced or are
+    in doubt already: a failing close loses nothing more, and stops none of the others."""
+    for file in files:
+        with contextlib.suppress(OSError):
+            file.close()
+
+
 def sync_each(files: Sequence[Syncable]) -> list[OSError | None]:
     """``FileSystem.sync_files`` by one fsync per file."""
     outcomes: list[OSError | None] = []

@@ -22,18 +22,11 @@ on the executor given, in one job per pass, off the reactor thread.
 
 from __future__ import annotations
 
-import contextlib
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Callable
 
-from logbroker.storage._fs import AppendFile, ReadFile
+from logbroker.storage._fs import AppendFile, Closable, ReadFile
 from logbroker.storage._segment import Segment
-
-
-class _Closable(Protocol):
-    def close(self) -> None: ...
-
 
 #: A handle's key: its segment and which of its two handles (``writer`` or ``reader``).
 _Key = tuple[Segment, str]
@@ -42,20 +35,20 @@ _Key = tuple[Segment, str]
 class OpenFiles:
     """The open segment files of a node's range logs, least recently used first."""
 
-    def __init__(self, budget: int, close: Callable[[list[_Closable]], object]) -> None:
+    def __init__(self, budget: int, close: Callable[[list[Closable]], object]) -> None:
         if budget < 1:
             raise ValueError(f"the budget of open files must be at least 1, not {budget}")
         self.budget = budget
         self._close = close
         #: Each open handle's key, and how to take the handle from its log (``None``: in use).
-        self._open: OrderedDict[_Key, Callable[[], _Closable | None]] = OrderedDict()
+        self._open: OrderedDict[_Key, Callable[[], Closable | None]] = OrderedDict()
         #: Handles closed to stay within the budget, since start.
         self.closed_for_budget = 0
 
     def __len__(self) -> int:
         return len(self._open)
 
-    def opened(self, key: _Key, release: Callable[[], _Closable | None]) -> None:
+    def opened(self, key: _Key, release: Callable[[], Closable | None]) -> None:
         """A handle was opened: the most recently used now. ``release`` takes it from its log
         if nothing is using it (and returns it, to be closed), else returns ``None``."""
         self._open[key] = release
@@ -74,7 +67,7 @@ class OpenFiles:
         over = len(self._open) - self.budget
         if over <= 0:
             return
-        closing: list[_Closable] = []
+        closing: list[Closable] = []
         # Each handle is looked at once per pass: one in use goes to the back of the line, as
         # does the one just opened, which its opener is about to use.
         for _ in range(len(self._open)):
@@ -91,14 +84,6 @@ class OpenFiles:
         if closing:
             self.closed_for_budget += len(closing)
             self._close(closing)
-
-
-def close_each(handles: Sequence[_Closable]) -> None:
-    """Close handles released for the budget (blocking: run on an executor). Each was idle
-    with its writes durable, so a failing close loses nothing."""
-    for handle in handles:
-        with contextlib.suppress(OSError):
-            handle.close()
 
 
 class LogFiles:
@@ -142,7 +127,7 @@ class LogFiles:
         self._close(segment, "reader")
 
     def _close(self, segment: Segment, kind: str) -> None:
-        handle: _Closable | None = getattr(segment, kind)
+        handle: Closable | None = getattr(segment, kind)
         if handle is not None:
             setattr(segment, kind, None)
             if self._open_files is not None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any
 
 from twisted.internet.defer import Deferred
@@ -152,3 +154,15 @@ def batch_positions(fs: MemoryFileSystem, path: str) -> list[tuple[int, int]]:
 
 def offsets(log: RangeLog, start: int = 0) -> list[int]:
     return [stored.offset for stored in log.read(start, max_records=10_000)]
+
+
+def descriptors_open_under(path: Path, suffix: str = "") -> int:
+    """How many of this process's file descriptors are open on files under ``path`` whose
+    names end with ``suffix``."""
+    count = 0
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):  # a descriptor closed meanwhile
+            target = fd.readlink()
+            if target.name.endswith(suffix) and target.is_relative_to(path):
+                count += 1
+    return count

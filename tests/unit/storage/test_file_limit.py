@@ -3,7 +3,6 @@ range logs room for, which a node holding more ranges than that stays within."""
 
 from __future__ import annotations
 
-import contextlib
 import resource
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from logbroker.service import StorageService
 from logbroker.storage import DataDirectory, LogConfig, OsFileSystem, RangeLog
 from logbroker.storage.file_limit import FileLimit, raise_file_limit
 from logbroker.testing import ImmediateExecutor
-from tests.unit.storage.helpers import record, result_of
+from tests.unit.storage.helpers import descriptors_open_under, record, result_of
 
 
 class _Limits:
@@ -91,23 +90,13 @@ async def test_a_node_holds_more_ranges_than_its_limit_leaves_files_for(tmp_path
             await log.append([record(100 + number)])
             # The writer threads close what the budget released: give them a moment.
             for _ in range(200):
-                if _segment_files_open(tmp_path) <= 6:
+                if descriptors_open_under(tmp_path, ".log") <= 6:
                     break
                 await deferLater(reactor, 0.01)
-            assert _segment_files_open(tmp_path) <= 6
+            assert descriptors_open_under(tmp_path, ".log") <= 6
         for number in range(12):
             values = [s.record.value for s in storage.logs[f"orders.{number}"].read(0)]
             assert values == [record(number).value, record(100 + number).value]
     finally:
         await storage.stopService()
-    assert _segment_files_open(tmp_path) == 0
-
-
-def _segment_files_open(path: Path) -> int:
-    count = 0
-    for fd in Path("/proc/self/fd").iterdir():
-        with contextlib.suppress(OSError):
-            target = fd.readlink()
-            if target.suffix == ".log" and target.is_relative_to(path):
-                count += 1
-    return count
+    assert descriptors_open_under(tmp_path, ".log") == 0

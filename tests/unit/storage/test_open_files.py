@@ -18,7 +18,7 @@ from logbroker.storage import (
     close_each,
 )
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
-from tests.unit.storage.helpers import record, result_of
+from tests.unit.storage.helpers import descriptors_open_under, record, result_of
 
 
 class _Handle:
@@ -149,17 +149,6 @@ def test_a_writer_whose_write_is_under_way_is_not_closed() -> None:
     assert len(fs.open_handles) == 1
 
 
-def _open_descriptors_under(path: Path) -> int:
-    count = 0
-    for fd in Path("/proc/self/fd").iterdir():
-        try:
-            if Path(fd.readlink()).is_relative_to(path):
-                count += 1
-        except OSError:
-            continue
-    return count
-
-
 def test_on_disk_a_node_writes_to_more_ranges_than_its_budget_of_descriptors(
     tmp_path: Path,
 ) -> None:
@@ -182,14 +171,14 @@ def test_on_disk_a_node_writes_to_more_ranges_than_its_budget_of_descriptors(
     for number, log in enumerate(logs):
         result_of(log.append([record(number)]))
     # The data directory's lock is one more descriptor under it.
-    assert _open_descriptors_under(tmp_path) <= 4 + 1
+    assert descriptors_open_under(tmp_path) <= 4 + 1
     for number, log in enumerate(logs):
         result_of(log.append([record(100 + number)]))
         assert [s.record.value for s in log.read(0)] == [
             record(number).value,
             record(100 + number).value,
         ]
-    assert _open_descriptors_under(tmp_path) <= 4 + 1
+    assert descriptors_open_under(tmp_path) <= 4 + 1
     for log in logs:
         result_of(log.close())
     reopened = RangeLog.recover(
