@@ -84,12 +84,15 @@ class StateControlPlane(ABC):
         at, not every range of the cluster."""
         if not self._segment_listeners:
             return
-        if old is None:
-            changed: Collection[str] = frozenset(new.segments)
+        before, after = old.segments if old is not None else None, new.segments
+        changed: Collection[str]
+        if before is None:
+            changed = frozenset(after)
+        elif touched is not None:
+            # A range dropped is among those named too: its records are gone from ``after``.
+            changed = {r for r in touched if before.get(r) is not after.get(r)}
         else:
-            before, after = old.segments, new.segments
-            looked_at = after.keys() if touched is None else touched
-            changed = {r for r in looked_at if before.get(r) is not after.get(r)}
+            changed = {r for r in after if before.get(r) is not after.get(r)}
             changed.update(r for r in before if r not in after)
         if changed:
             for listener in list(self._segment_listeners):

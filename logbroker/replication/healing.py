@@ -33,6 +33,7 @@ from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.logger import Logger
 
 from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.maintenance.slices import Slices
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.core import replica as rules
 from logbroker.replication.looks import RangesToLookAt
@@ -101,7 +102,9 @@ class Healer:
         # found anew, and the fetches queued.
         missing: set[SegmentKey] = set()
         self._queue = []
+        slices = Slices(ctx.clock)
         for range_id in self._looks.take(range_ids, self._unfinished):
+            await slices.next()
             metas = ctx.control.segments(range_id)
             # Most ranges have no segment sealed without this node: their copies are not read.
             behind = any(rules.left_behind(meta, ctx.node_id) for meta in metas)

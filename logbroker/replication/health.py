@@ -19,6 +19,7 @@ from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.logger import Logger
 
 from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.maintenance.slices import Slices
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.core.claims import live_quorum
 from logbroker.replication.healing import Healer, SegmentKey
@@ -66,6 +67,9 @@ def unavailable_ranges(
 
 #: How often a node asks the others what they lack (its count is as old as this, at most).
 REFRESH_SECONDS = 2.0
+#: The ranges counted between two looks at the clock (``Slices``): the count is a pass over
+#: every range of the cluster.
+_RANGES_AT_ONCE = 256
 
 
 class ReplicationHealth:
@@ -118,11 +122,16 @@ class ReplicationHealth:
                 # A node that cannot say is kept at what it said last.
                 missing[node] = self.missing.get(node, set())
         self.missing = missing
-        by_range = [ctx.control.segments(range_id) for range_id in range_ids]
-        segments = [meta for metas in by_range for meta in metas]
-        self.count = under_replicated(
-            segments, ctx.settings.replication_factor, ctx.is_live, missing
-        )
-        self.unavailable = unavailable_ranges(
-            (metas[-1] for metas in by_range if metas), ctx.settings.quorum, ctx.is_live
-        )
+        count = unavailable = 0
+        slices = Slices(ctx.clock)
+        for start in range(0, len(range_ids), _RANGES_AT_ONCE):
+            await slices.next()
+            by_range = [ctx.control.segments(r) for r in range_ids[start : start + _RANGES_AT_ONCE]]
+            segments = [meta for metas in by_range for meta in metas]
+            count += under_replicated(
+                segments, ctx.settings.replication_factor, ctx.is_live, missing
+            )
+            unavailable += unavailable_ranges(
+                (metas[-1] for metas in by_range if metas), ctx.settings.quorum, ctx.is_live
+            )
+        self.count, self.unavailable = count, unavailable

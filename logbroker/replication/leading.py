@@ -59,11 +59,14 @@ log = Logger()
 #: (sealed and the next segment opened, when it holds records): at 256, a node taking over
 #: 660 ranges did so in three waves, each waiting for the last one's seals.
 MAX_SWEEP_CLAIMS = 1024
-#: The most queued ranges the sweep starts claims of (or drops) in one reactor turn; the rest
-#: go on at the next. Claims that fail at once (the node lost its lease, the record changed)
-#: never fill ``MAX_SWEEP_CLAIMS``: at 40,000 ranges one pass over them all held a node's
-#: reactor for 2.8 s, its peer links unanswered, and its peers stopped leading with it.
+#: The most claims the sweep starts in one reactor turn; the rest go on at the next. Claims
+#: that fail at once (the node lost its lease, the record changed) never fill
+#: ``MAX_SWEEP_CLAIMS``: at 40,000 ranges one pass over them all held a node's reactor for
+#: 2.8 s, its peer links unanswered, and its peers stopped leading with it.
 CLAIMS_PER_TURN = 256
+#: The most queued ranges the sweep asks whether to claim in one reactor turn (most of them,
+#: in a pass over every range, are not to be claimed).
+LOOKS_PER_TURN = 2048
 #: How often the sweep looks at every range. In between it looks only at the ranges that may
 #: have become this node's to claim: their records changed, this node stopped leading them, or
 #: their back-off ended; and at every range when the membership changed. At thousands of ranges,
@@ -254,8 +257,10 @@ class LeadRanges:
         self._claiming: dict[str, list[Deferred[None]]] = {}
         #: Ranges whose last claim failed: not claimed again before ``until``.
         self._backoff: dict[str, _Backoff] = {}
-        #: Ranges the last sweep found to claim, not started yet.
+        #: Ranges the sweeps found to look at, not looked at yet (whether to claim each is
+        #: asked when its turn comes), and the same as a set.
         self._to_claim: collections.deque[str] = collections.deque()
+        self._queued: set[str] = set()
         #: Whether ``_claim_more`` runs now (a claim that ends at once re-enters it).
         self._pumping = False
         #: The next reactor turn's go at the claims still queued (see ``_start_claims``).
@@ -414,9 +419,14 @@ class LeadRanges:
         if not ctx.control_follows():
             self._looks.everything()
             return
-        queued = set(self._to_claim)
-        candidates = self._looks.take(range_ids, self._backoffs_ended)
-        self._to_claim.extend(r for r in candidates if r not in queued and self._should_claim(r))
+        # Whether to claim each is asked as the queue is worked through, a slice per reactor
+        # turn (``_start_claims``): a pass over every range (every five seconds, and whenever
+        # the membership changes) asked it of 40,000 ranges in one turn.
+        fresh = [
+            r for r in self._looks.take(range_ids, self._backoffs_ended) if r not in self._queued
+        ]
+        self._queued.update(fresh)
+        self._to_claim.extend(fresh)
         self._claim_more()
 
     def _backoffs_ended(self) -> Iterable[str]:
@@ -476,16 +486,17 @@ class LeadRanges:
         #: The ranges taken over from each dead primary: one log line for them all (a node
         #: takes over hundreds at once; each claim logs its own line once fenced).
         taken_over: collections.Counter[str] = collections.Counter()
-        looked_at = 0
+        started = looked_at = 0
         while self._to_claim and len(self._claiming) < MAX_SWEEP_CLAIMS:
-            if looked_at == CLAIMS_PER_TURN:
+            if started == CLAIMS_PER_TURN or looked_at == LOOKS_PER_TURN:
                 self._claim_next_turn()
                 break
             looked_at += 1
             range_id = self._to_claim.popleft()
-            # Decided when the sweep ran; the record may have changed since.
+            self._queued.discard(range_id)
             if not self._should_claim(range_id):
                 continue
+            started += 1
             meta = self._claims.active(range_id)
             assert meta is not None
             if meta.replicas[0] != self._claims.context.node_id:
@@ -523,6 +534,9 @@ class LeadRanges:
 
     def stop(self) -> None:
         """Stop leading every range (the node stops, or lost its lease)."""
+        # Claimed again from a pass over every range once the lease is back.
+        self._to_claim.clear()
+        self._queued.clear()
         for handle in self._handles.values():
             if handle.leader is not None and not handle.leader.stopped:
                 handle.leader.step_down(
