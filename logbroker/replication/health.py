@@ -85,6 +85,14 @@ class ReplicationHealth:
         #: Ranges that cannot be led now (``unavailable_ranges``), as last counted.
         self.unavailable: int | None = None
         self.missing: dict[str, set[SegmentKey]] = {}
+        #: What the last count was made from besides ``missing``: the live members, and
+        #: whether any segment record changed since (a count is a pass over every range).
+        self._counted_live: frozenset[str] | None = None
+        self._records_changed = True
+        context.control.watch_segments(self._segments_changed)
+
+    def _segments_changed(self, range_ids: object) -> None:
+        self._records_changed = True
 
     def serve(self, sender: str, payload: bytes) -> Deferred[bytes]:
         """The ``copy_health`` op: the sealed copies this node lacks, answered once its
@@ -121,7 +129,10 @@ class ReplicationHealth:
             else:
                 # A node that cannot say is kept at what it said last.
                 missing[node] = self.missing.get(node, set())
-        self.missing = missing
+        live = frozenset(node.node_id for node in ctx.live_nodes() if node.alive)
+        if missing == self.missing and live == self._counted_live and not self._records_changed:
+            return  # the count would come out the same
+        self.missing, self._counted_live, self._records_changed = missing, live, False
         count = unavailable = 0
         slices = Slices(ctx.clock)
         for start in range(0, len(range_ids), _RANGES_AT_ONCE):

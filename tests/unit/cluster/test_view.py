@@ -53,3 +53,41 @@ def test_a_cluster_view_shows_every_member_and_counts_domain_violations() -> Non
         assert status.lease_age_seconds == 0
     finally:
         cluster.stop()
+
+
+def test_the_view_reads_again_only_the_ranges_whose_records_changed() -> None:
+    control = started(MemoryFileSystem())
+    topic, ranges = make_topic("orders", ranges=40)
+    result_of(control.create_topic(topic, ranges))
+    for range_ in ranges:
+        meta = SegmentMeta(range_.range_id, 0, SegmentState.ACTIVE, None, None, ("n1",), 0)
+        result_of(control.put_segment(meta))
+    view = SingleNodeView("logbroker", record("n1"), control)
+    read: list[str] = []
+    segments = control.segments
+
+    def counted(range_id: str) -> list[SegmentMeta]:
+        read.append(range_id)
+        return segments(range_id)
+
+    control.segments = counted  # type: ignore[method-assign]
+    assert view.status().nodes[0].segments_led == 40
+    assert len(read) == 40
+
+    read.clear()
+    assert view.status().nodes[0].segments_led == 40
+    assert read == [], "nothing changed"
+
+    # One range's active segment moves to another node; another is sealed with nothing after.
+    moved = SegmentMeta("orders.3", 0, SegmentState.ACTIVE, None, None, ("n2", "n1"), 1)
+    result_of(control.put_segment(moved))
+    sealed = SegmentMeta("orders.5", 0, SegmentState.SEALED, 0, 0, ("n1",), 0)
+    result_of(control.put_segment(sealed))
+    assert view.status().nodes[0].segments_led == 38
+    assert sorted(read) == ["orders.3", "orders.5"]
+
+    # A range's segment record is deleted: it counts no more.
+    read.clear()
+    result_of(control.delete_segment("orders.7", 0))
+    assert view.status().nodes[0].segments_led == 37
+    assert read == ["orders.7"]

@@ -4,6 +4,7 @@ before its first count, and says what it lacks only once its healer has looked."
 
 from __future__ import annotations
 
+from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.healing import Healer
 from logbroker.replication.health import REFRESH_SECONDS, ReplicationHealth
@@ -78,3 +79,35 @@ def test_a_range_is_unavailable_while_its_active_segment_lacks_a_live_quorum() -
     world.settle()
     result_of(refreshed)
     assert a.unavailable == 0
+
+
+def test_a_count_with_nothing_changed_reads_no_range_again() -> None:
+    world = cluster()
+    append_each(world, world.lead("a", ROLL_BYTES), 30)
+    a, a_healer = _health(world, "a")
+    for node in "bc":
+        _health(world, node)[1].tick([RANGE])
+    a_healer.tick([RANGE])
+    world.settle()
+    result_of(a.refresh([RANGE]))
+    assert a.count == 0
+    read: list[str] = []
+    segments = world.control.segments
+
+    def counted(range_id: str) -> list[SegmentMeta]:
+        read.append(range_id)
+        return segments(range_id)
+
+    world.control.segments = counted  # type: ignore[method-assign]
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE]))
+    assert read == [], "what every node lacks, the members and the records are as they were"
+
+    # c goes down: counted again, every segment short of it.
+    world.peers.dead.add("c")
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE]))
+    assert read == [RANGE]
+    assert a.count == len(
+        [m for m in segments(RANGE) if m.record_count or m.state is SegmentState.ACTIVE]
+    )

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
+from twisted.logger import LogLevel, formatEvent, globalLogPublisher
 
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.keyspace import split_keyspace
@@ -24,6 +26,7 @@ from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.requester import Loopback
 from logbroker.peer.window import PeerError
 from logbroker.placement import PlacementNode, PlacementRule
+from logbroker.replication import leading
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.replication.leading import CLAIMS_PER_TURN, MAX_SWEEP_CLAIMS, LeadRanges
@@ -158,6 +161,60 @@ def test_the_sweep_claims_a_bounded_number_at_once_and_the_next_as_each_ends() -
     assert _claimed(control, range_ids) == 2 * MAX_SWEEP_CLAIMS
     clock.advance(ReplicationSettings(replication_factor=3).ack_timeout_seconds)
     assert _claimed(control, range_ids) == count
+
+
+class _HeldThenLost:
+    """Peers whose answers are held until their link is lost: then every request fails in one
+    reactor turn, as a peer link's window fails all it has in flight."""
+
+    def __init__(self) -> None:
+        self.asked: list[Deferred[bytes]] = []
+
+    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
+        self.asked.append(Deferred())
+        return self.asked[-1]
+
+    def lose_link(self) -> None:
+        asked, self.asked = self.asked, []
+        for request in asked:
+            request.errback(PeerError(PeerReason.UNREACHABLE, "the link was lost"))
+
+
+def test_claims_failing_together_start_the_next_at_the_next_turn_and_log_one_line(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The bounds made small, so that the test runs in a moment.
+    at_once, per_turn = 64, 16
+    monkeypatch.setattr(leading, "MAX_SWEEP_CLAIMS", at_once)
+    monkeypatch.setattr(leading, "CLAIMS_PER_TURN", per_turn)
+    count = at_once + 4 * per_turn
+    peers = _HeldThenLost()
+    lead, control, clock, range_ids = _first_for_many(count, {"a", "b", "c"}, peers)
+    lead.sweep(range_ids)
+    assert _claimed(control, range_ids) == per_turn
+    clock.advance(0)
+    assert _claimed(control, range_ids) == at_once
+    warned: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        text = formatEvent(event)
+        if event.get("log_level") is LogLevel.warn and text.startswith("Claiming"):
+            warned.append(text)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        # Each of the thousand claims failing started up to a turn's worth of others, which
+        # failed too, all in the same turn: a restarted node spent seconds in it.
+        peers.lose_link()
+        assert _claimed(control, range_ids) == at_once
+        clock.advance(0)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert _claimed(control, range_ids) == count
+    assert warned == [
+        f"Claiming {at_once} ranges failed, {range_ids[0]} first: {range_ids[0]}@0:"
+        " 1 of 3 replicas answered the fence, fewer than the quorum of 2"
+    ]
 
 
 def test_a_range_without_live_quorum_is_not_claimed_until_members_come_back() -> None:
