@@ -99,9 +99,13 @@ class Membership(MultiService):
         record: NodeRecord,
         clock: IReactorTime,
         lease_ttl_ms: int,
+        registers_after: Callable[[], Deferred[None]] = lambda: succeed(None),
     ) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self._store = store
+        self._registers_after = registers_after
+        #: Whether this node may register (``registers_after`` has fired).
+        self._may_register = False
         self._prefix = prefix
         self.record = record
         self._clock = clock
@@ -214,7 +218,16 @@ class Membership(MultiService):
     def startService(self) -> None:
         super().startService()  # type: ignore[no-untyped-call]
         self._follower.start()
-        self._register()
+        # A node registered is alive to the others, who at once send it what its copies lack
+        # and lead with it: it registers only once it can answer. At 40,000 ranges a node
+        # that registered while its control plane loaded (14 s without a turn of its reactor)
+        # lost its lease on the spot, and its peers their links to it.
+        self._registers_after().addCallback(self._may_register_now)
+
+    def _may_register_now(self, _: object) -> None:
+        self._may_register = True
+        if self.running:
+            self._register()
 
     def _cancel_expiry(self) -> None:
         if self._expiry is not None and self._expiry.active():
@@ -289,7 +302,8 @@ class Membership(MultiService):
 
     def _renew(self) -> Deferred[None] | None:
         if not self._lease:
-            self._register()
+            if self._may_register:
+                self._register()
             return None
         lease = self._lease
         sent = self._clock.seconds()

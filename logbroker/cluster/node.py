@@ -177,7 +177,12 @@ def build_cluster(
         version=__version__,
     )
     membership = Membership(
-        store, (prefix + "cluster/").encode(), record, reactor, cluster.node_lease_ms
+        store,
+        (prefix + "cluster/").encode(),
+        record,
+        reactor,
+        cluster.node_lease_ms,
+        registers_after=control.when_loaded,
     )
     identity = PeerIdentity(
         cluster.cluster_id, node_id, cluster_secret(config), mutual_tls=peer_tls is not None

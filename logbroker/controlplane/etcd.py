@@ -426,11 +426,20 @@ class EtcdControlPlane(StateControlPlane):
         self._closing = False
         self._closed = False
         self._close_waiters: list[Deferred[None]] = []
+        self._load_waiters: list[Deferred[None]] = []
 
     @property
     def loaded(self) -> bool:
         """Whether the cache has been loaded (``start`` has fired): reads work from then on."""
         return self._state is not None
+
+    def when_loaded(self) -> Deferred[None]:
+        """Fires once the cache has been loaded (at once if it has)."""
+        if self.loaded:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._load_waiters.append(waiter)
+        return waiter
 
     @property
     def following(self) -> bool:
@@ -471,6 +480,9 @@ class EtcdControlPlane(StateControlPlane):
         )
         self._view_replaced(before, self._state)
         self._wake()
+        waiters, self._load_waiters = self._load_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
 
     def _relative(self, key: bytes) -> str:
         return key[len(self._keys.prefix) :].decode()

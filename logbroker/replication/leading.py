@@ -23,6 +23,7 @@ resigns, so that a replica that reaches a quorum takes over.
 from __future__ import annotations
 
 import collections
+import weakref
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -88,8 +89,10 @@ class ReplicatedRange:
         copies: CommittedCopies,
         roll_bytes: int,
         on_not_leading: Callable[[str], None] = lambda range_id: None,
+        on_led: Callable[[SegmentLeader], None] = lambda leader: None,
     ) -> None:
         self._range_id = range_id
+        self._on_led = on_led
         self._log = range_log
         self._claims = claims
         self._copies = copies
@@ -131,6 +134,7 @@ class ReplicatedRange:
 
     def led_by(self, leader: SegmentLeader) -> None:
         self.leader = leader
+        self._on_led(leader)
         self.committed(leader.commit)
 
     def committed(self, _: int) -> None:
@@ -261,6 +265,14 @@ class LeadRanges:
         #: asked when its turn comes), and the same as a set.
         self._to_claim: collections.deque[str] = collections.deque()
         self._queued: set[str] = set()
+        #: The ranges whose claims the sweep started, taken over from each dead primary: one
+        #: log line for them all once every queued claim has started (a node takes over
+        #: thousands at once, a turn's worth at a time; each claim logs its own line once
+        #: fenced).
+        self._taken_over: collections.Counter[str] = collections.Counter()
+        #: The leaders made here, by replica set (weakly: a leader goes once its range's
+        #: handle has another, or none), for ``_check_quorums``.
+        self._leaders_by_set: dict[tuple[str, ...], weakref.WeakSet[SegmentLeader]] = {}
         #: Claims that failed since the last were reported: ``(range id, error)``.
         self._failed_claims: list[tuple[str, str]] = []
         #: The next reactor turn's go at the claims still queued (see ``_claim_more``).
@@ -350,6 +362,7 @@ class LeadRanges:
                     self._copies,
                     self._roll_bytes,
                     on_not_leading=self._looks.add,
+                    on_led=self._led,
                 )
             if handle.leader is not None:
                 handle.leader.step_down(
@@ -440,25 +453,28 @@ class LeadRanges:
             if not backoff.waiting_for_members and now >= backoff.until
         ]
 
+    def _led(self, leader: SegmentLeader) -> None:
+        self._leaders_by_set.setdefault(leader.replicas, weakref.WeakSet()).add(leader)
+
     def _check_quorums(self) -> None:
         """Ask every leader whether it still hears a quorum; only those whose replica set the
         peer links do not vouch for on their own: a link that heard from a replica lately
         answers for every leader of it (most of a node's thousands of leaders share a handful
-        of replica sets)."""
+        of replica sets, so the sets are looked at, not each leader)."""
         ctx = self._claims.context
         quorum = ctx.settings.quorum
-        vouched: dict[tuple[str, ...], bool] = {}
-        for handle in self._handles.values():
-            leader = handle.leader
-            if leader is None or leader.stopped:
+        for replicas, leaders in list(self._leaders_by_set.items()):
+            if not leaders:
+                del self._leaders_by_set[replicas]
                 continue
-            replicas = leader.replicas
-            heard = vouched.get(replicas)
-            if heard is None:
-                reached = 1 + sum(1 for node in replicas[1:] if ctx.heard_recently(node))
-                heard = vouched[replicas] = reached >= quorum
-            if not heard:
-                leader.check_quorum(ctx.heard_at)
+            reached = 1 + sum(1 for node in replicas[1:] if ctx.heard_recently(node))
+            if reached >= quorum:
+                continue
+            # In a stable order (a weak set's is its members' addresses'): the simulation
+            # replays a seed's run exactly.
+            for leader in sorted(leaders, key=lambda leader: (leader.range_id, leader.segment)):
+                if not leader.stopped:
+                    leader.check_quorum(ctx.heard_at)
 
     def _should_claim(self, range_id: str) -> bool:
         """Whether this node should claim the range now, unasked: it is first in the active
@@ -478,9 +494,7 @@ class LeadRanges:
         next starts (at the next reactor turn) as one ends. Claims a client asks for
         (``prepare``) go at once, ahead of these."""
         self._report_failed_claims()
-        #: The ranges taken over from each dead primary: one log line for them all (a node
-        #: takes over hundreds at once; each claim logs its own line once fenced).
-        taken_over: collections.Counter[str] = collections.Counter()
+        taken_over = self._taken_over
         started = looked_at = 0
         while self._to_claim and len(self._claiming) < MAX_SWEEP_CLAIMS:
             if started == CLAIMS_PER_TURN or looked_at == LOOKS_PER_TURN:
@@ -497,12 +511,15 @@ class LeadRanges:
             if meta.replicas[0] != self._claims.context.node_id:
                 taken_over[meta.replicas[0]] += 1
             self._claim(range_id).addErrback(self._claim_failed, range_id)
+        if self._to_claim:
+            return  # said once all are started
         for primary, count in sorted(taken_over.items()):
             log.info(
                 "Taking over {count} ranges whose primary, {primary}, is dead",
                 count=count,
                 primary=primary,
             )
+        taken_over.clear()
 
     def _claim_next_turn(self) -> None:
         if self._next_turn is None or not self._next_turn.active():
@@ -548,8 +565,14 @@ class LeadRanges:
         # Claimed again from a pass over every range once the lease is back.
         self._to_claim.clear()
         self._queued.clear()
-        for handle in self._handles.values():
-            if handle.leader is not None and not handle.leader.stopped:
-                handle.leader.step_down(
-                    BrokerError(Reason.UNREACHABLE, "this node stopped leading its ranges")
-                )
+        why = BrokerError(Reason.UNREACHABLE, "this node stopped leading its ranges")
+        leaders = [
+            handle.leader
+            for handle in self._handles.values()
+            if handle.leader is not None and not handle.leader.stopped
+        ]
+        if leaders:
+            # One line for them all, not one per leader: tens of thousands at scale.
+            log.info("No longer leading {count} ranges: {why}", count=len(leaders), why=str(why))
+        for leader in leaders:
+            leader.step_down(why, logged=True)

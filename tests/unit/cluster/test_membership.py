@@ -6,6 +6,7 @@ import json
 from collections.abc import Iterator
 
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from logbroker.cluster.membership import Membership, NodeRecord
@@ -66,6 +67,25 @@ def test_a_node_registers_under_a_lease_and_takes_the_chores(cluster: Cluster) -
     assert node.nodes()[0].record == record("n1")
     assert cluster.store.get(PREFIX + b"alive/n1") is not None
     assert cluster.events == [("n1", "regained")]
+
+
+def test_a_node_registers_only_once_it_may_and_not_at_its_keepalives_before(
+    cluster: Cluster,
+) -> None:
+    loaded: Deferred[None] = Deferred()
+    node = Membership(
+        cluster.store, PREFIX, record("n1"), cluster.clock, 3000, registers_after=lambda: loaded
+    )
+    cluster.nodes["n1"] = node
+    node.startService()
+    # Its control plane loads meanwhile: alive to no one, and to itself not a member yet.
+    cluster.advance(10)
+    assert not node.holds_lease
+    assert cluster.store.get(PREFIX + b"alive/n1") is None
+
+    loaded.callback(None)
+    assert node.holds_lease
+    assert alive(node) == {"n1": True}
 
 
 def test_nodes_see_each_other_and_exactly_one_holds_the_chores(cluster: Cluster) -> None:

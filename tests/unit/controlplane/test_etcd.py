@@ -682,3 +682,17 @@ def test_a_change_whose_watch_went_silent_fires_once_the_cache_is_reloaded(
     result_of(creating)
     assert control.user("alice") == make_user("alice")
     assert cluster.store.watch_count == 1  # following again, from the reloaded revision
+
+
+def test_when_loaded_fires_once_the_cache_is_loaded(cluster: Cluster) -> None:
+    control = EtcdControlPlane(cluster.store, prefix=PREFIX, clock=cluster.clock)
+    waiting = control.when_loaded()
+    cluster.store.hold()
+    started = control.start()
+    assert not waiting.called, "etcd has not answered the load yet"
+
+    cluster.store.release()
+    result_of(started)
+    cluster.nodes.append(control)
+    assert waiting.called
+    assert control.when_loaded().called
