@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from logbroker.cluster.view import ControlPlaneKind, MembershipView, SingleNodeView
 from logbroker.config import SpreadPolicy
-from logbroker.controlplane import SegmentMeta, SegmentState
+from logbroker.controlplane import LocalControlPlane, SegmentMeta, SegmentState
 from logbroker.placement import PlacementRule
 from logbroker.testing import MemoryFileSystem
 from tests.unit.cluster.test_membership import Cluster, record
@@ -12,13 +12,19 @@ from tests.unit.controlplane.helpers import make_topic, started
 from tests.unit.storage.helpers import result_of
 
 
-def test_a_single_node_is_a_cluster_of_one_leading_its_active_segments() -> None:
+def _led_by_n1(ranges: int) -> LocalControlPlane:
+    """A local control plane with a topic of ``ranges`` ranges, each active segment on n1."""
     control = started(MemoryFileSystem())
-    topic, ranges = make_topic("orders", ranges=2)
-    result_of(control.create_topic(topic, ranges))
-    for range_ in ranges:
+    topic, made = make_topic("orders", ranges=ranges)
+    result_of(control.create_topic(topic, made))
+    for range_ in made:
         meta = SegmentMeta(range_.range_id, 0, SegmentState.ACTIVE, None, None, ("n1",), 0)
         result_of(control.put_segment(meta))
+    return control
+
+
+def test_a_single_node_is_a_cluster_of_one_leading_its_active_segments() -> None:
+    control = _led_by_n1(2)
 
     status = SingleNodeView("logbroker", record("n1"), control).status()
 
@@ -56,12 +62,7 @@ def test_a_cluster_view_shows_every_member_and_counts_domain_violations() -> Non
 
 
 def test_the_view_reads_again_only_the_ranges_whose_records_changed() -> None:
-    control = started(MemoryFileSystem())
-    topic, ranges = make_topic("orders", ranges=40)
-    result_of(control.create_topic(topic, ranges))
-    for range_ in ranges:
-        meta = SegmentMeta(range_.range_id, 0, SegmentState.ACTIVE, None, None, ("n1",), 0)
-        result_of(control.put_segment(meta))
+    control = _led_by_n1(40)
     view = SingleNodeView("logbroker", record("n1"), control)
     read: list[str] = []
     segments = control.segments
