@@ -497,3 +497,32 @@ def test_the_leaders_waiting_for_a_dead_replica_log_it_once_between_them(clock: 
     assert [line for line in lines if "alive again:" in line] == [
         "c is alive again: 3 leaders here send it what it lacks"
     ]
+
+
+def test_leaders_are_told_a_node_is_back_a_share_at_each_sweep(clock: Clock) -> None:
+    replicas = Replicas()
+    parked = ParkedReplicas()
+    alive = {"a", "b"}
+    leaders = [_leader(clock, replicas, live=alive.__contains__, parked=parked)[0] for _ in "xyz"]
+    for leader in leaders:
+        leader.append(_records(1))
+    clock.advance(0)
+    replicas.answer("b")
+    for _, answer in replicas.to("c"):
+        answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+    alive.add("c")
+    logged: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(logged.append)
+    try:
+        parked.resume_live(alive.__contains__, at_most=2)
+        assert len(replicas.to("c")) == 3 + 2, "two of the three leaders sent c what it lacks"
+        assert parked.nodes() == ["c"]
+        parked.resume_live(alive.__contains__, at_most=2)
+        assert len(replicas.to("c")) == 3 + 3
+        assert parked.nodes() == []
+    finally:
+        globalLogPublisher.removeObserver(logged.append)
+    lines = [formatEvent(event) for event in logged]
+    assert [line for line in lines if "alive again:" in line] == [
+        "c is alive again: 3 leaders here send it what it lacks"
+    ]
