@@ -13,7 +13,7 @@ segment written is on the factor's number of nodes, whole.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
 from twisted.logger import Logger
@@ -91,7 +91,7 @@ class ReplicationHealth:
         self._records_changed = True
         context.control.watch_segments(self._segments_changed)
 
-    def _segments_changed(self, range_ids: object) -> None:
+    def _segments_changed(self, range_ids: Collection[str]) -> None:
         self._records_changed = True
 
     def serve(self, sender: str, payload: bytes) -> Deferred[bytes]:

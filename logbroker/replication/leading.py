@@ -562,9 +562,11 @@ class LeadRanges:
 
     def stop(self) -> None:
         """Stop leading every range (the node stops, or lost its lease)."""
-        # Claimed again from a pass over every range once the lease is back.
+        # Claimed again from a pass over every range once the lease is back (and the claims
+        # started before are not said to be taking anything over).
         self._to_claim.clear()
         self._queued.clear()
+        self._taken_over.clear()
         why = BrokerError(Reason.UNREACHABLE, "this node stopped leading its ranges")
         leaders = [
             handle.leader

@@ -467,21 +467,28 @@ def test_leaders_wait_for_a_dead_replica_without_retrying_and_resume_when_it_is_
     assert parked.nodes() == []
 
 
+def _three_leaders_parked_on_c(clock: Clock, replicas: Replicas, alive: set[str]) -> ParkedReplicas:
+    """Three leaders whose first append reached b, and whose send to c failed while c was
+    dead: each parks c."""
+    parked = ParkedReplicas()
+    leaders = [_leader(clock, replicas, live=alive.__contains__, parked=parked)[0] for _ in "xyz"]
+    for leader in leaders:
+        leader.append(_records(1))
+    clock.advance(0)
+    replicas.answer("b")
+    for _, answer in replicas.to("c"):
+        answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+    return parked
+
+
 def test_the_leaders_waiting_for_a_dead_replica_log_it_once_between_them(clock: Clock) -> None:
     # A survivor of a failover leads thousands of segments that all wait for the dead node.
     replicas = Replicas()
-    parked = ParkedReplicas()
     alive = {"a", "b"}
-    leaders = [_leader(clock, replicas, live=alive.__contains__, parked=parked)[0] for _ in "xyz"]
     logged: list[dict[str, Any]] = []
     globalLogPublisher.addObserver(logged.append)
     try:
-        for leader in leaders:
-            leader.append(_records(1))
-        clock.advance(0)
-        replicas.answer("b")
-        for _, answer in replicas.to("c"):
-            answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+        parked = _three_leaders_parked_on_c(clock, replicas, alive)
         alive.add("c")
         parked.resume_live(alive.__contains__)
     finally:
@@ -501,15 +508,8 @@ def test_the_leaders_waiting_for_a_dead_replica_log_it_once_between_them(clock: 
 
 def test_leaders_are_told_a_node_is_back_a_share_at_each_sweep(clock: Clock) -> None:
     replicas = Replicas()
-    parked = ParkedReplicas()
     alive = {"a", "b"}
-    leaders = [_leader(clock, replicas, live=alive.__contains__, parked=parked)[0] for _ in "xyz"]
-    for leader in leaders:
-        leader.append(_records(1))
-    clock.advance(0)
-    replicas.answer("b")
-    for _, answer in replicas.to("c"):
-        answer.errback(PeerError(PeerReason.UNREACHABLE, "no link to c"))
+    parked = _three_leaders_parked_on_c(clock, replicas, alive)
     alive.add("c")
     logged: list[dict[str, Any]] = []
     globalLogPublisher.addObserver(logged.append)
