@@ -20,8 +20,10 @@ are done (as with the local control plane), then queued. Changes go to etcd one 
 time, in order; a run of queued group commits shares one transaction (group commit, as the local
 control plane does), other changes go one per transaction. A transaction compares what its
 changes depend on: that new keys are absent, that the keys they change or delete and the ones
-they rely on (the range of a segment, the user of a grant, the topic of a group position) are
-at the revisions the cache holds. The writes are the difference between the cached state and the
+they rely on (the range of a new segment, the user of a grant, the topic of a group position)
+are at the revisions the cache holds. A change to a segment that exists compares only the
+segment's own key: a range record is never deleted (topics are not), so a segment still at the
+revision the cache holds has its range, and a transaction carries twice as many claims. The writes are the difference between the cached state and the
 state ``change.apply`` makes of it, so the rules live in one place (``_state``). A user's grants
 are deleted by prefix, so a grant racing with the deletion cannot outlive the user.
 
@@ -110,8 +112,8 @@ _V = TypeVar("_V")
 #: How often a change is tried when other nodes keep changing what it depends on.
 MAX_ATTEMPTS = 5
 #: The most keys one transaction compares: etcd takes at most 128 compares, and as many writes
-#: (``--max-txn-ops``). A group commit or a segment's record compares two keys (its own and its
-#: topic's or range's) and writes one.
+#: (``--max-txn-ops``). A group commit or a new segment's record compares two keys (its own and
+#: its topic's or range's) and writes one; a change to a segment that exists compares one.
 MAX_TXN_COMPARES = 128
 #: The changes that go out together when they are queued right behind one another: group
 #: commits, and segment records (a node back from an outage joins the replica sets of hundreds
@@ -242,9 +244,13 @@ def _batch_kind(change: Change) -> type | None:
 
 
 def _compares(change: Change) -> int:
-    """The most keys ``change`` compares (and writes), as a share of one transaction: two per
-    segment record or group commit."""
-    return 2 * max(1, len(_segment_puts(change)))
+    """The most keys ``change`` compares (and at least as many as it writes), as a share of one
+    transaction: two per group commit or new segment record, one per change to a segment record
+    it names as expected (a claim, a seal: the record exists, see ``_plan``)."""
+    puts = _segment_puts(change)
+    if not puts:
+        return 2
+    return sum(1 if isinstance(put.expected, SegmentMeta) else 2 for put in puts)
 
 
 def _landed(operations: Sequence[Operation], found: Mapping[bytes, KeyValue | None]) -> bool:
@@ -747,8 +753,10 @@ class EtcdControlPlane(StateControlPlane):
         compares: dict[bytes, Compare] = {}
         operations: list[Operation] = []
 
+        revisions = self._revisions
+
         def guard(key: bytes) -> None:
-            revision = self._revisions.get(key, 0)
+            revision = revisions.get(key, 0)
             compares[key] = Compare.unchanged(key, revision) if revision else Compare.absent(key)
 
         def write(key: bytes, record: dict[str, Any] | None) -> None:
@@ -791,7 +799,10 @@ class EtcdControlPlane(StateControlPlane):
         # What the changes rely on without changing it.
         for change in changes:
             for put in _segment_puts(change):
-                guard(keys.range(put.meta.range_id))
+                # A segment the store holds at the compared revision has its range (range
+                # records are never deleted); only a new one relies on the range's record.
+                if not revisions.get(keys.segment(put.meta.range_id, put.meta.base_offset)):
+                    guard(keys.range(put.meta.range_id))
             if isinstance(change, GrantAcl):
                 guard(keys.user(change.grant.user))
             elif isinstance(change, CommitGroupPosition):

@@ -351,10 +351,8 @@ def test_each_change_is_one_transaction_comparing_what_it_depends_on(cluster: Cl
         Compare.unchanged(range_key, range_revision.mod_revision),
     )
     assert [type(op) for op in created[1]] == [Put]
-    assert bumped[0] == (
-        Compare(segment, Target.MOD, Result.EQUAL, recorded.mod_revision),
-        Compare.unchanged(range_key, range_revision.mod_revision),
-    )
+    # A segment that exists is compared alone: at its revision, it has its range.
+    assert bumped[0] == (Compare(segment, Target.MOD, Result.EQUAL, recorded.mod_revision),)
     assert DeletePrefix(f"{PREFIX}acls/alice/".encode()) in deleted[1]
     # Nothing to write, nothing sent.
     result_of(a.grant_acl(AclGrant("nobody-else", "produce", "x")).addErrback(lambda _: None))
@@ -560,7 +558,7 @@ def test_segment_records_queued_together_go_out_together_and_one_refused_spares_
     a, b = cluster.node(), cluster.node()
     topic, ranges = make_topic("orders")
     result_of(a.create_topic(topic, ranges))
-    records = [sealed("orders.0", 10 * i, 10, 100) for i in range(100)]
+    records = [sealed("orders.0", 10 * i, 10, 100) for i in range(200)]
     for meta in records:
         result_of(a.put_segment(meta))
     before = len(cluster.store.transactions)
@@ -576,17 +574,19 @@ def test_segment_records_queued_together_go_out_together_and_one_refused_spares_
     cluster.store.release(1)
     cluster.store.release()
 
-    assert len(outcomes) == 100
+    assert len(outcomes) == 200
     refused = [i for i, outcome in enumerate(outcomes) if isinstance(outcome, Failure)]
     assert refused == [50]
     failure = outcomes[50]
     assert isinstance(failure, Failure)
     failure.trap(InvalidChangeError)
     assert b.segments("orders.0") == [rival if i == 50 else meta for i, meta in enumerate(joined)]
-    # a: the first alone, the rest 64 at a time; the first batch met b's change (its compare
-    # failed) and went again without the refused one. Not a hundred round trips.
-    sizes = [len(operations) for _, operations in cluster.store.transactions[before:]]
-    assert sizes == [1, 1, 64, 63, 35]
+    # a: the first alone, the rest 128 at a time (a change to a record that exists compares
+    # that record alone); the first batch met b's change (its compare failed) and went again
+    # without the refused one. Not two hundred round trips.
+    sent = cluster.store.transactions[before:]
+    assert [len(operations) for _, operations in sent] == [1, 1, 128, 127, 71]
+    assert [len(compares) for compares, _ in sent] == [1, 1, 128, 127, 71]
 
 
 def test_seals_with_their_next_openings_go_out_in_transactions_of_at_most_128_compares(
@@ -614,9 +614,10 @@ def test_seals_with_their_next_openings_go_out_in_transactions_of_at_most_128_co
         [m.state for m in a.segments(r.range_id)] == [SegmentState.SEALED, SegmentState.ACTIVE]
         for r in ranges
     )
-    # The first alone, then 32 at a time (each counted as four compares, two per record).
+    # The first alone, then 42 at a time: each compares three keys (the sealed record, the new
+    # one, and the new one's range).
     sizes = [len(operations) for _, operations in cluster.store.transactions[before:]]
-    assert sizes == [2, 2 * 32, 2 * 17]
+    assert sizes == [2, 2 * 42, 2 * 7]
     assert all(len(compares) <= 128 for compares, _ in cluster.store.transactions[before:])
 
 
