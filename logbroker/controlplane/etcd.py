@@ -17,15 +17,16 @@ compacted revision forces a full reload, never a silent gap.
 
 A change is checked at once against the state as it will be once the changes asked for before it
 are done (as with the local control plane), then queued. Changes go to etcd one transaction at a
-time, in order; a run of queued group commits shares one transaction (group commit, as the local
-control plane does), other changes go one per transaction. A transaction compares what its
-changes depend on: that new keys are absent, that the keys they change or delete and the ones
-they rely on (the range of a new segment, the user of a grant, the topic of a group position)
-are at the revisions the cache holds. A change to a segment that exists compares only the
-segment's own key: a range record is never deleted (topics are not), so a segment still at the
-revision the cache holds has its range, and a transaction carries twice as many claims. The writes are the difference between the cached state and the
-state ``change.apply`` makes of it, so the rules live in one place (``_state``). A user's grants
-are deleted by prefix, so a grant racing with the deletion cannot outlive the user.
+time, in order; a run of queued group commits, or of segment records, shares one transaction
+(group commit, as the local control plane does), other changes go one per transaction. A
+transaction compares what its changes depend on: that new keys are absent, that the keys they
+change or delete and the ones they rely on (the range of a new segment, the user of a grant, the
+topic of a group position) are at the revisions the cache holds. A change to a segment that
+exists compares only the segment's own key: a range record is never deleted (topics are not), so
+a segment still at the revision the cache holds has its range, and a transaction carries twice
+as many claims. The writes are the difference between the cached state and the state
+``change.apply`` makes of it, so the rules live in one place (``_state``). A user's grants are
+deleted by prefix, so a grant racing with the deletion cannot outlive the user.
 
 When a compare fails, another node got there first: the change waits until the cache has seen
 what the store holds for the compared keys, is applied again to that state (which may now raise

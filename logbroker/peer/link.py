@@ -131,10 +131,9 @@ class PeerSettings:
     #: Forwarded client requests this side may have waiting for answers on one connection,
     #: and as many internal ones (``logbroker.peer.window``).
     max_in_flight: int = attrs.field(default=256, validator=_positive)
-    #: Fences and seals this side may have waiting (``window.RESERVED_OPS``): data requests
-    #: that fill ``max_in_flight`` (a node leading thousands of ranges replicates to each peer
-    #: at once) must not fail the claims that let ranges be led at all. Claims are few at once
-    #: (``leading.MAX_SWEEP_CLAIMS``), so this is enough.
+    #: Fences and seals this side may have waiting (``window.RESERVED_OPS``), more held back
+    #: in order: data requests that fill ``max_in_flight`` (a node leading thousands of ranges
+    #: replicates to each peer at once) must not hold up the claims that let ranges be led.
     reserved_in_flight: int = attrs.field(default=256, validator=_positive)
     #: Bytes of requests this side holds back, unsent, while their lane's room is full: they
     #: go out in order as answers come. Past it a request is refused ``overloaded``. A node

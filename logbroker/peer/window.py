@@ -7,8 +7,12 @@ Requests go out in three lanes, each with its own room (requests waiting for ans
   passes to the one that serves the range or group): ``max_in_flight``, then held back in order.
 * **Internal** requests (replication, fetches, reads of committed records, digests):
   ``max_in_flight`` of their own, then held back in order.
-* **Claims'** fences and seals (``RESERVED_OPS``): ``reserved_in_flight``, never held back (past
-  it they are refused ``overloaded``); claims are few at once (``leading.MAX_SWEEP_CLAIMS``).
+* **Claims'** fences and seals (``RESERVED_OPS``): ``reserved_in_flight``, then held back in
+  order. A node taking over thousands of ranges runs a thousand claims at once
+  (``leading.MAX_SWEEP_CLAIMS``), each fencing every copy: refused ``overloaded`` past the room,
+  as they once were, two thirds of the claims of a 40,000-range failover failed their fence at
+  once (``bench/cluster_scale.py``), each an epoch spent and a retry after a back-off. A claim
+  gives up on a fence held back too long like on any other (its ack timeout cancels it).
 
 Why the lanes: serving a forwarded request can take requests of the serving node's own (its
 leader replicates the records to this node; a range not led yet is claimed first), while
@@ -59,8 +63,6 @@ class _Lane:
     name: str
     #: Requests of this lane that may wait for answers at once.
     room: int
-    #: Whether a request past ``room`` is held back (or refused).
-    holds_back: bool
     waiting: int = 0
     held: deque[_Request] = attrs.field(factory=deque)
 
@@ -89,9 +91,9 @@ class RequestWindow:
     ) -> None:
         self._send_frame = send
         self._max_queued_bytes = max_queued_bytes
-        self._forwarded = _Lane("forwarded", max_in_flight, holds_back=True)
-        self._internal = _Lane("internal", max_in_flight, holds_back=True)
-        self._claims = _Lane("claims", reserved_in_flight, holds_back=False)
+        self._forwarded = _Lane("forwarded", max_in_flight)
+        self._internal = _Lane("internal", max_in_flight)
+        self._claims = _Lane("claims", reserved_in_flight)
         #: Requests sent and waiting for answers, by correlation id.
         self._sent: dict[int, _Request] = {}
         self._held_bytes = 0
@@ -119,13 +121,6 @@ class RequestWindow:
         if lane.waiting < lane.room and not lane.held:
             self._send(request)
             return request.answer
-        if not lane.holds_back:
-            return fail(
-                PeerError(
-                    PeerReason.OVERLOADED,
-                    f"{lane.room} {lane.name} requests are waiting for node {peer!r} already",
-                )
-            )
         if self._held_bytes + len(payload) > self._max_queued_bytes:
             return fail(
                 PeerError(

@@ -12,7 +12,7 @@ from zope.interface import implementer
 @implementer(IServiceMaker, IPlugin)
 class _LogbrokerServiceMaker:
     tapname = "logbroker"
-    description = "An append-only log broker (single node; replication is not built yet)."
+    description = "A replicated, append-only log broker."
 
     @property
     def options(self) -> Any:

@@ -4,12 +4,15 @@ before its first count, and says what it lacks only once its healer has looked."
 
 from __future__ import annotations
 
-from logbroker.controlplane import SegmentMeta, SegmentState
+import attrs
+from twisted.internet.defer import succeed
+
+from logbroker.controlplane import Range, RangeState, SegmentMeta, SegmentState, Topic
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.healing import Healer
 from logbroker.replication.health import REFRESH_SECONDS, ReplicationHealth
 from logbroker.replication.replica import ReplicaServer
-from logbroker.replication.replica_codec import decode_missing
+from logbroker.replication.replica_codec import decode_missing, encode_missing
 from tests.unit.replication.harness import CONFIG, RANGE, Cluster, cluster
 from tests.unit.replication.test_healing import ROLL_BYTES, append_each
 from tests.unit.storage.helpers import MemoryLogs, result_of
@@ -109,5 +112,60 @@ def test_a_count_with_nothing_changed_reads_no_range_again() -> None:
     result_of(a.refresh([RANGE]))
     assert read == [RANGE]
     assert a.count == len(
+        [m for m in segments(RANGE) if m.record_count or m.state is SegmentState.ACTIVE]
+    )
+
+
+def test_a_count_after_a_change_reads_only_the_ranges_it_touched() -> None:
+    world = cluster()
+    append_each(world, world.lead("a", ROLL_BYTES), 30)
+    other = "s.0"
+    topic = Topic("s", 8, 0, (other,))
+    result_of(world.control.create_topic(topic, [Range(other, "s", 0, 256, RangeState.ACTIVE)]))
+    placed = SegmentMeta(other, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+    result_of(world.control.put_segment(placed))
+    a, a_healer = _health(world, "a")
+    for node in "bc":
+        _health(world, node)[1].tick([RANGE, other])
+    a_healer.tick([RANGE, other])
+    world.settle()
+    result_of(a.refresh([RANGE, other]))
+    assert (a.count, a.unavailable) == (0, 0)
+    read: list[str] = []
+    segments = world.control.segments
+
+    def counted(range_id: str) -> list[SegmentMeta]:
+        read.append(range_id)
+        return segments(range_id)
+
+    world.control.segments = counted  # type: ignore[method-assign]
+    # The other range's active segment placed short: only that range is read again, and the
+    # totals keep what the first range added.
+    short = attrs.evolve(placed, replicas=("a", "b"))
+    result_of(world.control.put_segment(short, expected=placed))
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE, other]))
+    assert read == [other]
+    assert (a.count, a.unavailable) == (1, 0)
+
+    # b says it lacks a sealed segment of the first range: that range alone is read again.
+    lacked = next(m for m in segments(RANGE) if m.record_count)
+    world.peers.ops["b"][PeerOp.COPY_HEALTH] = lambda sender, payload: succeed(
+        encode_missing([(RANGE, lacked.base_offset)])
+    )
+    read.clear()
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE, other]))
+    assert read == [RANGE]
+    assert (a.count, a.unavailable) == (2, 0)
+
+    # Both b and c down: every range is counted again, each short of them.
+    world.peers.dead.update({"b", "c"})
+    read.clear()
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE, other]))
+    assert sorted(read) == [RANGE, other]
+    assert a.unavailable == 2
+    assert a.count == 1 + len(
         [m for m in segments(RANGE) if m.record_count or m.state is SegmentState.ACTIVE]
     )
