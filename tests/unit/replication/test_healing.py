@@ -187,3 +187,31 @@ def test_between_full_looks_the_replica_sets_tick_reads_only_ranges_whose_record
     assert tick() == []
     world.clock.advance(REPLICA_SETS_FULL_LOOK_SECONDS)
     assert tick() == [RANGE], "every range now and then"
+
+
+def test_a_node_without_the_chores_reads_no_range_and_still_rolls_its_weak_sets() -> None:
+    world = cluster("abcd")
+    lead = world.lead("a", ROLL_BYTES)
+    chores = [False]
+    _, tick = _counted_ticks(
+        world, "a", lambda context: ReplicaSets(context, lead, 60.0, lambda: chores[0])
+    )
+
+    assert tick() == [], "another node decides for the sealed segments"
+    world.clock.advance(1)
+    append_each(world, lead, 12)
+    assert tick() == []
+
+    # c is away for longer than replace_after: a's active segment names it, and is rolled onto
+    # the live nodes (d takes c's place) by a's own look at the replica sets it leads.
+    world.peers.dead.add("c")
+    assert tick() == []
+    world.clock.advance(61)
+    assert tick() == []
+    world.settle()
+    active = world.control.segments(RANGE)[-1]
+    assert set(active.replicas) == {"a", "b", "d"}
+
+    # Given the chores, it looks at every range at once.
+    chores[0] = True
+    assert tick() == [RANGE]
