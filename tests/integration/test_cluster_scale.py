@@ -4,11 +4,12 @@ the two others soon after, and signing in must never stall meanwhile.
 
 The issue's targets on such a cluster are every topic writable within 10 s of the kill and no
 sign-in slower than 1 s. On this project's two-core machines, with the three brokers, the three
-etcd members and this test sharing the cores, ``bench/cluster_scale.py`` measures 13-15 s and
-0.6-1.0 s (``bench/RESULTS.md``, with what limits them). The bounds here leave room for a
-loaded CI runner over that; what they catch is the kind of failover this cluster had before
-(minutes with nothing writable, sign-ins timing out). The probe, the sign-ins and the
-pipelined set-up are the benchmark's own (``bench/cluster_scale.py``).
+etcd members and this test sharing the cores, ``bench/cluster_scale.py`` measures 4-6 s and
+0.1-0.3 s on a fast day, up to about twice that on a slow one (``bench/RESULTS.md``, with what
+limits them). The bounds here are the targets with half as much again for a loaded CI runner;
+what they catch is the kind of failover this cluster had before (minutes with nothing writable,
+sign-ins timing out). The probe, the sign-ins and the pipelined set-up are the benchmark's own
+(``bench/cluster_scale.py``).
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ scale = load_bench_script("cluster_scale")
 TOPICS = 1000
 WRITTEN = 400
 #: The longest the test lets the failover take, and any sign-in meanwhile (see above).
-WRITABLE_WITHIN_SECONDS = 25.0
-SIGN_IN_WITHIN_SECONDS = 2.0
+WRITABLE_WITHIN_SECONDS = 15.0
+SIGN_IN_WITHIN_SECONDS = 1.5
 #: The probe's requests in flight through each survivor (the benchmark's default).
 PROBE_IN_FLIGHT = 8
 
