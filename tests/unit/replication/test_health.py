@@ -25,6 +25,27 @@ def _health(world: Cluster, node: str) -> tuple[ReplicationHealth, Healer]:
     return health, healer
 
 
+def _counted_once(world: Cluster, ranges: list[str]) -> tuple[ReplicationHealth, list[str]]:
+    """``a``'s count, once every node's healer has looked at ``ranges`` and ``a`` has counted
+    them (nothing under-replicated); and the ranges whose segments are read from then on."""
+    a, a_healer = _health(world, "a")
+    for node in "bc":
+        _health(world, node)[1].tick(ranges)
+    a_healer.tick(ranges)
+    world.settle()
+    result_of(a.refresh(ranges))
+    assert a.count == 0
+    read: list[str] = []
+    segments = world.control.segments
+
+    def counted(range_id: str) -> list[SegmentMeta]:
+        read.append(range_id)
+        return segments(range_id)
+
+    world.control.segments = counted  # type: ignore[method-assign]
+    return a, read
+
+
 def test_the_count_follows_a_node_away_and_back_and_is_unknown_before_the_first() -> None:
     world = cluster()
     append_each(world, world.lead("a", ROLL_BYTES), 30)
@@ -87,21 +108,8 @@ def test_a_range_is_unavailable_while_its_active_segment_lacks_a_live_quorum() -
 def test_a_count_with_nothing_changed_reads_no_range_again() -> None:
     world = cluster()
     append_each(world, world.lead("a", ROLL_BYTES), 30)
-    a, a_healer = _health(world, "a")
-    for node in "bc":
-        _health(world, node)[1].tick([RANGE])
-    a_healer.tick([RANGE])
-    world.settle()
-    result_of(a.refresh([RANGE]))
-    assert a.count == 0
-    read: list[str] = []
+    a, read = _counted_once(world, [RANGE])
     segments = world.control.segments
-
-    def counted(range_id: str) -> list[SegmentMeta]:
-        read.append(range_id)
-        return segments(range_id)
-
-    world.control.segments = counted  # type: ignore[method-assign]
     world.clock.advance(REFRESH_SECONDS)
     result_of(a.refresh([RANGE]))
     assert read == [], "what every node lacks, the members and the records are as they were"
@@ -124,21 +132,9 @@ def test_a_count_after_a_change_reads_only_the_ranges_it_touched() -> None:
     result_of(world.control.create_topic(topic, [Range(other, "s", 0, 256, RangeState.ACTIVE)]))
     placed = SegmentMeta(other, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
     result_of(world.control.put_segment(placed))
-    a, a_healer = _health(world, "a")
-    for node in "bc":
-        _health(world, node)[1].tick([RANGE, other])
-    a_healer.tick([RANGE, other])
-    world.settle()
-    result_of(a.refresh([RANGE, other]))
-    assert (a.count, a.unavailable) == (0, 0)
-    read: list[str] = []
+    a, read = _counted_once(world, [RANGE, other])
+    assert a.unavailable == 0
     segments = world.control.segments
-
-    def counted(range_id: str) -> list[SegmentMeta]:
-        read.append(range_id)
-        return segments(range_id)
-
-    world.control.segments = counted  # type: ignore[method-assign]
     # The other range's active segment placed short: only that range is read again, and the
     # totals keep what the first range added.
     short = attrs.evolve(placed, replicas=("a", "b"))
