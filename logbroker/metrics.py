@@ -176,12 +176,13 @@ class Metrics:
             ["result"],
             registry=r,
         )
-        # Shown at 0 until the scrub exists (the spec's alerts watch ``verified`` advance).
-        _children(self._scrub_segments, SCRUB_RESULTS)
-        # 0 until the scrub is built: the "scrub stalled" alert keys on it being 1.
-        Gauge(
+        # Every result shown from the start (the spec's alerts watch ``verified`` advance).
+        self._scrub = _children(self._scrub_segments, SCRUB_RESULTS)
+        # The "scrub stalled" alert keys on it being 1.
+        self._scrub_enabled = Gauge(
             "svc_scrub_enabled",
-            "1 while the integrity scrub runs on this node (SVC_SCRUB_ENABLED and built).",
+            "1 while the integrity scrub runs on this node (SVC_SCRUB_ENABLED, on a node that"
+            " scrubs).",
             registry=r,
         )
         self._flush_records = Histogram(
@@ -364,6 +365,14 @@ class Metrics:
             self._integrity[event.reason.value].inc()
         if event.sealed:
             self._sealed_integrity[event.reason.value].inc()
+
+    def scrub_running(self, running: bool) -> None:
+        """The integrity scrub started (or stopped) on this node."""
+        self._scrub_enabled.set(1 if running else 0)
+
+    def scrub_checked(self, result: str) -> None:
+        """The scrub checked a sealed segment: ``verified``, ``repaired`` or ``unrepairable``."""
+        self._scrub[result].inc()
 
     def flushed(self, flush: Flush) -> None:
         """A range log's ``on_flushed`` hook."""

@@ -59,6 +59,7 @@ from logbroker.controlplane import ControlPlane, ControlPlaneAccessError
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
+from logbroker.maintenance.scrub import Scrubber, ScrubTask
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.node_modes import ClusterMember, NodeMode, SingleNode, port_number
 from logbroker.security import UserDirectory, seed_accounts
@@ -656,6 +657,11 @@ def build_service(
         now=False,
     )
     _add(root, lag, "reactor-lag")
+    if config.scrub.enabled and config.cluster.control_plane is not ControlPlaneKind.ETCD:
+        # One node's scrub; a cluster's waits for repair from replicas (``logbroker.config``
+        # says so at boot).
+        scrubber = Scrubber(storage.logs, control, config.scrub.segments_per_tick, metrics)
+        _add(root, ScrubTask(scrubber, config.scrub.interval_ms / 1000, reactor, metrics), "scrub")
 
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.

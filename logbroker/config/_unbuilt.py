@@ -28,10 +28,11 @@ def check_built(config: BrokerConfig) -> list[str]:
                 "SVC_LOG_REPLICATION_FACTOR=1: each range has one copy, so a node that is down"
                 " takes its ranges with it until it returns; set 3 to survive the loss of a node"
             )
-    if config.scrub.enabled:
+    if config.scrub.enabled and cluster.control_plane is ControlPlane.ETCD:
         warnings.append(
-            "SVC_SCRUB_ENABLED is true, but the integrity scrub is not built in this version:"
-            " no sealed segment is verified in the background (svc_scrub_enabled reads 0)"
+            "SVC_SCRUB_ENABLED is true, but the integrity scrub of a cluster node (with repair"
+            " from the other replicas) is not built in this version: no sealed segment is"
+            " verified in the background (svc_scrub_enabled reads 0). A single node scrubs."
         )
     retention = config.retention
     for variable, value in (

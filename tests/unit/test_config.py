@@ -707,11 +707,16 @@ def test_a_cluster_node_warns_what_of_the_cluster_is_not_built_yet() -> None:
     assert cluster.startswith("SVC_LOG_REPLICATION_FACTOR=1: each range has one copy")
 
 
-def test_the_scrub_warns_that_it_is_not_built_unless_turned_off() -> None:
-    [warning] = check_built(parse({}))
-    assert warning.startswith("SVC_SCRUB_ENABLED is true, but the integrity scrub is not built")
+def test_a_cluster_node_s_scrub_warns_that_it_is_not_built_unless_turned_off() -> None:
+    # A single node scrubs (``logbroker.maintenance.scrub``): nothing to warn of.
+    assert check_built(parse({})) == []
+    cluster = {"SVC_CONTROL_PLANE": "etcd://e:2379", "SVC_LOG_REPLICATION_FACTOR": "3"}
 
-    assert check_built(parse({"SVC_SCRUB_ENABLED": "false"})) == []
+    [warning] = check_built(parse(cluster))
+    assert warning.startswith(
+        "SVC_SCRUB_ENABLED is true, but the integrity scrub of a cluster node"
+    )
+    assert check_built(parse({**cluster, "SVC_SCRUB_ENABLED": "false"})) == []
 
 
 def test_each_retention_limit_set_warns_that_it_is_not_in_effect() -> None:

@@ -1,0 +1,191 @@
+"""The integrity scrub (the spec's "Integrity scrub", rules 1 and 6): every
+``SVC_SCRUB_INTERVAL_MS`` a node verifies ``SVC_SCRUB_SEGMENTS_PER_TICK`` of its own sealed
+segments, in rotation, so that every sealed copy is read back now and then, not only when a
+client happens to fetch it.
+
+A check reads every record's checksum and the sealed size and count the segment's own seal
+marker recorded (``RangeLog.verify_segment``, on a storage thread: the reactor only waits), then
+compares the count and size with what the control plane recorded at sealing. Outcomes are
+counted in ``svc_storage_scrub_segments_total{result}``; the damage itself is counted by the
+range log, once per segment, in ``svc_storage_integrity_failures_total{reason}``.
+
+On a single node there is no other copy to repair from: every finding is ``unrepairable`` and
+logged loudly, naming the segment and the byte position, at each check (the count never
+clears by itself; the spec's alert pages on it). Repair from a cluster's replicas is not built
+yet, so a cluster node does not scrub (``logbroker.config`` says so at boot).
+
+``ScrubRotation`` (no I/O) picks what to check next; ``Scrubber`` carries it out.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from logbroker.controlplane import ControlPlane, SegmentState
+from logbroker.maintenance.periodic import PeriodicTask, TaskMetrics
+from logbroker.storage import CopyState, DamageReason, IntegrityEvent, RangeLog, StorageError
+
+log = Logger()
+
+#: A sealed segment: its range and base offset.
+SegmentKey = tuple[str, int]
+
+
+@attrs.define
+class ScrubRotation:
+    """Which sealed segments a scrub checks next: the ones after the last checked, in key
+    order, wrapping around at the end. A segment added behind the rotation's place waits for
+    the next cycle; one removed is skipped. ``cycles`` counts the passes that reached the end."""
+
+    _last: SegmentKey | None = None
+    cycles: int = 0
+
+    def next(self, available: Sequence[SegmentKey], count: int) -> list[SegmentKey]:
+        """Up to ``count`` of ``available`` (sorted, distinct) to check now, none twice."""
+        total = len(available)
+        if not total:
+            return []
+        index = 0 if self._last is None else bisect.bisect_right(available, self._last)
+        if index >= total:
+            index = 0
+        chosen = []
+        for _ in range(min(count, total)):
+            chosen.append(available[index])
+            if index == total - 1:
+                self.cycles += 1
+                index = 0
+            else:
+                index += 1
+        self._last = chosen[-1]
+        return chosen
+
+
+class ScrubMetrics(TaskMetrics, Protocol):
+    def scrub_running(self, running: bool) -> None:
+        """The scrub started (or stopped) on this node: ``svc_scrub_enabled``."""
+
+    def scrub_checked(self, result: str) -> None:
+        """A check's result: ``verified``, ``repaired`` or ``unrepairable``."""
+
+    def integrity_event(self, event: IntegrityEvent) -> None:
+        """A copy whose count or size differs from the control plane's record (the range log
+        reports damage in its bytes itself)."""
+
+
+class Scrubber:
+    """Checks a node's sealed segments in rotation (``tick``, run by a ``ScrubTask``)."""
+
+    def __init__(
+        self,
+        logs: Mapping[str, RangeLog],
+        control: ControlPlane,
+        segments_per_tick: int,
+        metrics: ScrubMetrics,
+    ) -> None:
+        self._logs = logs
+        self._control = control
+        self._segments_per_tick = segments_per_tick
+        self._metrics = metrics
+        self.rotation = ScrubRotation()
+
+    def tick(self) -> Deferred[None]:
+        return Deferred.fromCoroutine(self._tick())
+
+    def sealed_segments(self) -> list[SegmentKey]:
+        """Every sealed segment this node holds, sorted."""
+        return sorted(
+            (range_id, info.base_offset)
+            for range_id, range_log in self._logs.items()
+            for info in range_log.segments()
+            if info.state is CopyState.SEALED
+        )
+
+    async def _tick(self) -> None:
+        for range_id, base in self.rotation.next(self.sealed_segments(), self._segments_per_tick):
+            await self._check(range_id, base)
+
+    async def _check(self, range_id: str, base: int) -> None:
+        range_log = self._logs.get(range_id)
+        if range_log is None or range_log.segment(base) is None:
+            return  # deleted since it was listed
+        try:
+            verification = await range_log.verify_segment(base)
+        except StorageError as error:
+            log.warn(
+                "Scrub: could not check {range_id}@{segment}: {error}",
+                range_id=range_id,
+                segment=base,
+                error=str(error),
+            )
+            return
+        where = f"{range_id}@{base}"
+        if verification.damage is not None:
+            self._unrepairable(
+                where,
+                verification.damage.position,
+                f"its bytes fail verification ({verification.damage.reason.value})",
+            )
+            return
+        recorded = next(
+            (m for m in self._control.segments(range_id) if m.base_offset == base), None
+        )
+        if (
+            recorded is not None
+            and recorded.state is SegmentState.SEALED
+            and (recorded.record_count, recorded.byte_size)
+            != (verification.record_count, verification.byte_size)
+        ):
+            self._metrics.integrity_event(
+                IntegrityEvent(
+                    DamageReason.SIZE,
+                    range_log.directory,
+                    base,
+                    min(verification.byte_size, recorded.byte_size or 0),
+                    True,
+                )
+            )
+            self._unrepairable(
+                where,
+                min(verification.byte_size, recorded.byte_size or 0),
+                f"it holds {verification.record_count} records in {verification.byte_size}"
+                f" bytes, and the control plane recorded {recorded.record_count} records in"
+                f" {recorded.byte_size} bytes at sealing",
+            )
+            return
+        self._metrics.scrub_checked("verified")
+
+    def _unrepairable(self, where: str, position: int, why: str) -> None:
+        self._metrics.scrub_checked("unrepairable")
+        log.error(
+            "Scrub: sealed segment {segment} is damaged at byte {position}: {why}. No other"
+            " copy to repair it from: unrepairable; its frames stay on disk for salvage",
+            segment=where,
+            position=position,
+            why=why,
+        )
+
+
+class ScrubTask(PeriodicTask):
+    """The scrub's periodic task: a check of the next segments every ``interval`` seconds,
+    the first one interval after the start; ``svc_scrub_enabled`` is 1 while it runs."""
+
+    def __init__(
+        self, scrubber: Scrubber, interval: float, clock: IReactorTime, metrics: ScrubMetrics
+    ) -> None:
+        super().__init__("scrub", interval, scrubber.tick, clock, metrics=metrics, now=False)
+        self._scrub_metrics = metrics
+
+    def startService(self) -> None:
+        super().startService()
+        self._scrub_metrics.scrub_running(True)
+
+    def stopService(self) -> Deferred[None]:
+        self._scrub_metrics.scrub_running(False)
+        return super().stopService()
