@@ -5,22 +5,19 @@ go by, not sitting at 0."""
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
-from tests.cluster import BrokerCluster, Node, running_cluster
+from tests.cluster import BrokerCluster, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
+from tests.integration.twistd import scrape
 
 pytestmark = pytest.mark.integration
 
 __all__ = ["etcd_cluster"]
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
 @pytest.fixture(scope="module")
@@ -28,19 +25,6 @@ def cluster(
     tmp_path_factory: pytest.TempPathFactory, etcd_cluster: EtcdCluster
 ) -> Iterator[BrokerCluster]:
     yield from running_cluster(tmp_path_factory.mktemp("cluster"), etcd_cluster)
-
-
-def scrape(node: Node) -> Samples:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{node.dashboard_port}/metrics", headers={"Accept": "text/plain"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def test_a_node_counts_its_peer_links_bytes_and_etcd_requests(cluster: BrokerCluster) -> None:
@@ -62,7 +46,7 @@ def test_a_node_counts_its_peer_links_bytes_and_etcd_requests(cluster: BrokerClu
     ]
     deadline = time.monotonic() + 30
     while True:
-        samples = scrape(n1)
+        samples = scrape(n1.dashboard_port)
         wrong = {key: samples[key] for key in counted if not samples[key] > 0}
         if samples[connections] != 4:
             wrong[connections] = samples[connections]

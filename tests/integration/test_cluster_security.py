@@ -10,18 +10,17 @@ import contextlib
 import socket
 import ssl
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
 from tests.certificates import Issued, issue, make_ca, write
 from tests.cluster import BrokerCluster, Node
 from tests.etcd import EtcdCluster, secured_etcd_cluster
+from tests.integration.twistd import Samples, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -75,23 +74,15 @@ def cluster(
         made.stop()
 
 
-def scrape(node: Node) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+def scrape_tls(node: Node) -> Samples:
     """The node's ``/metrics``: HTTPS, since the node has TLS on."""
-    context = ssl.create_default_context(cadata=CLUSTER_CA.cert_pem.decode())
-    request = urllib.request.Request(
-        f"https://127.0.0.1:{node.dashboard_port}/metrics", headers={"Accept": "text/plain"}
+    return scrape(
+        node.dashboard_port, ssl.create_default_context(cadata=CLUSTER_CA.cert_pem.decode())
     )
-    with urllib.request.urlopen(request, timeout=30, context=context) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def refused(node: Node, reason: str) -> float:
-    return scrape(node)[("svc_peer_connections_refused_total", (("reason", reason),))]
+    return scrape_tls(node)[("svc_peer_connections_refused_total", (("reason", reason),))]
 
 
 def eventually(check: object, seconds: float = 30.0) -> None:
@@ -114,7 +105,7 @@ def test_the_nodes_replicate_over_mutual_tls(cluster: BrokerCluster) -> None:
 
     def linked() -> None:
         for node in cluster.nodes:
-            assert scrape(node)[("svc_peer_connections", ())] == 4
+            assert scrape_tls(node)[("svc_peer_connections", ())] == 4
 
     eventually(linked)
     records = [Record(b"value-%d" % i, key=b"key-%d" % i) for i in range(30)]

@@ -6,33 +6,16 @@ the checksum failure counted, and a log line naming the segment and the byte pos
 from __future__ import annotations
 
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
-from tests.integration.twistd import RunningBroker, running_broker
+from tests.integration.twistd import RunningBroker, Samples, running_broker, scrape
 
 pytestmark = pytest.mark.integration
-
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(broker: RunningBroker) -> Samples:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{broker.dashboard_port}/metrics", headers={"Accept": "text/plain"}
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
-        text = response.read().decode()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
 
 
 def scrubbed(samples: Samples, result: str) -> float:
@@ -44,7 +27,7 @@ def wait_for(
 ) -> Samples:
     deadline = time.monotonic() + seconds
     while True:
-        samples = scrape(broker)
+        samples = scrape(broker.dashboard_port)
         if done(samples):
             return samples
         assert time.monotonic() < deadline, samples

@@ -5,18 +5,40 @@ from __future__ import annotations
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
 import attrs
+from prometheus_client.parser import text_string_to_metric_families
 
 TWISTD = str(Path(sys.executable).with_name("twistd"))
 _LISTENING = re.compile(r"listening for clients on (\S+):(\d+)")
 _DASHBOARD = re.compile(r"Dashboard listening on (\S+):(\d+)")
+
+
+#: A ``/metrics`` exposition parsed back: (name, labels) -> value.
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(dashboard_port: int, context: ssl.SSLContext | None = None) -> Samples:
+    """A broker's ``/metrics`` as Prometheus reads it (HTTPS when given a ``context``)."""
+    scheme = "http" if context is None else "https"
+    request = urllib.request.Request(
+        f"{scheme}://127.0.0.1:{dashboard_port}/metrics", headers={"Accept": "text/plain"}
+    )
+    with urllib.request.urlopen(request, timeout=30, context=context) as response:
+        text = response.read().decode()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
 
 
 def broker_env(settings: Mapping[str, str]) -> dict[str, str]:
