@@ -156,7 +156,11 @@ def test_storage_recovery_reports_to_the_metrics_the_tree_exposes(
     lag = root.getServiceNamed("reactor-lag")
     assert isinstance(lag, PeriodicTask)
     assert lag.task_name == "reactor_lag"
-    assert snapshot.periodic_task_failures == {"reactor_lag": 0, "rate_limit_cleanup": 0}
+    assert snapshot.periodic_task_failures == {
+        "reactor_lag": 0,
+        "scrub": 0,
+        "rate_limit_cleanup": 0,
+    }
 
 
 class StubFactory:
@@ -297,7 +301,16 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
 
     common_head = ["StopOnSigterm", "storage", "control-plane"]
     common_tail = ["reactor-lag", "auth-threads"]
-    assert trees[0] == [*common_head, *common_tail, "rate-limit-cleanup", "dashboard", "clients"]
+    # A single node scrubs its sealed segments; a cluster member does not scrub yet.
+    assert trees[0] == [
+        *common_head,
+        "reactor-lag",
+        "scrub",
+        "auth-threads",
+        "rate-limit-cleanup",
+        "dashboard",
+        "clients",
+    ]
     # A member leaves the cluster before its control plane flushes, keeps sessions shared until
     # its listeners are closed, and closes its peer port before its dashboard.
     assert trees[1] == [
