@@ -4,7 +4,7 @@ segments, in rotation, so that every sealed copy is read back now and then, not 
 client happens to fetch it.
 
 A check reads every record's checksum and the sealed size and count the segment's own seal
-marker recorded (``RangeLog.verify_segment``, on a storage thread: the reactor only waits), then
+marker recorded (``RangeLog.verify_segment``, on a reader thread, beside the range's writes), then
 compares the count and size with what the control plane recorded at sealing. Outcomes are
 counted in ``svc_storage_scrub_segments_total{result}``; the damage itself is counted by the
 range log, once per segment, in ``svc_storage_integrity_failures_total{reason}``.

@@ -48,7 +48,12 @@ from logbroker.storage._segment import (
 )
 from logbroker.storage._state import LogState
 from logbroker.storage._values import Fenced
-from logbroker.storage.errors import FencedError, SegmentStateError, StorageError
+from logbroker.storage.errors import (
+    FencedError,
+    SegmentNotFoundError,
+    SegmentStateError,
+    StorageError,
+)
 
 _MAX_EPOCH = 2**64 - 1
 
@@ -130,6 +135,12 @@ class SegmentOperations:
 
     def verify_segment(self, base_offset: int) -> Deferred[Verification]:
         state = self._state
+        try:
+            found = state.find(base_offset)
+        except SegmentNotFoundError as error:
+            return fail(error)
+        if found.state is CopyState.SEALED:
+            return self._verify_sealed(found)
 
         def start() -> Deferred[Verification]:
             segment = state.find(base_offset)
@@ -145,6 +156,42 @@ class SegmentOperations:
             ).addCallback(checked)
 
         return self._pipeline.run_control(start)
+
+    def _verify_sealed(self, segment: Segment) -> Deferred[Verification]:
+        """A sealed copy's bytes never change: they are checked on a reader thread beside the
+        range's writes, not between them (in the write pipeline, the scrub's check of a 64 MB
+        segment held the range's appends for its whole length). A copy deleted or replaced
+        meanwhile (retention, a repair) is reported as gone, and its result dropped."""
+        state = self._state
+
+        def current() -> bool:
+            try:
+                return state.find(segment.base_offset) is segment
+            except SegmentNotFoundError:
+                return False
+
+        def checked(result: Verification) -> Verification:
+            if not current():
+                raise SegmentNotFoundError(
+                    f"segment {segment.base_offset} of {state.directory} was removed while it"
+                    " was checked"
+                )
+            if result.damage is not None:
+                state.found_damage(segment, result.damage)
+            return result
+
+        def failed(failure: Failure) -> Failure:
+            if isinstance(failure.value, OSError) and not current():
+                raise SegmentNotFoundError(
+                    f"segment {segment.base_offset} of {state.directory} was removed while it"
+                    " was checked"
+                )
+            return failure
+
+        checking = self._reader.run(
+            _verify_job, self._fs, segment.path, None, segment.base_offset, segment.seal
+        )
+        return checking.addCallbacks(checked, failed)
 
     # -- cutting back ----------------------------------------------------------------------
 

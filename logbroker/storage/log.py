@@ -475,7 +475,9 @@ class RangeLog:
         """Check every checksum of a segment (and a sealed one's recorded size and count).
 
         Never changes the file. Damage found is reported as an integrity event, and reads of
-        the segment stop before it from then on.
+        the segment stop before it from then on. A sealed segment is checked on a reader
+        thread, beside the range's writes (fails ``SegmentNotFoundError`` if it is deleted or
+        replaced meanwhile); another waits for the writes before it.
         """
         return self._operations.verify_segment(base_offset)
 

@@ -169,6 +169,54 @@ def test_verify_reports_a_clean_segment_as_verified() -> None:
     assert (verification.record_count, verification.byte_size) == (5, sealed.byte_size)
 
 
+def _log_with_own_reader(fs: MemoryFileSystem) -> tuple[RangeLog, ManualExecutor, ManualExecutor]:
+    """A log whose writes and reads each run on a ``ManualExecutor`` of their own."""
+    writer, reader = ManualExecutor(), ManualExecutor()
+    opening = RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=writer, reader=reader)
+    writer.run_all()
+    return result_of(opening), writer, reader
+
+
+def test_a_sealed_segment_is_checked_beside_the_range_s_writes_not_between_them() -> None:
+    fs = MemoryFileSystem()
+    log, writer, reader = _log_with_own_reader(fs)
+    appended = [log.append([record(n)]) for n in range(3)]
+    writer.run_all()
+    sealed = log.roll()
+    writer.run_all()
+    assert result_of(sealed).record_count == 3
+    assert all(result_of(append).base_offset == n for n, append in enumerate(appended))
+    # An append under way: its job waits on the writer threads.
+    pending = log.append([record(3)])
+
+    checking = log.verify_segment(0)
+    reader.run_all()
+
+    assert result_of(checking).verified, "checked without waiting for the append"
+    assert not pending.called
+    writer.run_all()
+    assert result_of(pending).base_offset == 3
+
+
+def test_a_sealed_segment_deleted_while_it_is_checked_is_reported_gone() -> None:
+    fs = MemoryFileSystem()
+    log, writer, reader = _log_with_own_reader(fs)
+    appending = log.append([record(0)])
+    writer.run_all()
+    result_of(appending)
+    rolling = log.roll()
+    writer.run_all()
+    result_of(rolling)
+    checking = log.verify_segment(0)
+    deleting = log.delete_segment(0)
+    writer.run_all()
+    result_of(deleting)
+
+    reader.run_all()
+
+    assert failure_of(checking).check(SegmentNotFoundError)
+
+
 def test_follower_copy_from_raw_frames_is_byte_identical() -> None:
     primary_fs, follower_fs = MemoryFileSystem(), MemoryFileSystem()
     primary = open_log(primary_fs)
