@@ -94,6 +94,9 @@ class Scrubber:
         self._segments_per_tick = segments_per_tick
         self._metrics = metrics
         self.rotation = ScrubRotation()
+        #: Copies found unlike the control plane's record: counted as a failure once each, as
+        #: the range logs count damage in their bytes.
+        self._size_reported: set[SegmentKey] = set()
 
     def tick(self) -> Deferred[None]:
         return Deferred.fromCoroutine(self._tick())
@@ -142,15 +145,17 @@ class Scrubber:
             and (recorded.record_count, recorded.byte_size)
             != (verification.record_count, verification.byte_size)
         ):
-            self._metrics.integrity_event(
-                IntegrityEvent(
-                    DamageReason.SIZE,
-                    range_log.directory,
-                    base,
-                    min(verification.byte_size, recorded.byte_size or 0),
-                    True,
+            if (range_id, base) not in self._size_reported:
+                self._size_reported.add((range_id, base))
+                self._metrics.integrity_event(
+                    IntegrityEvent(
+                        DamageReason.SIZE,
+                        range_log.directory,
+                        base,
+                        min(verification.byte_size, recorded.byte_size or 0),
+                        True,
+                    )
                 )
-            )
             self._unrepairable(
                 where,
                 min(verification.byte_size, recorded.byte_size or 0),

@@ -167,6 +167,13 @@ def test_a_copy_unlike_the_control_plane_s_record_of_its_seal_is_unrepairable(
     assert "the control plane recorded 4 records" in logged_errors[0]["why"]
     logged_errors.clear()
 
+    result_of(node.scrubber.tick())
+    # Found again at the next cycle; the failure counted once, as damage in the bytes is.
+    assert node.checks() == {"verified": 2, "repaired": 0, "unrepairable": 2}
+    assert value(node.metrics, "svc_storage_integrity_failures_total", reason="size") == 1
+    assert [e["segment"] for e in logged_errors] == ["topic.0@5"]
+    logged_errors.clear()
+
 
 def test_a_segment_deleted_after_it_was_listed_is_skipped() -> None:
     node = _node(per_tick=2)
