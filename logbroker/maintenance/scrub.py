@@ -30,7 +30,15 @@ from twisted.logger import Logger
 
 from logbroker.controlplane import ControlPlane, SegmentState
 from logbroker.maintenance.periodic import PeriodicTask, TaskMetrics
-from logbroker.storage import CopyState, DamageReason, IntegrityEvent, RangeLog, StorageError
+from logbroker.replication.replica import record_of
+from logbroker.storage import (
+    CopyState,
+    DamageReason,
+    IntegrityEvent,
+    RangeLog,
+    SegmentNotFoundError,
+    StorageError,
+)
 
 log = Logger()
 
@@ -116,10 +124,12 @@ class Scrubber:
 
     async def _check(self, range_id: str, base: int) -> None:
         range_log = self._logs.get(range_id)
-        if range_log is None or range_log.segment(base) is None:
-            return  # deleted since it was listed
+        if range_log is None:
+            return
         try:
             verification = await range_log.verify_segment(base)
+        except SegmentNotFoundError:
+            return  # deleted since it was listed, or while it was checked
         except StorageError as error:
             log.warn(
                 "Scrub: could not check {range_id}@{segment}: {error}",
@@ -136,15 +146,14 @@ class Scrubber:
                 f"its bytes fail verification ({verification.damage.reason.value})",
             )
             return
-        recorded = next(
-            (m for m in self._control.segments(range_id) if m.base_offset == base), None
-        )
+        recorded = record_of(self._control, range_id, base)
         if (
             recorded is not None
             and recorded.state is SegmentState.SEALED
             and (recorded.record_count, recorded.byte_size)
             != (verification.record_count, verification.byte_size)
         ):
+            position = min(verification.byte_size, recorded.byte_size or 0)
             if (range_id, base) not in self._size_reported:
                 self._size_reported.add((range_id, base))
                 self._metrics.integrity_event(
@@ -152,13 +161,13 @@ class Scrubber:
                         DamageReason.SIZE,
                         range_log.directory,
                         base,
-                        min(verification.byte_size, recorded.byte_size or 0),
+                        position,
                         True,
                     )
                 )
             self._unrepairable(
                 where,
-                min(verification.byte_size, recorded.byte_size or 0),
+                position,
                 f"it holds {verification.record_count} records in {verification.byte_size}"
                 f" bytes, and the control plane recorded {recorded.record_count} records in"
                 f" {recorded.byte_size} bytes at sealing",

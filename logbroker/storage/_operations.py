@@ -170,22 +170,22 @@ class SegmentOperations:
             except SegmentNotFoundError:
                 return False
 
+        def gone() -> SegmentNotFoundError:
+            return SegmentNotFoundError(
+                f"segment {segment.base_offset} of {state.directory} was removed while it was"
+                " checked"
+            )
+
         def checked(result: Verification) -> Verification:
             if not current():
-                raise SegmentNotFoundError(
-                    f"segment {segment.base_offset} of {state.directory} was removed while it"
-                    " was checked"
-                )
+                raise gone()
             if result.damage is not None:
                 state.found_damage(segment, result.damage)
             return result
 
         def failed(failure: Failure) -> Failure:
             if isinstance(failure.value, OSError) and not current():
-                raise SegmentNotFoundError(
-                    f"segment {segment.base_offset} of {state.directory} was removed while it"
-                    " was checked"
-                )
+                raise gone()
             return failure
 
         checking = self._reader.run(
