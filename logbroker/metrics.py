@@ -122,6 +122,8 @@ class MetricsSnapshot:
     open_connections: int
     integrity_failures: dict[str, int]
     scrub_segments: dict[str, int]
+    retention_segments_removed: int
+    retention_bytes_removed: int
     domain_violations: int
     periodic_task_failures: dict[str, int]
     group_commit_flushes: int
@@ -178,6 +180,18 @@ class Metrics:
         )
         # Every result shown from the start (the spec's alerts watch ``verified`` advance).
         self._scrub = _children(self._scrub_segments, SCRUB_RESULTS)
+        self._retention_segments = Counter(
+            "svc_retention_segments_removed_total",
+            "Sealed segments retention removed (counted by the node that decided: the chores"
+            " lease holder in a cluster).",
+            registry=r,
+        )
+        self._retention_bytes = Counter(
+            "svc_retention_bytes_removed_total",
+            "Bytes of the sealed segments retention removed (one copy's; each replica"
+            " reclaims as much).",
+            registry=r,
+        )
         # The "scrub stalled" alert keys on it being 1.
         self._scrub_enabled = Gauge(
             "svc_scrub_enabled",
@@ -370,6 +384,11 @@ class Metrics:
         """The integrity scrub started (or stopped) on this node."""
         self._scrub_enabled.set(1 if running else 0)
 
+    def retention_removed(self, segments: int, byte_size: int) -> None:
+        """Retention removed ``segments`` sealed segments of ``byte_size`` bytes."""
+        self._retention_segments.inc(segments)
+        self._retention_bytes.inc(byte_size)
+
     def scrub_checked(self, result: str) -> None:
         """The scrub checked a sealed segment: ``verified``, ``repaired`` or ``unrepairable``."""
         self._scrub[result].inc()
@@ -515,6 +534,8 @@ class Metrics:
             open_connections=int(_value(self._open_connections)),
             integrity_failures=_counts(self._integrity_failures),
             scrub_segments=_counts(self._scrub_segments),
+            retention_segments_removed=_count(self._retention_segments),
+            retention_bytes_removed=_count(self._retention_bytes),
             domain_violations=cluster.domain_violations,
             periodic_task_failures=_counts(self._task_failures),
             group_commit_flushes=int(flushes[0]),

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from twisted.application.service import Service
 from twisted.internet.address import IPv4Address, IPv6Address
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorTime
 from twisted.logger import Logger
 
 from logbroker import __version__
@@ -31,7 +31,14 @@ from logbroker.cluster.verify import ClusterVerifier
 from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.config import BrokerConfig
 from logbroker.controlplane import ControlPlane, LocalControlPlane
+from logbroker.maintenance.retention import (
+    Retention,
+    RetentionMetrics,
+    RetentionRule,
+    local_newest_times,
+)
 from logbroker.metrics import Metrics
+from logbroker.replication.repair import SegmentRepairs
 from logbroker.security.sessions import Origin, Session, SessionStore
 from logbroker.security.shared_sessions import SharedSessions
 from logbroker.security.tls import PeerTls
@@ -65,6 +72,16 @@ class NodeMode(Protocol):
     @property
     def verifier(self) -> ClusterVerifier | None:
         """Compares every node's copies (``logbroker cluster verify``); ``None`` on one node."""
+
+    @property
+    def repairs(self) -> SegmentRepairs | None:
+        """Repairs damaged sealed copies from other copies; ``None``: there are none (one node,
+        or replication factor 1)."""
+
+    def retention(
+        self, rule: RetentionRule, clock: IReactorTime, metrics: RetentionMetrics
+    ) -> Retention:
+        """Retention of the node's ranges under ``rule`` (decided by one node of a cluster)."""
 
     def beside_control_plane(self) -> Sequence[Service]:
         """Named services started right after the control plane, stopped right before it."""
@@ -103,6 +120,7 @@ class SingleNode:
     groups: GroupCoordinator | None = None
     open_session: OpenSession | None = None
     verifier: ClusterVerifier | None = None
+    repairs: SegmentRepairs | None = None
 
     def __init__(
         self,
@@ -117,6 +135,15 @@ class SingleNode:
         self._node_id = node_id
         self.control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=executor)
         self.ranges = LocalRanges(storage)
+        self._storage = storage
+
+    def retention(
+        self, rule: RetentionRule, clock: IReactorTime, metrics: RetentionMetrics
+    ) -> Retention:
+        logs = self._storage.logs
+        return Retention(
+            self.control, logs, rule, clock, metrics, newest_times=local_newest_times(logs)
+        )
 
     def beside_control_plane(self) -> Sequence[Service]:
         return ()
@@ -165,10 +192,12 @@ class ClusterMember:
         self._node_id = node_id
         self._peer_tls = peer_tls
         self._parts = parts = build_cluster(reactor, config, node_id, storage, metrics, peer_tls)
+        self._storage = storage
         self.control = parts.control
         self.ranges = parts.ranges
         self.groups = parts.groups
         self.verifier = parts.verifier
+        self.repairs: SegmentRepairs | None = parts.repairs
         # Sessions valid on every node: kept in etcd, each node following them.
         self._shared = SharedSessions(
             sessions,
@@ -188,6 +217,20 @@ class ClusterMember:
             _named(parts.membership, "membership"),
             _named(parts.peers, "peer-links"),
             *parts.chores,
+        )
+
+    def retention(
+        self, rule: RetentionRule, clock: IReactorTime, metrics: RetentionMetrics
+    ) -> Retention:
+        membership = self._parts.membership
+        return Retention(
+            self.control,
+            self._storage.logs,
+            rule,
+            clock,
+            metrics,
+            newest_times=self._parts.newest_times,
+            decides=lambda: membership.holds_chores,
         )
 
     def before_listeners(self) -> Sequence[Service]:

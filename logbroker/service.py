@@ -59,7 +59,8 @@ from logbroker.controlplane import ControlPlane, ControlPlaneAccessError
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
 from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
-from logbroker.maintenance.scrub import Scrubber, ScrubTask
+from logbroker.maintenance.retention import RetentionRule, RetentionTask
+from logbroker.maintenance.scrub import NoOtherCopy, Scrubber, ScrubTask
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.node_modes import ClusterMember, NodeMode, SingleNode, port_number
 from logbroker.security import UserDirectory, seed_accounts
@@ -74,6 +75,7 @@ from logbroker.storage import (
     BATCH_ENCODER,
     DataDirectory,
     FileSystem,
+    IntegrityEvent,
     LogConfig,
     OpenFiles,
     OpenOnce,
@@ -165,6 +167,13 @@ class StorageService(Service):
         )
         #: Told of every seal, with the range's name: the control plane records them.
         self.on_sealed: Callable[[str, SegmentInfo], None] = lambda name, info: None
+        #: Told of every finding about stored data, with the range's name, once counted: a
+        #: cluster node repairs a damaged sealed copy at once.
+        self.on_damage: Callable[[str, IntegrityEvent], None] = lambda name, event: None
+
+    def _integrity_event(self, name: str, event: IntegrityEvent) -> None:
+        self._metrics.integrity_event(event)
+        self.on_damage(name, event)
 
     @property
     def executor(self) -> ThreadPoolExecutor:
@@ -199,7 +208,7 @@ class StorageService(Service):
             "executor": self._executor,
             "reader": self._reader,
             "config": self._log_config,
-            "on_integrity_event": self._metrics.integrity_event,
+            "on_integrity_event": lambda event: self._integrity_event(name, event),
             "on_flushed": self._metrics.flushed,
             "on_sealed": lambda info: self.on_sealed(name, info),
             "shared_flush": self._shared_flush,
@@ -657,11 +666,30 @@ def build_service(
         now=False,
     )
     _add(root, lag, "reactor-lag")
-    if config.scrub.enabled and config.cluster.control_plane is not ControlPlaneKind.ETCD:
-        # One node's scrub; a cluster's waits for repair from replicas (``logbroker.config``
-        # says so at boot).
-        scrubber = Scrubber(storage.logs, control, config.scrub.segments_per_tick, metrics)
+    if mode.repairs is not None:
+        storage.on_damage = mode.repairs.damage_found
+    if config.scrub.enabled:
+        # Without other copies (one node, replication factor 1), every finding is unrepairable.
+        repairs = mode.repairs or NoOtherCopy(metrics)
+        scrubber = Scrubber(
+            storage.logs, control, config.scrub.segments_per_tick, metrics, repairs, reactor
+        )
         _add(root, ScrubTask(scrubber, config.scrub.interval_ms / 1000, reactor, metrics), "scrub")
+
+    retention = config.retention
+    rule = RetentionRule(retention.max_age_ms, retention.max_bytes)
+    if rule.enabled:
+        # With both limits unset, segments are kept forever and no retention task starts.
+        _add(
+            root,
+            RetentionTask(
+                mode.retention(rule, reactor, metrics),
+                retention.interval_ms / 1000,
+                reactor,
+                metrics,
+            ),
+            "retention",
+        )
 
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import attrs
 
+from logbroker.client.blocking import BlockingClient
 from tests.etcd import EtcdCluster
 from tests.integration.twistd import run_twistd, wait_for_line
 
@@ -152,3 +153,19 @@ def running_cluster(
         yield cluster
     finally:
         cluster.stop()
+
+
+def read_all(
+    node: Node, topic: str, user: str = "admin", password: str = "admin123"
+) -> list[bytes]:
+    """Every record's value of ``topic``, read through ``node`` from the start until a fetch
+    finds nothing more."""
+    values: list[bytes] = []
+    with BlockingClient.connect("127.0.0.1", node.port, user, password, timeout=30) as client:
+        cursor = None
+        while True:
+            batch = client.fetch(topic, cursor, None, None, 1000, 0)
+            if not batch.records:
+                return values
+            values += [record.value for record in batch.records]
+            cursor = batch.next_cursor

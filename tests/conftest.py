@@ -54,6 +54,15 @@ def logged_errors() -> Iterator[list[dict[str, Any]]]:
         pytest.fail("unexpected errors were logged:\n" + "\n".join(lines))
 
 
+@pytest.fixture
+def logged() -> Iterator[list[dict[str, Any]]]:
+    """Every Twisted log event of the test, whatever its level, for tests of what is logged."""
+    events: list[dict[str, Any]] = []
+    globalLogPublisher.addObserver(events.append)
+    yield events
+    globalLogPublisher.removeObserver(events.append)
+
+
 SIMULATION = Path(__file__).parent / "simulation"
 
 

@@ -6,6 +6,10 @@ hears of every seal from the range logs (their ``on_sealed`` hook) and records t
 and the range's next active segment. A change that could not be recorded (the control plane
 failed or was stopping) is logged and made good at the next start, when ``reconcile`` compares
 every open log with the record: seals are facts on disk, so recording them again is idempotent.
+A sealed segment whose record is missing is recorded again, even one retention removed while
+the node stopped before deleting its copy: a record lost is told from one removed by nothing
+else, and recording a removed segment again only brings it back until the next retention pass
+(it is still the oldest), where forgetting a lost one would lose its records.
 
 On one node every segment's replica set is this node alone, at epoch 0; the cluster's placement
 and failover will decide both once they land.
@@ -20,7 +24,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
-from logbroker.storage import CopyState, RangeLog, SegmentInfo
+from logbroker.storage import CopyState, RangeLog, SegmentInfo, StorageError
 
 log = Logger()
 
@@ -91,3 +95,38 @@ class SegmentRecorder:
             )
 
         return self._control.put_segment(meta).addErrback(failed)
+
+
+async def delete_removed_copies(
+    control: ControlPlane, copy: RangeLog | None, range_id: str
+) -> list[int]:
+    """Delete this node's copies of ``range_id``'s segments that retention removed (those
+    wholly before its first recorded segment); their base offsets. The log's last segment stays
+    whatever it holds (its name keeps where the range ends; on one node it is the active
+    segment, never removed; a cluster node's healing replaces it once it holds a later one)."""
+    metas = control.segments(range_id)
+    if copy is None or not metas:
+        return []
+    first = metas[0].base_offset
+    deleted = []
+    for info in copy.segments()[:-1]:
+        if info.base_offset >= first or info.next_offset > first:
+            break
+        try:
+            await copy.delete_segment(info.base_offset)
+        except StorageError as error:
+            log.warn(
+                "Could not delete this node's copy of {range_id}@{segment}:"
+                " {error}; tried again later",
+                range_id=range_id,
+                segment=info.base_offset,
+                error=str(error),
+            )
+            break
+        deleted.append(info.base_offset)
+        log.info(
+            "Deleted this node's copy of {range_id}@{segment}: retention removed the segment",
+            range_id=range_id,
+            segment=info.base_offset,
+        )
+    return deleted

@@ -29,6 +29,7 @@ from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.replication.healing import Healer
 from logbroker.replication.health import ReplicationHealth
 from logbroker.replication.leading import LeadRanges
+from logbroker.replication.repair import RepairMetrics, SegmentRepairs
 from logbroker.replication.replica import ReplicaOp, ReplicaServer
 from logbroker.replication.replica_sets import ReplicaSets
 from logbroker.replication.takeover import (
@@ -57,6 +58,8 @@ class Replication:
     health: ReplicationHealth
     #: Reads a range's committed records from its copies (when its primary cannot serve).
     copies: CommittedCopies
+    #: Repairs this node's damaged sealed copies from intact ones (the scrub's findings).
+    repairs: SegmentRepairs
 
     def sweep(self, range_ids: Sequence[str]) -> None:
         """Claim what this node should lead, and check its leaders hear a quorum (run every
@@ -93,6 +96,7 @@ def assemble_ranges(
     replication: ReplicationSettings,
     roll_bytes: int,
     is_live: Callable[[str], bool],
+    repair_metrics: RepairMetrics,
     holds_chores: Callable[[], bool] = lambda: False,
     replace_after_seconds: float = 300.0,
     heard_at: Callable[[str], float | None] = lambda node: None,
@@ -104,7 +108,8 @@ def assemble_ranges(
     cheaply (it is asked for every replica of every produce); ``heard_at`` says when the peer
     link last heard from a node; ``control_follows`` whether this node's view of the control
     plane follows etcd now (claims wait for it); ``on_lead`` is told of every leadership this
-    node begins, and ``on_commit`` of every move of a commit index it leads."""
+    node begins, and ``on_commit`` of every move of a commit index it leads;
+    ``repair_metrics`` counts the outcomes of repairs."""
     waits = RemoteWaits(peers)
 
     def forward(primary: str, range_id: str) -> RangeHandle:
@@ -148,6 +153,7 @@ def assemble_ranges(
         replica_sets=ReplicaSets(context, lead, replace_after_seconds, holds_chores),
         health=health,
         copies=copies,
+        repairs=SegmentRepairs(context, healer, repair_metrics),
     )
     serve = _serve(RangeServer(ranges.led_here(), clock), ops)
     return RangeParts(ranges, serve, parts)

@@ -30,11 +30,13 @@ from logbroker.cluster.digests import DigestServer
 from logbroker.cluster.groups import ClusterGroups, group_handler
 from logbroker.cluster.membership import Membership, NodeRecord
 from logbroker.cluster.ranges import ClusterRanges
+from logbroker.cluster.retention import SegmentTimesServer, cluster_newest_times
 from logbroker.cluster.verify import ClusterVerifier, recorded_segments
 from logbroker.cluster.view import MembershipView
 from logbroker.config import BrokerConfig, ConfigError, EnvMode
 from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore, EtcdUser
 from logbroker.maintenance.periodic import PeriodicTask
+from logbroker.maintenance.retention import NewestTimes
 from logbroker.metrics import Metrics
 from logbroker.peer.connections import PeerConnections, PeerServerFactory
 from logbroker.peer.frames import PeerOp
@@ -43,6 +45,7 @@ from logbroker.peer.link import PeerSettings
 from logbroker.peer.requester import Loopback
 from logbroker.placement import PlacementNode, PlacementRule
 from logbroker.replication.core.actions import ReplicationSettings
+from logbroker.replication.repair import SegmentRepairs
 from logbroker.security.etcd_tls import load_etcd_tls
 from logbroker.security.tls import PeerTls
 from logbroker.storage import OpenLogs
@@ -73,6 +76,10 @@ class ClusterParts:
     store: EtcdGatewayStore
     #: Checks that every sealed segment's copies are complete and identical on every node.
     verifier: ClusterVerifier
+    #: Repairs this node's damaged sealed copies (replication factor above 1 only).
+    repairs: SegmentRepairs | None
+    #: When the sealed segments' newest records were written, for retention by age.
+    newest_times: NewestTimes
 
     def set_record(self, host: str, client_port: int, dashboard_port: int, peer_port: int) -> None:
         """The node's record, once its ports are bound (a port of 0 is a free one)."""
@@ -242,6 +249,7 @@ def build_cluster(
         ),
         roll_bytes=config.storage.log.roll_bytes,
         is_live=membership.is_alive,
+        repair_metrics=metrics,
         holds_chores=lambda: membership.holds_chores,
         replace_after_seconds=cluster.replica_replace_after_ms / 1000,
         heard_at=peers.heard_at,
@@ -272,6 +280,7 @@ def build_cluster(
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
     serve_group = group_handler(local_groups)
     digests = DigestServer(storage)
+    times = SegmentTimesServer(storage)
     verifier = ClusterVerifier(
         node_id,
         lambda: recorded_segments(control),
@@ -285,6 +294,8 @@ def build_cluster(
             return serve_group(payload)
         if op is PeerOp.DIGESTS:
             return digests.serve(payload)
+        if op is PeerOp.SEGMENT_TIMES:
+            return times.serve(payload)
         return parts.serve(peer, op, payload)
 
     return ClusterParts(
@@ -306,6 +317,15 @@ def build_cluster(
         ),
         store=store,
         verifier=verifier,
+        repairs=None if replication is None else replication.repairs,
+        newest_times=cluster_newest_times(
+            node_id,
+            control,
+            Loopback(
+                node_id, peers, {PeerOp.SEGMENT_TIMES: lambda sender, payload: times.serve(payload)}
+            ),
+            membership.is_alive,
+        ),
     )
 
 

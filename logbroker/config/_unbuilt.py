@@ -28,20 +28,4 @@ def check_built(config: BrokerConfig) -> list[str]:
                 "SVC_LOG_REPLICATION_FACTOR=1: each range has one copy, so a node that is down"
                 " takes its ranges with it until it returns; set 3 to survive the loss of a node"
             )
-    if config.scrub.enabled and cluster.control_plane is ControlPlane.ETCD:
-        warnings.append(
-            "SVC_SCRUB_ENABLED is true, but the integrity scrub of a cluster node (with repair"
-            " from the other replicas) is not built in this version: no sealed segment is"
-            " verified in the background (svc_scrub_enabled reads 0). A single node scrubs."
-        )
-    retention = config.retention
-    for variable, value in (
-        ("SVC_RETENTION_MAX_AGE_MS", retention.max_age_ms),
-        ("SVC_RETENTION_MAX_BYTES", retention.max_bytes),
-    ):
-        if value is not None:
-            warnings.append(
-                f"{variable}={value} is not in effect: retention is not built in this version,"
-                " so every segment is kept"
-            )
     return warnings

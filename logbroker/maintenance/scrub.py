@@ -1,4 +1,4 @@
-"""The integrity scrub (the spec's "Integrity scrub", rules 1 and 6): every
+"""The integrity scrub (the spec's "Integrity scrub", rules 1-6): every
 ``SVC_SCRUB_INTERVAL_MS`` a node verifies ``SVC_SCRUB_SEGMENTS_PER_TICK`` of its own sealed
 segments, in rotation, so that every sealed copy is read back now and then, not only when a
 client happens to fetch it.
@@ -9,10 +9,13 @@ compares the count and size with what the control plane recorded at sealing. Out
 counted in ``svc_storage_scrub_segments_total{result}``; the damage itself is counted by the
 range log, once per segment, in ``svc_storage_integrity_failures_total{reason}``.
 
-On a single node there is no other copy to repair from: every finding is ``unrepairable`` and
-logged loudly, naming the segment and the byte position, at each check (the count never
-clears by itself; the spec's alert pages on it). Repair from a cluster's replicas is not built
-yet, so a cluster node does not scrub (``logbroker.config`` says so at boot).
+Damage found (in the bytes, or a count or size unlike the control plane's record) is handed to
+the node's ``DamageRepair``, which counts the outcome. In a cluster that is
+``logbroker.replication.repair.SegmentRepairs``: the copy is repaired from an intact replica
+(rules 2-5). On a single node (and at replication factor 1) there is no other copy to repair
+from: ``NoOtherCopy`` counts every finding ``unrepairable`` and logs it loudly, naming the
+segment and the byte position, at each check (the count never clears by itself; the spec's
+alert pages on it).
 
 ``ScrubRotation`` (no I/O) picks what to check next; ``Scrubber`` carries it out.
 """
@@ -21,15 +24,16 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Mapping, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from logbroker.controlplane import ControlPlane, SegmentState
 from logbroker.maintenance.periodic import PeriodicTask, TaskMetrics
+from logbroker.maintenance.slices import Slices
 from logbroker.replication.replica import record_of
 from logbroker.storage import (
     CopyState,
@@ -87,6 +91,37 @@ class ScrubMetrics(TaskMetrics, Protocol):
         reports damage in its bytes itself)."""
 
 
+class DamageRepair(Protocol):
+    @property
+    def unrepairable(self) -> Mapping[SegmentKey, str]:
+        """The segments found damaged and not repaired, with where and why."""
+
+    def repair(self, range_id: str, base_offset: int, position: int, why: str) -> Deferred[Any]:
+        """Repair this node's copy of ``range_id@base_offset``, found damaged at byte
+        ``position`` (``why`` says how), and count the outcome."""
+
+
+class NoOtherCopy:
+    """The ``DamageRepair`` of a node whose ranges have one copy: every finding is
+    ``unrepairable``, counted and logged loudly, and nothing is deleted."""
+
+    def __init__(self, metrics: ScrubMetrics) -> None:
+        self._metrics = metrics
+        self.unrepairable: dict[SegmentKey, str] = {}
+
+    def repair(self, range_id: str, base_offset: int, position: int, why: str) -> Deferred[None]:
+        self.unrepairable[(range_id, base_offset)] = f"byte {position}: {why}"
+        self._metrics.scrub_checked("unrepairable")
+        log.error(
+            "Scrub: sealed segment {segment} is damaged at byte {position}: {why}. No other"
+            " copy to repair it from: unrepairable; its frames stay on disk for salvage",
+            segment=f"{range_id}@{base_offset}",
+            position=position,
+            why=why,
+        )
+        return succeed(None)
+
+
 class Scrubber:
     """Checks a node's sealed segments in rotation (``tick``, run by a ``ScrubTask``)."""
 
@@ -96,8 +131,12 @@ class Scrubber:
         control: ControlPlane,
         segments_per_tick: int,
         metrics: ScrubMetrics,
+        repair: DamageRepair,
+        clock: IReactorTime,
     ) -> None:
         self._logs = logs
+        self._clock = clock
+        self.repair = repair
         self._control = control
         self._segments_per_tick = segments_per_tick
         self._metrics = metrics
@@ -119,8 +158,34 @@ class Scrubber:
         )
 
     async def _tick(self) -> None:
+        await self._check_files()
         for range_id, base in self.rotation.next(self.sealed_segments(), self._segments_per_tick):
             await self._check(range_id, base)
+
+    async def _check_files(self) -> None:
+        """Physical healing's pass (rule 9): every sealed copy's files on disk against its seal,
+        so that a copy deleted or cut short under the running node is found at once, not at the
+        rotation's turn, at a restart or when a client reads it."""
+        slices = Slices(self._clock)
+        for range_id, range_log in list(self._logs.items()):
+            await slices.next()
+            try:
+                found = await range_log.check_files()
+            except OSError as error:
+                log.warn(
+                    "Scrub: could not look at the files of {range_id}: {error}",
+                    range_id=range_id,
+                    error=str(error),
+                )
+                continue
+            for base, damage in found:
+                if damage.reason is DamageReason.METADATA:
+                    why = "its seal marker is gone from disk"
+                elif damage.position == 0:
+                    why = "its .log is gone from disk, or empty"
+                else:
+                    why = f"its .log on disk ends at byte {damage.position}, short of its seal"
+                await self.repair.repair(range_id, base, damage.position, why)
 
     async def _check(self, range_id: str, base: int) -> None:
         range_log = self._logs.get(range_id)
@@ -138,10 +203,15 @@ class Scrubber:
                 error=str(error),
             )
             return
-        where = f"{range_id}@{base}"
+        except OSError as error:
+            # Its files cannot be read back (gone, or the disk fails): damaged, as far as any
+            # reader can tell.
+            await self.repair.repair(range_id, base, 0, f"it cannot be read ({error})")
+            return
         if verification.damage is not None:
-            self._unrepairable(
-                where,
+            await self.repair.repair(
+                range_id,
+                base,
                 verification.damage.position,
                 f"its bytes fail verification ({verification.damage.reason.value})",
             )
@@ -165,8 +235,9 @@ class Scrubber:
                         True,
                     )
                 )
-            self._unrepairable(
-                where,
+            await self.repair.repair(
+                range_id,
+                base,
                 position,
                 f"it holds {verification.record_count} records in {verification.byte_size}"
                 f" bytes, and the control plane recorded {recorded.record_count} records in"
@@ -174,16 +245,6 @@ class Scrubber:
             )
             return
         self._metrics.scrub_checked("verified")
-
-    def _unrepairable(self, where: str, position: int, why: str) -> None:
-        self._metrics.scrub_checked("unrepairable")
-        log.error(
-            "Scrub: sealed segment {segment} is damaged at byte {position}: {why}. No other"
-            " copy to repair it from: unrepairable; its frames stay on disk for salvage",
-            segment=where,
-            position=position,
-            why=why,
-        )
 
 
 class ScrubTask(PeriodicTask):

@@ -112,6 +112,11 @@ class PeerOp(IntEnum):
     DIGESTS = 11
     # The sealed copies a node should hold and does not yet, for the under-replicated count.
     COPY_HEALTH = 12
+    # A replica's own check of its sealed copy, for a repair (``logbroker.replication.repair``).
+    VERIFY_COPY = 13
+    # When sealed copies' newest records were written, for retention's age rule
+    # (``logbroker.cluster.retention``).
+    SEGMENT_TIMES = 14
 
 
 class PeerCodecError(ValueError):

@@ -27,7 +27,7 @@ stale, and every range now and then (``FULL_LOOK_SECONDS``) and when the members
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from twisted.internet.defer import Deferred, DeferredLock, succeed
 from twisted.logger import Logger
@@ -79,6 +79,10 @@ class Healer:
         #: each install decides what is in its way from the log as the previous one left it
         #: (two deciding at once would each start or delete segments the other did not see).
         self._placing: dict[str, DeferredLock] = {}
+        #: Told of a sealed copy of this node's found damaged: a repair (``repair``) decides
+        #: whether another copy qualifies to replace it, and fetches it through ``refetch``.
+        #: Without one, healing fetches it like any copy it lacks.
+        self.on_damaged: Callable[[SegmentMeta, SegmentInfo], None] | None = None
         #: What a tick looks at: besides the ranges whose records changed, those with copies
         #: missing (``missing``) or left behind (``_left_behind``).
         self._looks = RangesToLookAt(
@@ -169,6 +173,14 @@ class Healer:
             self._healing.add(key)
             self._seal_in_place(copy, meta).addBoth(self._healed, key, 0)
             return
+        if (
+            info is not None
+            and info.damage is not None
+            and info.state is CopyState.SEALED
+            and self.on_damaged is not None
+        ):
+            self.on_damaged(meta, info)
+            return
         self._queue.append(meta)
 
     def _seal_in_place(self, copy: RangeLog, meta: SegmentMeta) -> Deferred[object]:
@@ -212,10 +224,30 @@ class Healer:
             self.missing.discard(key)
         self._start_fetches()
 
-    async def _fetch_and_install(self, meta: SegmentMeta) -> bool:
+    def refetch(self, meta: SegmentMeta, sources: Sequence[str]) -> Deferred[bool]:
+        """Fetch the whole sealed copy of ``meta`` from the first of ``sources`` that sends it
+        whole, and put it in place of this node's (a repair): ``True`` once it is in place,
+        ``False`` if no source sent it whole, or healing is fetching it already."""
+        key = (meta.range_id, meta.base_offset)
+        if key in self._healing:
+            return succeed(False)
+        self._healing.add(key)
+        fetching = Deferred.fromCoroutine(self._fetch_and_install(meta, sources))
+
+        def done(outcome: object) -> object:
+            self._healing.discard(key)
+            if outcome is True:
+                self.missing.discard(key)
+            return outcome
+
+        return fetching.addBoth(done)
+
+    async def _fetch_and_install(
+        self, meta: SegmentMeta, sources: Sequence[str] | None = None
+    ) -> bool:
         ctx = self._context
         assert meta.record_count is not None
-        data = await self._fetch_whole(meta)
+        data = await self._fetch_whole(meta, sources)
         if data is None:
             return False
         copy = ctx.storage.logs[meta.range_id]
@@ -275,11 +307,17 @@ class Healer:
             if segment.base_offset in {s.base_offset for s in copy.segments()}:
                 await copy.delete_segment(segment.base_offset)
 
-    async def _fetch_whole(self, meta: SegmentMeta) -> bytes | None:
+    async def _fetch_whole(
+        self, meta: SegmentMeta, sources: Sequence[str] | None = None
+    ) -> bytes | None:
+        """The whole sealed copy of ``meta``, from the first of ``sources`` (by default its
+        live replicas) that sends it whole and verified."""
         ctx = self._context
         assert meta.record_count is not None
         end = meta.base_offset + meta.record_count
-        for holder in (n for n in meta.replicas if n != ctx.node_id and ctx.is_live(n)):
+        if sources is None:
+            sources = [n for n in meta.replicas if n != ctx.node_id and ctx.is_live(n)]
+        for holder in sources:
             parts: list[bytes] = []
             offset = meta.base_offset
             try:

@@ -40,7 +40,7 @@ from logbroker.broker.stamped import StampedAppends
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
-from logbroker.replication.copies import CommittedCopies, segment_read
+from logbroker.replication.copies import CommittedCopies, SegmentRead, segment_read
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.actions import StepDown
 from logbroker.replication.core.claims import live_quorum
@@ -225,10 +225,21 @@ class ReplicatedRange:
         # The active segment is the one this node leads: its copy is the complete one.
         end = found.base_offset + (found.record_count or 0)
         node_id = self._claims.context.node_id
-        if found.state is SegmentState.ACTIVE or rules.holds_whole(
-            view_of(self._log, found.base_offset), found, node_id, end
-        ):
+        if found.state is SegmentState.ACTIVE:
             return self._reads.read(plan.offset, plan.max_records, max_bytes)
+        if rules.holds_whole(view_of(self._log, found.base_offset), found, node_id, end):
+            reading = self._reads.read(plan.offset, plan.max_records, max_bytes)
+            return reading.addCallback(self._unless_damaged, found, plan, max_bytes)
+        return self._copies.read(self._range_id, plan.offset, plan.max_records, max_bytes)
+
+    def _unless_damaged(
+        self, read: RangeRead, found: SegmentMeta, plan: SegmentRead, max_bytes: int
+    ) -> RangeRead | Deferred[RangeRead]:
+        """A read of this node's sealed copy that met damage (it stops before it, and the copy
+        is now known damaged: it is being repaired) goes on from the other copies: a sealed
+        segment's records end where it was sealed, never at the damage."""
+        if read.count or not view_of(self._log, found.base_offset).damaged:
+            return read  # the next read, from where this one ends, goes to the other copies
         return self._copies.read(self._range_id, plan.offset, plan.max_records, max_bytes)
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:

@@ -31,7 +31,9 @@ from logbroker.peer.frames import PeerOp
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.replica import CopyView, Step
 from logbroker.replication.replica_codec import (
+    CheckOutcome,
     CommittedRecords,
+    CopyCheck,
     CopyOutcome,
     CopyStatus,
     FenceRequest,
@@ -42,6 +44,7 @@ from logbroker.replication.replica_codec import (
     decode_fetch,
     decode_replicate,
     decode_seal,
+    encode_check,
     encode_committed,
     encode_status,
 )
@@ -52,8 +55,10 @@ from logbroker.storage import (
     OpenLogs,
     RangeLog,
     SegmentInfo,
+    SegmentNotFoundError,
     SegmentStateError,
     StorageError,
+    Verification,
 )
 
 log = Logger()
@@ -133,6 +138,7 @@ class ReplicaServer:
             PeerOp.READ_COMMITTED: lambda sender, payload: self.read_committed(
                 decode_fetch(payload)
             ),
+            PeerOp.VERIFY_COPY: lambda sender, payload: self.verify_copy(decode_fence(payload)),
         }
 
     # -- one request at a time per range while the copy changes shape --------------------------
@@ -428,6 +434,46 @@ class ReplicaServer:
             return copy.read_chunks(request.offset, request.max_bytes).addCallback(answer)
 
         return self._when_idle(request.range_id, read)
+
+    def verify_copy(self, request: FenceRequest) -> Deferred[bytes]:
+        """This node's own check of its sealed copy of ``request.segment`` at ``request.epoch``,
+        read back whole (every checksum, and the count and size its seal recorded), for a
+        node repairing its copy: only a copy found intact may be a repair's source. A copy
+        found damaged here is marked so (reads stop before the damage) and repaired in turn."""
+
+        def check(copy: RangeLog) -> Deferred[bytes]:
+            view = view_of(copy, request.segment)
+            record = record_of(self._control, request.range_id, request.segment)
+            if (
+                view.state is not CopyState.SEALED
+                or view.epoch != request.epoch
+                or record is None
+                or self._node_id not in record.replicas
+            ):
+                return succeed(encode_check(CopyCheck(CheckOutcome.ABSENT, view.epoch or 0)))
+
+            def checked(verification: Verification) -> bytes:
+                damage = verification.damage
+                if damage is not None:
+                    return encode_check(
+                        CopyCheck(CheckOutcome.DAMAGED, request.epoch, position=damage.position)
+                    )
+                return encode_check(
+                    CopyCheck(
+                        CheckOutcome.INTACT,
+                        request.epoch,
+                        verification.record_count,
+                        verification.byte_size,
+                    )
+                )
+
+            def gone(failure: Failure) -> bytes:
+                _expect(failure, SegmentNotFoundError)
+                return encode_check(CopyCheck(CheckOutcome.ABSENT, request.epoch))
+
+            return copy.verify_segment(request.segment).addCallbacks(checked, gone)
+
+        return self._log(request.range_id).addCallback(check)
 
     def committed_end(self, copy: RangeLog, range_id: str, segment: int) -> int:
         """Where this node's copy's records of ``segment`` known to be committed end."""

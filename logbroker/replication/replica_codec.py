@@ -22,6 +22,11 @@ Request payloads and their ok payloads, by op (integers big-endian; ``text`` as 
                     ok      = count:u32 (text(range_id) segment:u64)*
                               the sealed segments whose replica sets name the answering node
                               and that it does not hold whole yet
+    op 13 verify_copy
+                    request = fence's (text(range_id) segment:u64 epoch:u64)
+                    ok      = check:u8 epoch:u64 record_count:u64 byte_size:u64 position:u64
+                              the answering node's own check of its sealed copy, read back
+                              whole (``CopyCheck``)
 
     copy_state = outcome:u8 epoch:u64 data_epoch:u64 end_offset:u64 end_position:u64
 
@@ -161,7 +166,28 @@ class FetchRequest:
         return self.epoch
 
 
+class CheckOutcome(IntEnum):
+    #: Every checksum passed; ``record_count`` and ``byte_size`` are what the copy holds.
+    INTACT = 0
+    #: The copy fails verification at byte ``position``.
+    DAMAGED = 1
+    #: No sealed copy of the segment at ``epoch`` here, or one no one may believe (stale).
+    ABSENT = 2
+
+
+@attrs.frozen
+class CopyCheck:
+    """A ``verify_copy`` answer: what a replica found when it read its copy back whole."""
+
+    outcome: CheckOutcome = attrs.field(validator=attrs.validators.instance_of(CheckOutcome))
+    epoch: int = attrs.field(validator=_u64, default=0)
+    record_count: int = attrs.field(validator=_u64, default=0)
+    byte_size: int = attrs.field(validator=_u64, default=0)
+    position: int = attrs.field(validator=_u64, default=0)
+
+
 _STATUS = struct.Struct(">BQQQQ")
+_CHECK = struct.Struct(">BQQQQ")
 _REPLICATE_HEAD = struct.Struct(">QQQQQQI")
 _FENCE = struct.Struct(">QQ")
 _SEAL = struct.Struct(">QQQQQ")
@@ -311,3 +337,19 @@ def decode_missing(payload: bytes) -> list[tuple[str, int]]:
         return [(_read_text(reader), reader.u64()) for _ in range(count)]
 
     return _read_exactly(payload, read, "copy_health answer")
+
+
+def encode_check(check: CopyCheck) -> bytes:
+    return _CHECK.pack(
+        check.outcome, check.epoch, check.record_count, check.byte_size, check.position
+    )
+
+
+def decode_check(payload: bytes) -> CopyCheck:
+    def read(reader: Reader) -> CopyCheck:
+        outcome = reader.u8()
+        if outcome not in CheckOutcome.__members__.values():
+            raise Truncated(f"unknown copy check outcome {outcome}")
+        return CopyCheck(CheckOutcome(outcome), *(reader.u64() for _ in range(4)))
+
+    return _read_exactly(payload, read, "verify_copy answer")

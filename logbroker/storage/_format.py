@@ -204,8 +204,11 @@ class DamageReason(StrEnum):
     SEQUENCE = "sequence"
     #: A sealed copy's size on disk differs from the size its seal recorded.
     SIZE = "size"
-    #: A seal marker is unreadable. (A bad index sidecar is not data damage: it is rebuilt.)
+    #: A seal marker is unreadable.
     METADATA = "metadata"
+    #: A sealed segment's index sidecar is unreadable or unlike its log. Not data damage (the
+    #: index is derived from the log): it is rebuilt from the intact log and written again.
+    INDEX = "index"
 
 
 @attrs.frozen

@@ -264,6 +264,34 @@ def _verify_job(
     return verify_segment_bytes(data, base, seal)
 
 
+def _verify_sealed_job(fs: FileSystem, path: str, base: int, seal: Seal | None) -> Verification:
+    """``_verify_job`` of a sealed copy, its index sidecar included."""
+    data = fs.read_file(path)
+    try:
+        index: bytes | None = fs.read_file(path.removesuffix(LOG_SUFFIX) + INDEX_SUFFIX)
+    except FileNotFoundError:
+        index = None
+    return verify_segment_bytes(data, base, seal, check_index=True, index=index)
+
+
+def _files_on_disk_job(fs: FileSystem, paths: list[str]) -> list[tuple[int | None, bool]]:
+    """For each segment's ``.log`` path: its size on disk (``None``: it is gone), and whether
+    its seal marker is there."""
+    found: list[tuple[int | None, bool]] = []
+    for path in paths:
+        try:
+            size: int | None = fs.size(path)
+        except FileNotFoundError:
+            size = None
+        found.append((size, fs.exists(path.removesuffix(LOG_SUFFIX) + SEAL_SUFFIX)))
+    return found
+
+
+def _write_index_job(fs: FileSystem, path: str, index: bytes) -> None:
+    """Put a sealed copy's rebuilt index sidecar in place of the one on disk."""
+    fs.write_atomic(path.removesuffix(LOG_SUFFIX) + INDEX_SUFFIX, index)
+
+
 def check_install(data: bytes, base_offset: int, record_count: int) -> Sealed:
     """Verify a whole sealed segment from a peer (every batch and every record); return the
     sidecars to write beside it, or raise ``InvalidBatchError``. Pure: it reads no file."""

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.storage._atomic import AtomicWrites
@@ -20,6 +22,8 @@ from logbroker.storage._executor import Executor
 from logbroker.storage._format import (
     MIN_BATCH_SIZE,
     BatchInfo,
+    Damage,
+    DamageReason,
     EpochMarker,
     encode_epoch,
 )
@@ -27,10 +31,13 @@ from logbroker.storage._fs import AppendFile, FileSystem
 from logbroker.storage._jobs import (
     Rolled,
     _delete_files,
+    _files_on_disk_job,
     _install_job,
     _roll_job,
     _trim_job,
     _verify_job,
+    _verify_sealed_job,
+    _write_index_job,
     check_install,
     cut_to_seal,
     plan_seal,
@@ -38,8 +45,10 @@ from logbroker.storage._jobs import (
 from logbroker.storage._pipeline import WritePipeline
 from logbroker.storage._segment import (
     EPOCH_SUFFIX,
+    INDEX_SUFFIX,
     LOG_SUFFIX,
     CopyState,
+    IntegrityEvent,
     Sealed,
     Segment,
     SegmentInfo,
@@ -54,6 +63,8 @@ from logbroker.storage.errors import (
     SegmentStateError,
     StorageError,
 )
+
+log = Logger()
 
 _MAX_EPOCH = 2**64 - 1
 
@@ -165,10 +176,7 @@ class SegmentOperations:
         state = self._state
 
         def current() -> bool:
-            try:
-                return state.find(segment.base_offset) is segment
-            except SegmentNotFoundError:
-                return False
+            return _still(state, segment)
 
         def gone() -> SegmentNotFoundError:
             return SegmentNotFoundError(
@@ -176,11 +184,18 @@ class SegmentOperations:
                 " checked"
             )
 
-        def checked(result: Verification) -> Verification:
+        def checked(result: Verification) -> Verification | Deferred[Verification]:
             if not current():
                 raise gone()
+            if result.damage is None and segment.damage is not None:
+                # Its bytes verify, but the copy is known damaged otherwise (its seal marker
+                # gone from disk): never reported whole.
+                return attrs.evolve(result, damage=segment.damage)
             if result.damage is not None:
                 state.found_damage(segment, result.damage)
+            elif result.rebuilt_index is not None:
+                rewriting = self._rewrite_index(segment, result.rebuilt_index, current)
+                return rewriting.addCallback(lambda _: result)
             return result
 
         def failed(failure: Failure) -> Failure:
@@ -189,9 +204,69 @@ class SegmentOperations:
             return failure
 
         checking = self._reader.run(
-            _verify_job, self._fs, segment.path, None, segment.base_offset, segment.seal
+            _verify_sealed_job, self._fs, segment.path, segment.base_offset, segment.seal
         )
         return checking.addCallbacks(checked, failed)
+
+    def check_files(self) -> Deferred[list[tuple[int, Damage]]]:
+        """Each sealed copy's files on disk against its seal (physical healing's check): a
+        ``.log`` gone or of another size than sealed, or a seal marker gone, is damage to the
+        copy, reported as any other (reads stop before it). What was found, by base offset."""
+        state = self._state
+        sealed = [
+            s
+            for s in state.segments
+            if s.state is CopyState.SEALED and s.seal is not None and s.damage is None
+        ]
+        if not sealed:
+            return succeed([])
+
+        def compared(on_disk: list[tuple[int | None, bool]]) -> list[tuple[int, Damage]]:
+            found = []
+            for segment, (size, marked) in zip(sealed, on_disk, strict=True):
+                assert segment.seal is not None
+                expected = segment.seal.byte_size
+                if segment.damage is not None or not _still(state, segment):
+                    continue  # found meanwhile, or deleted or replaced while looked at
+                if size != expected:
+                    damage = Damage(min(size or 0, expected), DamageReason.SIZE)
+                elif not marked:
+                    damage = Damage(expected, DamageReason.METADATA)
+                else:
+                    continue
+                state.found_damage(segment, damage)
+                found.append((segment.base_offset, damage))
+            return found
+
+        looking = self._reader.run(_files_on_disk_job, self._fs, [s.path for s in sealed])
+        return looking.addCallback(compared)
+
+    def _rewrite_index(
+        self, segment: Segment, index: bytes, current: Callable[[], bool]
+    ) -> Deferred[None]:
+        """Put the index rebuilt from a sealed copy's intact log in place of its sidecar (in
+        the write pipeline, so that no delete or install of the copy runs meanwhile)."""
+        index_path = segment.path.removesuffix(LOG_SUFFIX) + INDEX_SUFFIX
+        self._state.report(
+            IntegrityEvent(
+                DamageReason.INDEX, index_path, segment.base_offset, 0, segment.has_marker
+            )
+        )
+
+        def write() -> Deferred[None]:
+            if not current():
+                return succeed(None)
+            return self._executor.run(_write_index_job, self._fs, segment.path, index)
+
+        def failed(failure: Failure) -> None:
+            log.warn(
+                "Could not write the rebuilt index {path}: {error}; it is rebuilt again at the"
+                " next check",
+                path=index_path,
+                error=failure.getErrorMessage(),
+            )
+
+        return self._pipeline.run_control(write).addErrback(failed)
 
     # -- cutting back ----------------------------------------------------------------------
 
@@ -582,3 +657,11 @@ class SegmentOperations:
                 f"past appends in flight (up to offset {state.next_offset}); install it after"
             )
         return None
+
+
+def _still(state: LogState, segment: Segment) -> bool:
+    """Whether ``segment`` is still the log's segment at its base offset."""
+    try:
+        return state.find(segment.base_offset) is segment
+    except SegmentNotFoundError:
+        return False

@@ -109,6 +109,9 @@ class Verification:
     damage: Damage | None
     record_count: int
     byte_size: int
+    #: Of a sealed segment whose log is intact: its index sidecar rebuilt from the log, when
+    #: the one on disk is missing, unreadable or unlike it (``None``: it is as it should be).
+    rebuilt_index: bytes | None = None
 
     @property
     def verified(self) -> bool:
@@ -191,8 +194,17 @@ def sealed_files(data: bytes | memoryview, base_offset: int) -> Sealed | None:
     return Sealed(seal, [IndexEntry(offset, position) for offset, position in entries])
 
 
-def verify_segment_bytes(data: bytes, base_offset: int, seal: Seal | None) -> Verification:
-    """Check every checksum of a segment's bytes and, when sealed, its recorded size and count."""
+def verify_segment_bytes(
+    data: bytes,
+    base_offset: int,
+    seal: Seal | None,
+    *,
+    check_index: bool = False,
+    index: bytes | None = None,
+) -> Verification:
+    """Check every checksum of a segment's bytes and, when sealed, its recorded size and count;
+    with ``check_index``, the bytes of its index sidecar too (``index``; ``None``: there is
+    none)."""
     scan = scan_batches(data, 0, base_offset)
     count = scan.batches[-1].next_offset - base_offset if scan.batches else 0
     damage = scan.damage
@@ -202,7 +214,12 @@ def verify_segment_bytes(data: bytes, base_offset: int, seal: Seal | None) -> Ve
         and (len(data) != seal.byte_size or count != seal.record_count)
     ):
         damage = Damage(min(len(data), seal.byte_size), DamageReason.SIZE)
-    return Verification(base_offset, damage, count, scan.end)
+    rebuilt = None
+    if damage is None and check_index:
+        expected = encode_index(base_offset, build_index(scan.batches))
+        if index != expected:
+            rebuilt = expected
+    return Verification(base_offset, damage, count, scan.end, rebuilt)
 
 
 def verify_peer_batches(data: bytes, base_offset: int) -> list[BatchInfo]:
@@ -368,6 +385,9 @@ def _recover_sealed(
             index = decode_index(fs.read_file(stem_path + INDEX_SUFFIX), base)
         except ValueError:
             index = None
+            events.append(
+                IntegrityEvent(DamageReason.INDEX, stem_path + INDEX_SUFFIX, base, 0, True)
+            )
     if index is None:
         # Not data damage: the index is derived. Rebuild it from the log and try to put it back
         # (a full disk must not stop recovery for want of a file it can do without).

@@ -236,7 +236,15 @@ class LogState:
         )
 
     def report(self, event: IntegrityEvent) -> None:
-        if event.reason is DamageReason.METADATA:
+        if event.reason is DamageReason.INDEX:
+            log.warn(
+                "Integrity failure in {segment}: the index is unreadable or unlike its log;"
+                " rebuilt from the log, whose records are intact",
+                segment=event.segment,
+                reason=event.reason.value,
+                base_offset=event.base_offset,
+            )
+        elif event.reason is DamageReason.METADATA:
             log.error(
                 "Integrity failure in {segment}: the marker is unreadable ({reason}). An "
                 "unreadable seal marker closes the copy to appends; an unreadable epoch marker "

@@ -37,7 +37,7 @@ from logbroker.storage._atomic import AtomicWrites
 from logbroker.storage._digests import CopyDigests, CopyFiles, digest_copies
 from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
-from logbroker.storage._format import encode_batch, stamp_batch
+from logbroker.storage._format import Damage, encode_batch, stamp_batch
 from logbroker.storage._fs import FileSystem
 from logbroker.storage._handles import OpenFiles
 from logbroker.storage._operations import SegmentOperations
@@ -480,6 +480,13 @@ class RangeLog:
         replaced meanwhile); another waits for the writes before it.
         """
         return self._operations.verify_segment(base_offset)
+
+    def check_files(self) -> Deferred[list[tuple[int, Damage]]]:
+        """Compare each sealed segment's files on disk with its seal (on a reader thread): a
+        ``.log`` deleted or of another size than sealed, or a seal marker deleted, while this
+        log still holds the segment, is reported as damage (reads stop before it) and returned
+        with the segment's base offset."""
+        return self._operations.check_files()
 
     def fence(
         self, base_offset: int, epoch: int, data_epoch: int | None = None

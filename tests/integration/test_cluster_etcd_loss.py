@@ -15,7 +15,7 @@ import pytest
 
 from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.records import Record
-from tests.cluster import BrokerCluster, Node, running_cluster
+from tests.cluster import BrokerCluster, Node, read_all, running_cluster
 from tests.etcd import EtcdCluster, running_etcd
 
 pytestmark = pytest.mark.integration
@@ -53,18 +53,6 @@ def wait_until(check: object, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def read_all(node: Node, topic: str) -> list[bytes]:
-    values: list[bytes] = []
-    with connect(node) as client:
-        cursor = None
-        while True:
-            batch = client.fetch(topic, cursor, None, None, 1000, 0)
-            if not batch.records:
-                return values
-            values += [r.value for r in batch.records]
-            cursor = batch.next_cursor
-
-
 def test_losing_one_etcd_member_of_three_changes_nothing(
     cluster: BrokerCluster, etcd: EtcdCluster
 ) -> None:
@@ -80,7 +68,9 @@ def test_losing_one_etcd_member_of_three_changes_nothing(
     def read_back() -> bool:
         # Node 3 hears of the topic within one watch round trip.
         try:
-            return sorted(read_all(n3, "one-lost")) == sorted(b"%d" % i for i in range(20))
+            return sorted(read_all(n3, "one-lost", "app", "app123")) == sorted(
+                b"%d" % i for i in range(20)
+            )
         except BrokerRefused:
             return False
 
@@ -121,4 +111,4 @@ def test_losing_all_of_etcd_loses_nothing_and_the_cluster_recovers_by_itself(
     with connect(n3) as client:
         client.create_topic("after-etcd-returned")
         assert client.produce("all-lost", [Record(b"after", key=b"k")]) == 1
-    assert read_all(n2, "all-lost") == [b"before", b"after"]
+    assert read_all(n2, "all-lost", "app", "app123") == [b"before", b"after"]

@@ -33,6 +33,7 @@ __all__ = ["etcd_cluster"]
 
 LOGBROKER = str(Path(sys.executable).with_name("logbroker"))
 #: Segments seal every 16 KiB: the load below seals several in each range.
+#: The scrub is off (the cluster fixture's default): the damage below must stay for verify to find.
 SETTINGS = {"SVC_LOG_REPLICATION_FACTOR": "3", "SVC_SEGMENT_MAX_BYTES": "16384"}
 TOPIC = "verified"
 
@@ -99,21 +100,35 @@ def copy_file(cluster: BrokerCluster, node_id: str, meta: dict[str, Any], suffix
     return directory / f"{meta['base_offset']:020d}{suffix}"
 
 
+def verified_clean(node: Node, seconds: float = 30) -> subprocess.CompletedProcess[str]:
+    """``cluster verify`` through ``node`` once it finds every copy complete and identical."""
+    last: list[subprocess.CompletedProcess[str]] = []
+    wait_for(
+        lambda: not last.append(verify(node)) and last[-1].returncode == 0,
+        seconds,
+        lambda: last[-1].stdout + last[-1].stderr,
+    )
+    return last[-1]
+
+
+def loaded(cluster: BrokerCluster, etcd: EtcdCluster) -> None:
+    """``produce_load`` through the first node, once several segments are sealed and every
+    copy of them verifies identical."""
+    produce_load(cluster.nodes[0])
+    wait_for(
+        lambda: len(sealed_segments(etcd, cluster)) >= 6,
+        30,
+        lambda: f"{len(sealed_segments(etcd, cluster))} sealed segments",
+    )
+    # Each replica seals its copy when its primary tells it to, right after the seal.
+    verified_clean(cluster.nodes[0])
+
+
 def test_every_sealed_copy_verifies_identical_until_one_is_damaged(
     cluster: BrokerCluster, etcd_cluster: EtcdCluster
 ) -> None:
     first = cluster.nodes[0]
-    produce_load(first)
-    wait_for(
-        lambda: len(sealed_segments(etcd_cluster, cluster)) >= 6,
-        30,
-        lambda: f"{len(sealed_segments(etcd_cluster, cluster))} sealed segments",
-    )
-    # Each replica seals its copy when its primary tells it to, right after the seal.
-    last: list[subprocess.CompletedProcess[str]] = []
-    wait_for(
-        lambda: not last.append(verify(first)) and last[-1].returncode == 0, 30, lambda: last[-1]
-    )
+    loaded(cluster, etcd_cluster)
 
     clean = verify(cluster.nodes[1])
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gc
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -158,6 +159,7 @@ class SimNode:
             replication=world.settings,
             roll_bytes=ROLL_BYTES,
             is_live=membership.is_alive,
+            repair_metrics=world,
             holds_chores=lambda: membership.holds_chores,
             replace_after_seconds=REPLACE_AFTER,
             heard_at=peers.heard_at,
@@ -266,6 +268,12 @@ class World:
         self.busy_until = 0.0
         #: The later steps of faults (``_fault_later``), cancelled by ``calm``.
         self._fault_steps: list[IDelayedCall] = []
+        #: The outcomes of the nodes' repairs of damaged copies, by result.
+        self.repairs: Counter[str] = Counter()
+
+    def scrub_checked(self, result: str) -> None:
+        """A node's repair of a damaged copy ended (``RepairMetrics``)."""
+        self.repairs[result] += 1
 
     # -- running -----------------------------------------------------------------------------
 

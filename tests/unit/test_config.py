@@ -678,8 +678,8 @@ def test_a_cluster_setting_that_cannot_be_served_is_an_error(
 def test_a_replicated_cluster_boots_without_a_warning_of_its_own() -> None:
     config = parse({"SVC_CONTROL_PLANE": "etcd://e:2379", "SVC_LOG_REPLICATION_FACTOR": "3"})
 
-    [scrub] = check_built(config)
-    assert scrub.startswith("SVC_SCRUB_ENABLED")
+    # The scrub, on by default, repairs from the replicas (``logbroker.replication.repair``).
+    assert check_built(config) == []
 
 
 def test_a_prod_cluster_node_needs_a_cluster_secret() -> None:
@@ -701,41 +701,15 @@ def test_a_prod_cluster_node_needs_a_cluster_secret() -> None:
 
 
 def test_a_cluster_node_warns_what_of_the_cluster_is_not_built_yet() -> None:
-    [cluster, scrub] = check_built(parse({"SVC_CONTROL_PLANE": "etcd://e1:2379"}))
+    [cluster] = check_built(parse({"SVC_CONTROL_PLANE": "etcd://e1:2379"}))
 
-    assert scrub.startswith("SVC_SCRUB_ENABLED")
     assert cluster.startswith("SVC_LOG_REPLICATION_FACTOR=1: each range has one copy")
 
 
-def test_a_cluster_node_s_scrub_warns_that_it_is_not_built_unless_turned_off() -> None:
-    # A single node scrubs (``logbroker.maintenance.scrub``): nothing to warn of.
-    assert check_built(parse({})) == []
-    cluster = {"SVC_CONTROL_PLANE": "etcd://e:2379", "SVC_LOG_REPLICATION_FACTOR": "3"}
-
-    [warning] = check_built(parse(cluster))
-    assert warning.startswith(
-        "SVC_SCRUB_ENABLED is true, but the integrity scrub of a cluster node"
-    )
-    assert check_built(parse({**cluster, "SVC_SCRUB_ENABLED": "false"})) == []
-
-
-def test_each_retention_limit_set_warns_that_it_is_not_in_effect() -> None:
-    warnings = check_built(
-        parse(
-            {
-                "SVC_SCRUB_ENABLED": "false",
-                "SVC_RETENTION_MAX_AGE_MS": "604800000",
-                "SVC_RETENTION_MAX_BYTES": "0",
-            }
-        )
-    )
-
-    assert warnings == [
-        "SVC_RETENTION_MAX_AGE_MS=604800000 is not in effect: retention is not built in this"
-        " version, so every segment is kept",
-        "SVC_RETENTION_MAX_BYTES=0 is not in effect: retention is not built in this version, so"
-        " every segment is kept",
-    ]
+def test_retention_limits_boot_without_a_warning() -> None:
+    # Retention is built (``logbroker.maintenance.retention``): nothing to warn of.
+    env = {"SVC_RETENTION_MAX_AGE_MS": "604800000", "SVC_RETENTION_MAX_BYTES": "0"}
+    assert check_built(parse(env)) == []
 
 
 def test_a_node_s_identity_in_the_cluster() -> None:

@@ -300,13 +300,11 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
         ports.append([port for port, _, _, _ in reactor.tcpServers])
 
     common_head = ["StopOnSigterm", "storage", "control-plane"]
-    common_tail = ["reactor-lag", "auth-threads"]
-    # A single node scrubs its sealed segments; a cluster member does not scrub yet.
+    # Both scrub their sealed segments (a member repairs from its replicas).
+    common_tail = ["reactor-lag", "scrub", "auth-threads"]
     assert trees[0] == [
         *common_head,
-        "reactor-lag",
-        "scrub",
-        "auth-threads",
+        *common_tail,
         "rate-limit-cleanup",
         "dashboard",
         "clients",
@@ -327,6 +325,30 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
         "clients",
     ]
     assert ports == [[4041, 4040], [4041, 4042, 4040]]
+
+
+@pytest.mark.usefixtures("switch_interval")
+@pytest.mark.parametrize(
+    ("limits", "runs"),
+    [
+        ({}, False),
+        ({"SVC_RETENTION_INTERVAL_MS": "1000"}, False),
+        ({"SVC_RETENTION_MAX_BYTES": "0"}, True),
+        ({"SVC_RETENTION_MAX_AGE_MS": "604800000"}, True),
+    ],
+)
+def test_a_retention_task_runs_only_with_a_limit_set(
+    tmp_path: Path, limits: dict[str, str], runs: bool
+) -> None:
+    config, _ = BrokerConfig.from_env(limits, cwd=str(tmp_path))
+    data_dir = DataDirectory.open(config.storage.data_dir, OsFileSystem())
+
+    tree = _tree(build_service(MemoryReactorClock(), config, data_dir, None))
+
+    # With both limits unset, segments are kept forever and no retention task starts.
+    assert ("retention" in tree) is runs
+    if runs:
+        assert tree.index("retention") == tree.index("scrub") + 1
 
 
 def test_a_members_chores_wait_for_its_control_plane_to_load(tmp_path: Path) -> None:

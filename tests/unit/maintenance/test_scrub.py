@@ -7,12 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from logbroker.controlplane import SegmentMeta, SegmentState
-from logbroker.maintenance.scrub import Scrubber, ScrubRotation, ScrubTask, SegmentKey
+from logbroker.maintenance.scrub import (
+    NoOtherCopy,
+    Scrubber,
+    ScrubRotation,
+    ScrubTask,
+    SegmentKey,
+)
 from logbroker.metrics import Metrics
 from logbroker.storage import RangeLog, SegmentInfo
 from logbroker.testing import MemoryFileSystem
@@ -105,7 +112,7 @@ def _node(per_tick: int = 1, recorded: bool = True) -> _Node:
         fs,
         metrics,
         log,
-        Scrubber({"topic.0": log}, control, per_tick, metrics),
+        Scrubber({"topic.0": log}, control, per_tick, metrics, NoOtherCopy(metrics), Clock()),
         [first, second],
         control,
     )
@@ -202,3 +209,75 @@ def test_the_task_checks_every_interval_and_says_it_runs_while_it_does() -> None
     assert value(node.metrics, "svc_scrub_enabled") == 0
     clock.advance(60)
     assert node.checks()["verified"] == 2
+
+
+@pytest.mark.parametrize("damage", ["flipped", "truncated", "deleted"])
+def test_a_rotted_index_is_rebuilt_from_the_intact_log_and_counted(
+    damage: str, logged: list[dict[str, Any]]
+) -> None:
+    node = _node()
+    index = segment_path(0, ".index")
+    intact = node.fs.read_file(index)
+    if damage == "flipped":
+        node.fs.corrupt(index, len(intact) - 3)
+    elif damage == "truncated":
+        node.fs.truncate(index, len(intact) - 4)
+    else:
+        node.fs.remove(index)
+
+    result_of(node.scrubber.tick())
+
+    # The records are intact: the segment verifies, and its index is as the log makes it.
+    assert node.checks() == {"verified": 1, "repaired": 0, "unrepairable": 0}
+    assert node.fs.read_file(index) == intact
+    assert value(node.metrics, "svc_storage_integrity_failures_total", reason="index") == 1
+    [event] = [e for e in logged if e.get("reason") == "index"]
+    assert event["segment"] == index
+    assert event["log_level"].name == "warn"
+
+    result_of(node.scrubber.tick())
+    result_of(node.scrubber.tick())
+    assert node.checks()["verified"] == 3
+    assert value(node.metrics, "svc_storage_integrity_failures_total", reason="index") == 1
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason", "why"),
+    [
+        ("deleted", "size", "its .log is gone from disk, or empty"),
+        ("truncated", "size", "its .log on disk ends at byte 90, short of its seal"),
+        ("unsealed", "metadata", "its seal marker is gone from disk"),
+    ],
+)
+def test_a_sealed_copy_deleted_or_cut_short_on_disk_is_found_at_the_next_tick(
+    damage: str, reason: str, why: str, logged_errors: list[dict[str, Any]]
+) -> None:
+    node = _node(per_tick=1)
+    # Segment 5, not the rotation's next: the files are compared at every tick, whatever the
+    # rotation checks.
+    if damage == "deleted":
+        node.fs.remove(segment_path(5))
+    elif damage == "truncated":
+        node.fs.truncate(segment_path(5), 90)
+    else:
+        node.fs.remove(segment_path(5, ".sealed"))
+
+    result_of(node.scrubber.tick())
+
+    assert node.checks() == {"verified": 1, "repaired": 0, "unrepairable": 1}
+    assert value(node.metrics, "svc_storage_integrity_failures_total", reason=reason) == 1
+    [finding] = [e for e in logged_errors if e["log_format"].startswith("Scrub:")]
+    assert (finding["segment"], finding["why"]) == ("topic.0@5", why)
+    # The copy is known damaged: reads stop before the damage (what the .log still holds of
+    # a copy whose marker is gone is whole).
+    info = node.log.segment(5)
+    assert info is not None
+    assert info.damage is not None
+    whole = node.sealed[1].byte_size
+    assert info.damage.position == {"deleted": 0, "truncated": 90, "unsealed": whole}[damage]
+    logged_errors.clear()
+
+    # Known damaged: the rotation's check of it counts it again; the file pass does not.
+    result_of(node.scrubber.tick())
+    assert node.checks() == {"verified": 1, "repaired": 0, "unrepairable": 2}
+    logged_errors.clear()

@@ -156,6 +156,8 @@ def test_the_snapshot_of_a_new_registry() -> None:
         open_connections=0,
         integrity_failures={reason.value: 0 for reason in DamageReason},
         scrub_segments={"verified": 0, "repaired": 0, "unrepairable": 0},
+        retention_segments_removed=0,
+        retention_bytes_removed=0,
         domain_violations=0,
         periodic_task_failures={},
         group_commit_flushes=0,

@@ -7,9 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar, cast
 
 import attrs
-import pytest
 from twisted.internet.defer import Deferred
-from twisted.logger import globalLogPublisher
 
 from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.records import Record
@@ -23,14 +21,6 @@ from tests.unit.storage.helpers import result_of
 
 #: Small segments: the range rolls every few appends.
 ROLL_BYTES = 400
-
-
-@pytest.fixture
-def logged() -> Any:
-    events: list[dict[str, Any]] = []
-    globalLogPublisher.addObserver(events.append)
-    yield events
-    globalLogPublisher.removeObserver(events.append)
 
 
 def append_each(world: Cluster, lead: LeadRanges, count: int) -> None:
