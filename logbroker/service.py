@@ -61,6 +61,7 @@ from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.maintenance.retention import RetentionRule, RetentionTask
 from logbroker.maintenance.scrub import NoOtherCopy, Scrubber, ScrubTask
+from logbroker.maintenance.view import MaintenanceView, RetentionStatus, ScrubStatus
 from logbroker.metrics import Metrics, ReactorLagProbe
 from logbroker.node_modes import ClusterMember, NodeMode, SingleNode, port_number
 from logbroker.security import UserDirectory, seed_accounts
@@ -666,30 +667,7 @@ def build_service(
         now=False,
     )
     _add(root, lag, "reactor-lag")
-    if mode.repairs is not None:
-        storage.on_damage = mode.repairs.damage_found
-    if config.scrub.enabled:
-        # Without other copies (one node, replication factor 1), every finding is unrepairable.
-        repairs = mode.repairs or NoOtherCopy(metrics)
-        scrubber = Scrubber(
-            storage.logs, control, config.scrub.segments_per_tick, metrics, repairs, reactor
-        )
-        _add(root, ScrubTask(scrubber, config.scrub.interval_ms / 1000, reactor, metrics), "scrub")
-
-    retention = config.retention
-    rule = RetentionRule(retention.max_age_ms, retention.max_bytes)
-    if rule.enabled:
-        # With both limits unset, segments are kept forever and no retention task starts.
-        _add(
-            root,
-            RetentionTask(
-                mode.retention(rule, reactor, metrics),
-                retention.interval_ms / 1000,
-                reactor,
-                metrics,
-            ),
-            "retention",
-        )
+    maintenance = _maintenance(root, config, mode, storage, control, metrics, reactor)
 
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.
@@ -770,6 +748,7 @@ def build_service(
         mode=config.mode.value,
         # With TLS on, the dashboard is HTTPS only: its cookie is Secure and HSTS is sent.
         secure=tls is not None,
+        maintenance=maintenance,
     )
     site = DashboardSite(app.app.resource(), secure=tls is not None, reactor=reactor)
     # Before the client port, so that it starts first and stops last: /ready reports the drain.
@@ -828,6 +807,46 @@ def _node_mode(
         peer_tls = None if tls is None else tls.peer
         return ClusterMember(reactor, config, node_id, storage, metrics, guards.sessions, peer_tls)
     return SingleNode(config, node_id, data_dir, fs, storage, storage.executor)
+
+
+def _maintenance(
+    root: MultiService,
+    config: BrokerConfig,
+    mode: NodeMode,
+    storage: StorageService,
+    control: ControlPlane,
+    metrics: Metrics,
+    reactor: Any,
+) -> MaintenanceView:
+    """The integrity scrub and retention, each a periodic task when configured; what the
+    dashboard shows of them."""
+    if mode.repairs is not None:
+        storage.on_damage = mode.repairs.damage_found
+    scrub = config.scrub
+    scrubber = None
+    if scrub.enabled:
+        # Without other copies (one node, replication factor 1), every finding is unrepairable.
+        repairs = mode.repairs or NoOtherCopy(metrics)
+        scrubber = Scrubber(
+            storage.logs, control, scrub.segments_per_tick, metrics, repairs, reactor
+        )
+        _add(root, ScrubTask(scrubber, scrub.interval_ms / 1000, reactor, metrics), "scrub")
+    retention = config.retention
+    rule = RetentionRule(retention.max_age_ms, retention.max_bytes)
+    retainer = None
+    if rule.enabled:
+        # With both limits unset, segments are kept forever and no retention task starts.
+        retainer = mode.retention(rule, reactor, metrics)
+        task = RetentionTask(retainer, retention.interval_ms / 1000, reactor, metrics)
+        _add(root, task, "retention")
+    return MaintenanceView(
+        scrub=ScrubStatus(scrub.enabled, scrub.interval_ms, scrub.segments_per_tick),
+        retention=RetentionStatus(
+            rule.enabled, rule.max_age_ms, rule.max_bytes, retention.interval_ms
+        ),
+        scrubber=scrubber,
+        retainer=retainer,
+    )
 
 
 def _replicated(config: BrokerConfig) -> bool:

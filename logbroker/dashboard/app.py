@@ -51,6 +51,8 @@ from logbroker.dashboard.payload import (
     rate_limits_payload,
 )
 from logbroker.errors import HTTP_STATUS, LogbrokerError, Reason
+from logbroker.maintenance.scrub import MaintenanceRefused
+from logbroker.maintenance.view import MaintenanceView
 from logbroker.metrics import Metrics
 from logbroker.security import Permission, SecurityError, UserDirectory
 from logbroker.security.connections import client_identifier
@@ -112,7 +114,7 @@ _ROUTING_ERRORS: tuple[tuple[type[Exception], Reason], ...] = (
 _FAULTS = frozenset({Reason.INTERNAL_ERROR, Reason.CONTROL_PLANE_ERROR})
 
 #: Errors whose message is meant for whoever sent the request (bad input, in words).
-_EXPLAINED = (DashboardError, SecurityError)
+_EXPLAINED = (DashboardError, SecurityError, MaintenanceRefused)
 
 
 class Node(Protocol):
@@ -277,6 +279,7 @@ class DashboardApp:
         mode: str,
         secure: bool,
         cluster: ClusterView | None = None,
+        maintenance: MaintenanceView | None = None,
     ) -> None:
         self._clock = clock
         self._settings = settings
@@ -290,6 +293,7 @@ class DashboardApp:
         self._secure = secure
         #: May be set after construction, as ``ClientFactory.cluster`` may.
         self.cluster = cluster
+        self._maintenance = maintenance
         #: Opens a login's session: at once on one node; in a cluster, once the other nodes can
         #: know it (``SharedSessions.login``), so the browser's next request may land anywhere.
         self.open_session: Callable[[str, str, Origin], Deferred[Session]] = (
@@ -420,8 +424,23 @@ class DashboardApp:
             meter=self._meter,
             guards=self._guards,
             cluster=None if self.cluster is None else self.cluster.status(),
+            maintenance=self._maintenance,
         )
         return _answer(request, payload)
+
+    @app.route("/scrub", methods=["POST"])
+    def scrub_now(self, request: IRequest) -> bytes:
+        """Start a full pass of the integrity scrub over every sealed segment now (admins)."""
+        admin = self._admin(request)
+        if self._maintenance is None:
+            raise MaintenanceRefused("this node has no integrity scrub")
+        segments = self._maintenance.scrub_now()
+        log.info(
+            "Dashboard: {admin} started a full scrub pass over {count} sealed segments",
+            admin=admin.name,
+            count=segments,
+        )
+        return _answer(request, {"s": "ok", "scrub": {"full_pass": segments}}, 202)
 
     @app.route("/rate_limits", methods=["GET"])
     def rate_limits(self, request: IRequest) -> bytes:

@@ -13,8 +13,11 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from enum import StrEnum
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
+import attrs
+
 from logbroker import __version__
 from logbroker.controlplane import Topic
+from logbroker.maintenance.view import MaintenanceView, ScrubStatus
 from logbroker.metrics import MetricsSnapshot
 from logbroker.security.guards import Guards
 from logbroker.security.ratelimit import Action, RateLimiter
@@ -118,6 +121,7 @@ def metrics_payload(
     meter: RateMeter[tuple[str, str]],
     guards: Guards,
     cluster: ClusterStatus | None = None,
+    maintenance: MaintenanceView | None = None,
 ) -> dict[str, Any]:
     """The JSON ``/metrics`` document. ``segments`` maps the open range ids to their segments;
     ``meter`` is sampled once, at ``now``, with the per-topic counters; ``cluster`` is what the
@@ -196,7 +200,15 @@ def metrics_payload(
             ),
             "bytes": snapshot.storage_bytes,
             "integrity_failures": dict(sorted(snapshot.integrity_failures.items())),
-            "scrub": dict(snapshot.scrub_segments),
+            "scrub": {
+                **snapshot.scrub_segments,
+                **({} if maintenance is None else _scrub(maintenance.scrub())),
+            },
+            "retention": {
+                "segments_removed": snapshot.retention_segments_removed,
+                "bytes_removed": snapshot.retention_bytes_removed,
+                **({} if maintenance is None else attrs.asdict(maintenance.retention())),
+            },
         },
         "throughput": {
             "records_produced": sum(series["produce"].values()),
@@ -214,6 +226,17 @@ def metrics_payload(
         },
         "cluster": None if cluster is None else cluster_payload(cluster, snapshot),
     }
+
+
+def _scrub(status: ScrubStatus) -> dict[str, Any]:
+    fields = attrs.asdict(status)
+    fields["unrepairable"] = [
+        {"segment": segment, "detail": detail} for segment, detail in status.unrepairable
+    ]
+    # ``unrepairable`` is the count of findings (``svc_storage_scrub_segments_total``); the
+    # segments themselves, by name, are listed apart.
+    fields["unrepairable_segments"] = fields.pop("unrepairable")
+    return fields
 
 
 def _address(host: str, port: int) -> str:

@@ -103,6 +103,8 @@ NewestTimes = Callable[[Sequence[str]], Deferred[Mapping[tuple[str, int], int]]]
 class Retention:
     """One retention pass over every range (``tick``): decides, records and deletes."""
 
+    rule: RetentionRule
+
     def __init__(
         self,
         control: ControlPlane,
@@ -116,17 +118,21 @@ class Retention:
     ) -> None:
         self._control = control
         self._logs = logs
-        self._rule = rule
+        self.rule = self._rule = rule
         self._clock = clock
         self._metrics = metrics
         self._newest_times = newest_times
         self._decides = decides
+        #: When the last pass ended, by the clock, and whether this node decided at it.
+        self.last_pass_at: float | None = None
+        self.deciding = False
 
     def tick(self) -> Deferred[None]:
         return Deferred.fromCoroutine(self._tick())
 
     async def _tick(self) -> None:
-        if self._decides():
+        self.deciding = self._decides()
+        if self.deciding:
             await self._decide()
         # Every node deletes its own copies of what was removed (a cluster's decider removes
         # records only): after the record, never before it.
@@ -134,6 +140,7 @@ class Retention:
         for range_id, copy in list(self._logs.items()):
             await slices.next()
             await delete_removed_copies(self._control, copy, range_id)
+        self.last_pass_at = self._clock.seconds()
 
     async def _decide(self) -> None:
         range_ids = list(self._control.range_ids())

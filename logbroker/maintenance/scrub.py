@@ -32,6 +32,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
 from logbroker.controlplane import ControlPlane, SegmentState
+from logbroker.errors import LogbrokerError, Reason
 from logbroker.maintenance.periodic import PeriodicTask, TaskMetrics
 from logbroker.maintenance.slices import Slices
 from logbroker.replication.replica import record_of
@@ -91,6 +92,16 @@ class ScrubMetrics(TaskMetrics, Protocol):
         reports damage in its bytes itself)."""
 
 
+class MaintenanceRefused(LogbrokerError):
+    """An operator's request of the scrub or retention that cannot be done now; says why."""
+
+    default_reason = Reason.INVALID_OPERATION
+
+
+class ScrubBusy(MaintenanceRefused):
+    """A full pass was asked for while one runs."""
+
+
 class DamageRepair(Protocol):
     @property
     def unrepairable(self) -> Mapping[SegmentKey, str]:
@@ -141,6 +152,11 @@ class Scrubber:
         self._segments_per_tick = segments_per_tick
         self._metrics = metrics
         self.rotation = ScrubRotation()
+        #: When a cycle last ended (the rotation's, or a full pass's), by the clock.
+        self.last_cycle_at: float | None = None
+        #: Full passes started on demand and done; the segments of the one running, if any.
+        self.full_passes = 0
+        self.full_pass: int | None = None
         #: Copies found unlike the control plane's record: counted as a failure once each, as
         #: the range logs count damage in their bytes.
         self._size_reported: set[SegmentKey] = set()
@@ -159,8 +175,38 @@ class Scrubber:
 
     async def _tick(self) -> None:
         await self._check_files()
+        cycles = self.rotation.cycles
         for range_id, base in self.rotation.next(self.sealed_segments(), self._segments_per_tick):
             await self._check(range_id, base)
+        if self.rotation.cycles != cycles:
+            self.last_cycle_at = self._clock.seconds()
+
+    def check_all_now(self) -> int:
+        """Start a full pass over every sealed segment now, beside the rotation (an operator's
+        ``POST /scrub``); the number of segments it checks. ``ScrubBusy`` while one runs."""
+        if self.full_pass is not None:
+            raise ScrubBusy(
+                f"a full pass started on demand is checking {self.full_pass} sealed segments"
+                " already"
+            )
+        segments = self.sealed_segments()
+        self.full_pass = len(segments)
+        log.info("Scrub: a full pass over {count} sealed segments starts", count=len(segments))
+        Deferred.fromCoroutine(self._check_all(segments)).addErrback(
+            lambda failure: log.failure("Scrub: the full pass failed", failure)
+        )
+        return len(segments)
+
+    async def _check_all(self, segments: Sequence[SegmentKey]) -> None:
+        try:
+            await self._check_files()
+            for range_id, base in segments:
+                await self._check(range_id, base)
+        finally:
+            self.full_pass = None
+        self.last_cycle_at = self._clock.seconds()
+        self.full_passes += 1
+        log.info("Scrub: the full pass over {count} sealed segments is done", count=len(segments))
 
     async def _check_files(self) -> None:
         """Physical healing's pass (rule 9): every sealed copy's files on disk against its seal,

@@ -20,6 +20,7 @@ from tests.integration.test_cluster_verify import (
     TOPIC,
     copy_file,
     loaded,
+    produce_load,
     sealed_segments,
     verified_clean,
     wait_for,
@@ -174,3 +175,66 @@ def test_sealed_copies_deleted_or_cut_short_under_a_running_follower_are_fetched
     samples = scrape(follower.dashboard_port)
     assert samples[("svc_storage_integrity_failures_total", (("reason", "size"),))] == 2
     verified_clean(first)
+
+
+def _rot_index(path: Path) -> None:
+    with path.open("r+b") as file:
+        file.seek(21)
+        byte = file.read(1)
+        file.seek(21)
+        file.write(bytes([byte[0] ^ 0x40]))
+
+
+def _tear(path: Path) -> None:
+    """A torn write at the tail: the start of a frame whose rest never reached the disk."""
+    with path.open("ab") as file:
+        file.write(b"\x00\x00\x01\x00" + b"\xab" * 9)
+
+
+@pytest.mark.parametrize("fault", ["rotted_index", "truncated_copy", "deleted_copy", "torn_tail"])
+def test_a_storage_fault_in_a_stopped_follower_ends_with_every_copy_identical(
+    fault: str, cluster: BrokerCluster, etcd_cluster: EtcdCluster
+) -> None:
+    first, follower = cluster.nodes[0], cluster.nodes[1]
+    loaded(cluster, etcd_cluster)
+    # Faults go into copies this node holds as a follower only (the spec's guarantee 6).
+    followed = [
+        meta
+        for meta in segments_in_etcd(etcd_cluster, cluster)
+        if follower.node_id in meta["replicas"][1:]
+    ]
+    sealed = next(m for m in followed if m["state"] == "sealed" and m["record_count"])
+    active = next(m for m in followed if m["state"] == "active")
+    follower.stop()
+    if fault == "rotted_index":
+        _rot_index(copy_file(cluster, follower.node_id, sealed, ".index"))
+    elif fault == "truncated_copy":
+        with copy_file(cluster, follower.node_id, sealed, ".log").open("r+b") as file:
+            file.truncate(file.seek(0, 2) // 2)
+    elif fault == "deleted_copy":
+        for suffix in (".log", ".index", ".sealed", ".epoch"):
+            copy_file(cluster, follower.node_id, sealed, suffix).unlink(missing_ok=True)
+    else:
+        _tear(copy_file(cluster, follower.node_id, active, ".log"))
+
+    follower.start()
+    # More records: the active segments the torn tails were in seal, on every copy.
+    produce_load(first, label="after")
+
+    verified_clean(first, seconds=60)
+    samples = scrape(follower.dashboard_port)
+
+    def failures(reason: str) -> float:
+        return samples.get(("svc_storage_integrity_failures_total", (("reason", reason),)), 0.0)
+
+    if fault == "rotted_index":
+        assert failures("index") == 1, samples
+    elif fault == "truncated_copy":
+        assert failures("size") == 1, samples
+        assert scrub_results(follower.dashboard_port)["repaired"] >= 1
+    elif fault == "torn_tail":
+        # Crash recovery, not damage: dropped, logged, not counted.
+        assert failures("incomplete") == 0, samples
+        assert "Torn tail in " in "".join(follower.output)
+    for node in cluster.nodes:
+        assert scrub_results(node.dashboard_port)["unrepairable"] == 0, node.node_id

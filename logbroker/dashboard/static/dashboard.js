@@ -217,6 +217,7 @@
     setText("scrub-repaired", count(storage.scrub.repaired));
     setText("scrub-unrepairable", count(storage.scrub.unrepairable));
     byId("scrub-unrepairable").classList.toggle("alert", storage.scrub.unrepairable > 0);
+    renderMaintenance(storage.scrub, storage.retention);
     setText("damaged-segments", count(storage.damaged_segments));
     byId("damaged-segments").classList.toggle("alert", storage.damaged_segments > 0);
     pairs(
@@ -227,6 +228,55 @@
     pairs("connections-top", connections.top);
     renderCluster(cluster);
     setText("updated", new Date().toLocaleTimeString());
+  }
+
+  function when(seconds) {
+    return typeof seconds === "number" ? new Date(seconds * 1000).toLocaleString() : "never yet";
+  }
+
+  function renderMaintenance(scrub, retention) {
+    let state = "off";
+    if (scrub.enabled) {
+      state = `${count(scrub.segments_per_tick)} segments every ${count(scrub.interval_ms)} ms`;
+      if (typeof scrub.full_pass === "number") {
+        state += `; a full pass over ${count(scrub.full_pass)} segments is running`;
+      }
+    }
+    setText("scrub-state", state);
+    setText("scrub-last-cycle", scrub.enabled ? when(scrub.last_cycle_at) : "–");
+    byId("scrub-now").disabled = !scrub.enabled || typeof scrub.full_pass === "number";
+    const unrepairable = scrub.unrepairable_segments || [];
+    fillRows(
+      "scrub-unrepairable-segments",
+      unrepairable.map((entry) => [[entry.segment, "alert"], [entry.detail, ""]]),
+    );
+    byId("scrub-unrepairable-segments-empty").hidden = unrepairable.length > 0;
+
+    const limits = [];
+    if (typeof retention.max_age_ms === "number") {
+      limits.push(`age ${duration(retention.max_age_ms / 1000)}`);
+    }
+    if (typeof retention.max_bytes === "number") {
+      limits.push(`${bytes(retention.max_bytes)} per range`);
+    }
+    setText("retention-limits", retention.enabled ? limits.join(", ") : "off: every segment is kept");
+    setText("retention-segments", count(retention.segments_removed));
+    setText("retention-bytes", bytes(retention.bytes_removed));
+    setText("retention-last-pass", retention.enabled ? when(retention.last_pass_at) : "–");
+  }
+
+  async function scrubNow() {
+    const result = byId("scrub-now-result");
+    result.textContent = "";
+    try {
+      const response = await fetch("/scrub", { method: "POST", credentials: "same-origin" });
+      const body = await response.json();
+      result.textContent = response.ok
+        ? `Started: ${count(body.scrub.full_pass)} sealed segments to check.`
+        : `Refused: ${body.message || body.reason}`;
+    } catch (error) {
+      result.textContent = `The broker cannot be reached (${error.message}).`;
+    }
   }
 
   function banner(text) {
@@ -273,6 +323,7 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     byId("logout").addEventListener("click", signOut);
+    byId("scrub-now").addEventListener("click", scrubNow);
     poll();
   });
 })();

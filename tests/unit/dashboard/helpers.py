@@ -24,6 +24,8 @@ from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.cluster.view import ClusterView
 from logbroker.config import BrokerConfig
 from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
+from logbroker.maintenance.scrub import NoOtherCopy, Scrubber
+from logbroker.maintenance.view import MaintenanceView, RetentionStatus, ScrubStatus
 from logbroker.metrics import Metrics
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.security.guards import Guards
@@ -51,6 +53,9 @@ class Dashboard:
     guards: Guards
     metrics: Metrics
     tcp: Server
+    storage: Any
+    #: ``None`` with ``SVC_SCRUB_ENABLED=false``.
+    scrubber: Scrubber | None
 
     def url(self, path: str) -> str:
         return f"http://127.0.0.1:{self.port.getHost().port}{path}"  # type: ignore[attr-defined]
@@ -91,6 +96,16 @@ def start_dashboard(
     )
     result_of(seed_accounts(users, "test", {}))
     status = Status()
+    scrubber = None
+    if config.scrub.enabled:
+        scrubber = Scrubber(storage.logs, control, 1, metrics, NoOtherCopy(metrics), clock)
+    maintenance = MaintenanceView(
+        scrub=ScrubStatus(
+            config.scrub.enabled, config.scrub.interval_ms, config.scrub.segments_per_tick
+        ),
+        retention=RetentionStatus(False, None, None, config.retention.interval_ms),
+        scrubber=scrubber,
+    )
     app = DashboardApp(
         clock=clock,
         settings=config.dashboard,
@@ -101,12 +116,13 @@ def start_dashboard(
         mode=config.mode.value,
         secure=secure,
         cluster=cluster,
+        maintenance=maintenance,
     )
     site = DashboardSite(app.app.resource(), secure=secure, reactor=reactor)
     port = reactor.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[attr-defined]
     tcp = Server(broker, users, clock)
     tcp.guards = guards
-    return Dashboard(port, clock, status, broker, users, guards, metrics, tcp)
+    return Dashboard(port, clock, status, broker, users, guards, metrics, tcp, storage, scrubber)
 
 
 @implementer(IAgentEndpointFactory)

@@ -214,11 +214,68 @@ async def test_json_metrics_has_the_spec_s_counters_and_the_node_s_state(
     assert orders["bytes"] == body["storage"]["bytes"] > 0
     storage = body["storage"]
     assert (storage["topics"], storage["ranges"], storage["damaged_segments"]) == (1, 2, 0)
-    assert storage["scrub"] == {"verified": 0, "repaired": 0, "unrepairable": 0}
     assert storage["integrity_failures"]["checksum"] == 0
     assert body["connections"]["open"] == 3
     assert body["connections"]["top"] == [["10.0.0.5", 2], ["10.0.0.6", 1]]
     assert body["connections"]["refused"] == {"per_ip": 1, "global": 0}
+
+
+@pytest_twisted.ensureDeferred
+async def test_an_admin_starts_a_full_scrub_pass_and_the_page_data_shows_what_it_found(
+    dashboard: Dashboard, logged_errors: list[dict[str, Any]]
+) -> None:
+    result_of(dashboard.broker.create_topic("orders", 0))
+    produce(dashboard, "orders", 20)
+    sealed = [result_of(log.roll()) for log in dashboard.storage.logs.values()]
+    produce(dashboard, "orders", 4)
+    damaged_range = sorted(dashboard.storage.logs)[0]
+    damaged = dashboard.storage.logs[damaged_range]
+    dashboard.storage.fs.corrupt(f"{damaged.directory}/{0:020d}.log", 40)
+    admin = await login(dashboard)
+    dashboard.clock.advance(30)
+
+    refused = await http.post(
+        dashboard.url("/scrub"), headers=bearer(await login(dashboard, "app", "app123"))
+    )
+    assert refused.code == 403
+    code, body = await answer(await http.post(dashboard.url("/scrub"), headers=bearer(admin)))
+
+    assert (code, body) == (202, {"s": "ok", "scrub": {"full_pass": len(sealed)}})
+    code, body = await answer(await http.get(dashboard.url("/metrics")))
+    scrub = body["storage"]["scrub"]
+    assert (scrub["verified"], scrub["repaired"], scrub["unrepairable"]) == (len(sealed) - 1, 0, 1)
+    assert (scrub["full_passes"], scrub["full_pass"], scrub["last_cycle_at"]) == (1, None, 30.0)
+    assert (scrub["enabled"], scrub["interval_ms"], scrub["segments_per_tick"]) == (True, 60000, 1)
+    [unrepairable] = scrub["unrepairable_segments"]
+    assert unrepairable["segment"] == f"{damaged_range}@0"
+    assert unrepairable["detail"].startswith("byte ")
+    assert body["storage"]["retention"] == {
+        "segments_removed": 0,
+        "bytes_removed": 0,
+        "enabled": False,
+        "max_age_ms": None,
+        "max_bytes": None,
+        "interval_ms": 60000,
+        "last_pass_at": None,
+        "deciding": False,
+    }
+    assert {e["log_format"].split(" ")[0] for e in logged_errors} == {"Integrity", "Scrub:"}
+    logged_errors.clear()
+
+
+@pytest_twisted.ensureDeferred
+async def test_with_the_scrub_off_a_full_pass_is_refused_and_the_page_data_says_off(
+    make_dashboard: MakeDashboard,
+) -> None:
+    dashboard = make_dashboard({"SVC_SCRUB_ENABLED": "false"})
+    admin = await login(dashboard)
+
+    code, body = await answer(await http.post(dashboard.url("/scrub"), headers=bearer(admin)))
+
+    assert (code, body["reason"]) == (400, "invalid_operation")
+    assert "SVC_SCRUB_ENABLED=false" in body["message"]
+    _, metrics = await answer(await http.get(dashboard.url("/metrics")))
+    assert metrics["storage"]["scrub"]["enabled"] is False
 
 
 @pytest_twisted.ensureDeferred
