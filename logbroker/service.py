@@ -56,7 +56,13 @@ from logbroker.broker.segments import SegmentRecorder
 from logbroker.config import ANY_ADDRESS, BrokerConfig, ConfigError, FsyncScope
 from logbroker.config import ControlPlane as ControlPlaneKind
 from logbroker.controlplane import ControlPlane, ControlPlaneAccessError
-from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
+from logbroker.dashboard import (
+    BrokerNode,
+    CappedConnections,
+    DashboardApp,
+    DashboardSite,
+    NodeStatus,
+)
 from logbroker.errors import LogbrokerError
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.maintenance.retention import RetentionRule, RetentionTask
@@ -751,11 +757,13 @@ def build_service(
         maintenance=maintenance,
     )
     site = DashboardSite(app.app.resource(), secure=tls is not None, reactor=reactor)
+    # Capped per client IP and in total as the client port is, its connections counted apart.
+    capped = CappedConnections(site, ConnectionRegistry(config.connection_limits))
     # Before the client port, so that it starts first and stops last: /ready reports the drain.
     dashboard = DashboardService(
         reactor,
         config,
-        site if tls is None else TLSMemoryBIOFactory(tls.https_options, False, site),
+        capped if tls is None else TLSMemoryBIOFactory(tls.https_options, False, capped),
     )
     dashboard.bind()
     _add(root, dashboard, "dashboard")

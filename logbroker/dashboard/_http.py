@@ -6,13 +6,20 @@ from __future__ import annotations
 
 import io
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
+from twisted.internet.interfaces import IAddress
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.resource import IResource
 from twisted.web.server import Request, Site
+
+from logbroker.errors import Reason
+from logbroker.security.connections import ConnectionRegistry, client_identifier
 
 log = Logger()
 
@@ -51,16 +58,30 @@ MALFORMED_URL_BODY = (
 class DashboardRequest(Request):
     """A request whose body is held in memory up to ``MAX_BODY_BYTES`` and discarded past it
     (``body_too_large`` then says so; the app answers 413). twisted.web would otherwise spool
-    any body, however large, to a temporary file before the app sees the request."""
+    any body, however large, to a temporary file before the app sees the request. A body
+    announced larger (``Content-Length``) is refused 413 at once, unread, and the connection
+    closed: a client cannot make the port read megabytes it will throw away."""
 
     #: What a response without an explicit type (say, one from Klein itself) is labelled.
     defaultContentType = JSON_CONTENT_TYPE
     content: io.BytesIO
     body_too_large = False
+    #: Answered before it was whole (``_refuse``): nothing more is done with it.
+    refused = False
 
     def gotLength(self, length: int | None) -> None:
         # In memory, whatever the declared length: more than the limit is never kept.
         self.content = io.BytesIO()
+        if length is not None and length > MAX_BODY_BYTES:
+            # Announced over the limit: refused now, before a byte of it is read, and the
+            # connection closed (what follows the headers is that body).
+            self.body_too_large = self.refused = True
+            self._refuse(
+                413,
+                b"Request Entity Too Large",
+                b'{"s":"err","reason":"body_too_large","message":"a body of %d bytes was'
+                b' announced; the limit is %d"}' % (length, MAX_BODY_BYTES),
+            )
 
     def handleContentChunk(self, data: bytes) -> None:
         if self.body_too_large:
@@ -72,7 +93,27 @@ class DashboardRequest(Request):
             return
         self.content.write(data)
 
+    def _refuse(self, status: int, message: bytes, body: bytes) -> None:
+        """Answer at once and close, before the request is whole (its body is not read)."""
+        headers = [
+            (b"Content-Type", JSON_CONTENT_TYPE),
+            (b"Content-Length", b"%d" % len(body)),
+            (b"Cache-Control", b"no-store"),
+            (b"Connection", b"close"),
+            *SECURITY_HEADERS,
+        ]
+        if self.channel.site.secure:  # type: ignore[attr-defined]
+            headers.append(STRICT_TRANSPORT_SECURITY)
+        head = b"HTTP/1.1 %d %s\r\n" % (status, message)
+        head += b"".join(b"%s: %s\r\n" % header for header in headers)
+        transport = self.channel.transport
+        assert transport is not None, "a request arrives on a connected channel"
+        transport.write(head + b"\r\n" + body)
+        transport.loseConnection()
+
     def process(self) -> None:
+        if self.refused:
+            return  # answered already, and the connection is closing
         for name, value in SECURITY_HEADERS:
             self.setHeader(name, value)
         site = self.channel.site  # type: ignore[attr-defined]
@@ -129,3 +170,73 @@ class DashboardSite(Site):
         # No access log: an open operator page polls every 1.5 s, which would drown the
         # broker's own log lines; logins and user changes are logged by the app.
         pass
+
+
+class _Counted(ProtocolWrapper):
+    """A connection that gives its place in the caps back when it ends."""
+
+    release: Callable[[], None] | None = None
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        super().connectionLost(reason)
+        if self.release is not None:
+            self.release()
+            self.release = None
+
+
+class _Refused(Protocol):
+    """A connection over a cap: answered 429 with the reason, then closed, before any request
+    is read (as the client port answers an error frame before it closes)."""
+
+    def __init__(self, reason: Reason, client_ip: str, secure: bool) -> None:
+        self._body = b'{"s":"err","reason":"%s","message":"too many connections from %s"}' % (
+            reason.value.encode("ascii"),
+            client_ip.encode("ascii", "replace"),
+        )
+        self._secure = secure
+
+    def connectionMade(self) -> None:
+        headers = [
+            (b"Content-Type", JSON_CONTENT_TYPE),
+            (b"Content-Length", b"%d" % len(self._body)),
+            (b"Connection", b"close"),
+            *SECURITY_HEADERS,
+        ]
+        if self._secure:
+            headers.append(STRICT_TRANSPORT_SECURITY)
+        head = b"HTTP/1.1 429 Too Many Requests\r\n" + b"".join(
+            b"%s: %s\r\n" % header for header in headers
+        )
+        assert self.transport is not None
+        self.transport.write(head + b"\r\n" + self._body)
+        self.transport.loseConnection()
+
+
+class CappedConnections(WrappingFactory):
+    """The dashboard port's connection caps, per client IP and in total, as on the client port
+    (the same ``SVC_CONNECTION_LIMIT_*`` settings, counted apart from it): a connection over one
+    is answered 429 (``connection_limit_exceeded`` or ``global_limit_exceeded``) and closed."""
+
+    protocol = _Counted
+    noisy = False
+
+    def __init__(self, site: DashboardSite, connections: ConnectionRegistry) -> None:
+        super().__init__(site)
+        self._site = site
+        self._connections = connections
+
+    def buildProtocol(self, addr: IAddress) -> Protocol | None:  # type: ignore[override]
+        connections = self._connections
+        client_ip = client_identifier(addr)
+        refusal = connections.acquire(client_ip)
+        if refusal is not None:
+            log.info(
+                "Dashboard: refused a connection from {client_ip}: {reason}",
+                client_ip=client_ip,
+                reason=refusal.value,
+            )
+            return _Refused(refusal, client_ip, self._site.secure)
+        counted = super().buildProtocol(addr)
+        assert isinstance(counted, _Counted)
+        counted.release = lambda: connections.release(client_ip)
+        return counted

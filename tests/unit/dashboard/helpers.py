@@ -23,11 +23,18 @@ from zope.interface import implementer
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.cluster.view import ClusterView
 from logbroker.config import BrokerConfig
-from logbroker.dashboard import BrokerNode, DashboardApp, DashboardSite, NodeStatus
+from logbroker.dashboard import (
+    BrokerNode,
+    CappedConnections,
+    DashboardApp,
+    DashboardSite,
+    NodeStatus,
+)
 from logbroker.maintenance.scrub import NoOtherCopy, Scrubber
 from logbroker.maintenance.view import MaintenanceView, RetentionStatus, ScrubStatus
 from logbroker.metrics import Metrics
 from logbroker.security import UserDirectory, seed_accounts
+from logbroker.security.connections import ConnectionRegistry
 from logbroker.security.guards import Guards
 from logbroker.service import build_guards
 from logbroker.testing import ImmediateExecutor
@@ -119,7 +126,8 @@ def start_dashboard(
         maintenance=maintenance,
     )
     site = DashboardSite(app.app.resource(), secure=secure, reactor=reactor)
-    port = reactor.listenTCP(0, site, interface="127.0.0.1")  # type: ignore[attr-defined]
+    capped = CappedConnections(site, ConnectionRegistry(config.connection_limits))
+    port = reactor.listenTCP(0, capped, interface="127.0.0.1")  # type: ignore[attr-defined]
     tcp = Server(broker, users, clock)
     tcp.guards = guards
     return Dashboard(port, clock, status, broker, users, guards, metrics, tcp, storage, scrubber)

@@ -4,6 +4,7 @@ rate limit, user and ACL management, body limits, security headers and error ans
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections.abc import Callable, Iterator
@@ -11,7 +12,11 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from twisted.internet.defer import succeed
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
 from twisted.web.client import UNKNOWN_LENGTH
 from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer
@@ -965,6 +970,77 @@ async def test_a_body_over_64_kib_is_refused_413_with_or_without_a_length(
     # Just under the limit is read.
     fits = json_body({"username": "admin", "password": "x" * (MAX_BODY_BYTES - 100)})
     assert (await http.post(dashboard.url("/login"), **fits)).code == 401
+
+
+class RawHttp(Protocol):
+    """Sends ``request`` as it is and keeps whatever comes back until the port closes."""
+
+    def __init__(self, request: bytes) -> None:
+        self.request = request
+        self.received = b""
+        self.closed: Deferred[bytes] = Deferred()
+
+    def connectionMade(self) -> None:
+        assert self.transport is not None
+        self.transport.write(self.request)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.received += data
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.closed.callback(self.received)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_body_announced_over_the_limit_is_refused_before_it_is_sent_and_the_port_closes(
+    dashboard: Dashboard,
+) -> None:
+    # A gigabyte announced, not a byte of it sent: the answer comes at once.
+    raw = RawHttp(
+        b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 1073741824\r\n\r\n"
+    )
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", dashboard.port.getHost().port)
+    await connectProtocol(endpoint, raw)
+
+    received = await raw.closed
+
+    head, _, body = received.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+    assert b"Connection: close" in head
+    assert b"X-Frame-Options: DENY" in head
+    answer_body = json.loads(body)
+    assert answer_body["reason"] == "body_too_large"
+    assert "1073741824" in answer_body["message"]
+
+
+@pytest_twisted.ensureDeferred
+async def test_connections_over_the_per_ip_cap_are_answered_429_and_closed(
+    make_dashboard: MakeDashboard,
+) -> None:
+    dashboard = make_dashboard({"SVC_CONNECTION_LIMIT_ENABLED": "true", "SVC_MAX_CONN_PER_IP": "2"})
+    endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", dashboard.port.getHost().port)
+    # Two idle connections from one IP hold its two places.
+    held = [RawHttp(b"") for _ in range(2)]
+    for connection in held:
+        await connectProtocol(endpoint, connection)
+    refused = RawHttp(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    await connectProtocol(endpoint, refused)
+
+    head, _, body = (await refused.closed).partition(b"\r\n\r\n")
+
+    assert head.startswith(b"HTTP/1.1 429 ")
+    assert json.loads(body)["reason"] == "connection_limit_exceeded"
+    # Another IP is not held back; and a place given back is taken again.
+    assert (await http_from("127.0.0.2").get(dashboard.url("/health"))).code == 200
+    assert held[0].transport is not None
+    held[0].transport.loseConnection()
+    await held[0].closed
+    assert (await http.get(dashboard.url("/health"))).code == 200
+    for connection in held[1:]:
+        assert connection.transport is not None
+        connection.transport.loseConnection()
+        await connection.closed
 
 
 CSP_NO_INLINE = re.compile(r"unsafe-inline|unsafe-eval")

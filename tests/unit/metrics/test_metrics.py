@@ -16,6 +16,7 @@ from logbroker.cluster.view import MembershipView, SingleNodeView
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.maintenance.periodic import PeriodicTask
+from logbroker.maintenance.scrub import NoOtherCopy, Scrubber
 from logbroker.metrics import (
     CONTROLPLANE_OPS,
     CONTROLPLANE_RESULTS,
@@ -343,14 +344,41 @@ def test_without_group_commit_every_job_is_a_flush_too() -> None:
     assert metrics.snapshot().group_commit_flushes == 2
 
 
-def test_scrub_results_and_domain_violations_show_at_zero_before_anything_feeds_them() -> None:
+def test_scrub_results_are_exported_from_the_start_and_move_as_the_scrub_checks(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    metrics = Metrics(Clock())
+    range_log = open_reporting_log(fs, metrics)
+    append_each(range_log, 0, 5)
+    result_of(range_log.roll())
+    append_each(range_log, 5, 1)
+    scrubber = Scrubber(
+        {"topic.0": range_log}, started(fs), 1, metrics, NoOtherCopy(metrics), Clock()
+    )
+
+    def results() -> dict[str, float]:
+        return {
+            result: value(metrics, "svc_storage_scrub_segments_total", result=result)
+            for result in ("verified", "repaired", "unrepairable")
+        }
+
+    # Every result is a series before the first check: the "scrub stalled" alert watches the
+    # verified total advance, which needs it from the start.
+    assert results() == {"verified": 0, "repaired": 0, "unrepairable": 0}
+    result_of(scrubber.tick())
+    assert results() == {"verified": 1, "repaired": 0, "unrepairable": 0}
+    fs.corrupt(segment_path(0), batch_positions(fs, segment_path(0))[1][1] - 2)
+    result_of(scrubber.tick())
+    assert results() == {"verified": 1, "repaired": 0, "unrepairable": 1}
+    assert metrics.snapshot().scrub_segments == {"verified": 1, "repaired": 0, "unrepairable": 1}
+    logged_errors.clear()
+
+
+def test_domain_violations_show_at_zero_until_a_cluster_view_counts_them() -> None:
     metrics = Metrics(Clock())
 
-    snapshot = metrics.snapshot()
-    assert snapshot.scrub_segments == {"verified": 0, "repaired": 0, "unrepairable": 0}
-    assert snapshot.domain_violations == 0
-    for result in ("verified", "repaired", "unrepairable"):
-        assert value(metrics, "svc_storage_scrub_segments_total", result=result) == 0
+    assert metrics.snapshot().domain_violations == 0
     assert value(metrics, "svc_domain_violations") == 0
 
 
