@@ -24,9 +24,12 @@ import attrs
 
 from logbroker import exitcodes
 from logbroker.client.blocking import BlockingClient, BrokerRefused
+from logbroker.controlplane import ControlPlaneError
+from logbroker.controlplane.local import SINGLE_NODE_CONTROL, STATE_FILE, forget_segments
 from logbroker.records import Record
-from logbroker.storage import FormatTooNewError, OsFileSystem, StorageError
+from logbroker.storage import DataDirectory, FormatTooNewError, OsFileSystem, StorageError
 from logbroker.storage.inspect import SegmentReport, verify_data_directory
+from logbroker.storage.salvage import Salvaged, salvage_range
 from logbroker.wire import (
     ClusterInfo,
     ClusterNodeInfo,
@@ -100,6 +103,75 @@ def _storage_verify(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"{len(reports)} segments checked, {damaged} damaged", file=sys.stderr)
     return exitcodes.FAILURE if damaged else exitcodes.OK
+
+
+def _storage_salvage(args: argparse.Namespace) -> int:
+    fs = OsFileSystem()
+    try:
+        # Checked first, so that a path that is no data directory is not made one.
+        DataDirectory.open(args.data_dir, fs, create=False)
+        # Its lock: the broker must be stopped.
+        data_dir = DataDirectory.open(args.data_dir, fs)
+    except FormatTooNewError as error:
+        print(f"logbroker: {error}", file=sys.stderr)
+        return exitcodes.FORMAT_TOO_NEW
+    except (StorageError, OSError) as error:
+        print(f"logbroker: {error}", file=sys.stderr)
+        return exitcodes.FAILURE
+    control = f"{data_dir.path}/{SINGLE_NODE_CONTROL}"
+    if not fs.exists(f"{control}/{STATE_FILE}"):
+        print(
+            f"logbroker: {data_dir.path} holds no single node's control plane: a cluster node's"
+            " damaged copies are repaired from its replicas by the scrub, not salvaged",
+            file=sys.stderr,
+        )
+        return exitcodes.FAILURE
+    names = data_dir.range_names()
+    if args.range is not None:
+        if args.range not in names:
+            print(f"logbroker: no range {args.range!r} in {data_dir.path}", file=sys.stderr)
+            return exitcodes.FAILURE
+        names = [args.range]
+    try:
+        salvaged = [found for name in names for found in salvage_range(fs, data_dir.path, name)]
+        forget_segments(fs, control, [(s.range_name, s.plan.base_offset) for s in salvaged])
+    except (StorageError, ControlPlaneError, OSError) as error:
+        print(f"logbroker: {error}", file=sys.stderr)
+        return exitcodes.FAILURE
+    for found in salvaged:
+        print(_salvage_json(found) if args.json else _describe_salvage(found))
+    if not args.json:
+        print(f"{len(salvaged)} damaged segments salvaged", file=sys.stderr)
+    return exitcodes.OK
+
+
+def _describe_salvage(found: Salvaged) -> str:
+    plan = found.plan
+    kept = ", ".join(
+        f"offsets {run.base_offset}-{run.next_offset - 1}" for run in plan.runs if run.record_count
+    )
+    line = (
+        f"{found.range_name}@{plan.base_offset}: damaged at byte {plan.damage.position}"
+        f" ({plan.damage.reason.value}); kept {sum(run.record_count for run in plan.runs)} records"
+        f" ({kept or 'none'}); its files are in {found.kept_in}"
+    )
+    if found.started is not None:
+        line += f"; the range goes on at offset {found.started}"
+    return line
+
+
+def _salvage_json(found: Salvaged) -> str:
+    plan = found.plan
+    return json.dumps(
+        {
+            "range": found.range_name,
+            "base_offset": plan.base_offset,
+            "damage": {"position": plan.damage.position, "reason": plan.damage.reason.value},
+            "kept": [[run.base_offset, run.next_offset] for run in plan.runs],
+            "set_aside_in": found.kept_in,
+            "resumes_at": found.started,
+        }
+    )
 
 
 # -- arguments -----------------------------------------------------------------------------
@@ -1012,6 +1084,19 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("data_dir", help="the broker's data directory (SVC_DATA_DIR)")
     verify.add_argument("--json", action="store_true", help="one JSON object per segment")
     verify.set_defaults(run=_storage_verify, client=False)
+    salvage = storage_commands.add_parser(
+        "salvage",
+        help="set a single node's damaged segments aside and keep what of them verifies",
+        description="With the broker stopped: copy each damaged segment's files into"
+        " <data dir>/salvage/, remove them, and write back as sealed segments the whole"
+        " batches before the damage and each run of whole batches after it, so that the"
+        " range's later records read again (docs/operations.md, 'Salvaging a damaged"
+        " segment'). Exit 0 once done (also with nothing to salvage), 1 on an error.",
+    )
+    salvage.add_argument("data_dir", help="the stopped broker's data directory (SVC_DATA_DIR)")
+    salvage.add_argument("--range", help="only this range (its name, as storage verify shows)")
+    salvage.add_argument("--json", action="store_true", help="one JSON object per segment")
+    salvage.set_defaults(run=_storage_salvage, client=False)
     return parser
 
 

@@ -31,6 +31,7 @@ from logbroker.cluster.verify import ClusterVerifier
 from logbroker.cluster.view import ClusterView, SingleNodeView
 from logbroker.config import BrokerConfig
 from logbroker.controlplane import ControlPlane, LocalControlPlane
+from logbroker.controlplane.local import SINGLE_NODE_CONTROL
 from logbroker.maintenance.retention import (
     Retention,
     RetentionMetrics,
@@ -133,7 +134,8 @@ class SingleNode:
     ) -> None:
         self._config = config
         self._node_id = node_id
-        self.control = LocalControlPlane(f"{data_dir.path}/control", fs=fs, executor=executor)
+        control = f"{data_dir.path}/{SINGLE_NODE_CONTROL}"
+        self.control = LocalControlPlane(control, fs=fs, executor=executor)
         self.ranges = LocalRanges(storage)
         self._storage = storage
 

@@ -19,6 +19,7 @@ write may bring them back, as after any write whose outcome was unknown.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import attrs
@@ -32,16 +33,20 @@ from logbroker.controlplane._reads import StateControlPlane
 from logbroker.controlplane._state import (
     Change,
     ControlState,
+    DeleteSegment,
 )
 from logbroker.controlplane.errors import (
     ControlPlaneClosedError,
     ControlPlaneError,
     ControlPlaneWriteError,
+    NotFoundError,
 )
 from logbroker.storage import Executor, FileSystem
 
 STATE_FILE = "state.json"
 LOCK_FILE = "LOCK"
+#: A single node's control plane: this directory of its data directory.
+SINGLE_NODE_CONTROL = "control"
 
 log = Logger()
 
@@ -82,6 +87,38 @@ def _load_job(fs: FileSystem, directory: str) -> _Loaded:
 
 def _write_job(fs: FileSystem, path: str, state: ControlState) -> None:
     fs.write_atomic(path, encode_state(state))
+
+
+def forget_segments(
+    fs: FileSystem, directory: str, segments: Sequence[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """Remove the records of ``segments`` (``(range id, base offset)``) from the state file in
+    ``directory``, offline: the broker must be stopped (its lock is taken). Those that were
+    recorded, in order. For ``logbroker storage salvage``: the broker records the segments it
+    finds at its next start."""
+    try:
+        lock = fs.lock(f"{directory}/{LOCK_FILE}")
+    except BlockingIOError:
+        raise ControlPlaneError(
+            f"control plane directory {directory} is in use by a running logbroker; stop it first"
+        ) from None
+    try:
+        path = f"{directory}/{STATE_FILE}"
+        state = decode_state(fs.read_file(path), path)
+        forgotten = []
+        for range_id, base_offset in segments:
+            try:
+                state = DeleteSegment(range_id, base_offset).apply(state)
+            except NotFoundError:
+                continue
+            forgotten.append((range_id, base_offset))
+        if forgotten:
+            fs.write_atomic(path, encode_state(state))
+        return forgotten
+    finally:
+        close = getattr(lock, "close", None)
+        if close is not None:
+            close()
 
 
 class LocalControlPlane(StateControlPlane):

@@ -35,9 +35,10 @@ class SegmentReport:
         return self.verification.damage is not None and not self.torn_tail
 
 
-def _report(
+def segment_report(
     fs: FileSystem, range_name: str, stem: str, base: int, has_marker: bool
 ) -> SegmentReport:
+    """The verification of one segment's files (changing nothing)."""
     path = stem + LOG_SUFFIX
     data = fs.read_file(path)
     seal = None
@@ -66,5 +67,5 @@ def verify_data_directory(path: str, fs: FileSystem) -> list[SegmentReport]:
         for base in bases:
             stem = f"{directory}/{segment_stem(base)}"
             has_marker = "sealed" in groups[base]
-            reports.append(_report(fs, range_name, stem, base, has_marker))
+            reports.append(segment_report(fs, range_name, stem, base, has_marker))
     return reports
