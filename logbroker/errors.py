@@ -66,6 +66,9 @@ class Reason(StrEnum):
     LEASE_NOT_FOUND = "lease_not_found"
     # Storage.
     STORAGE_ERROR = "storage_error"
+    #: A range's storage failed a write or fsync (a full or failing disk): it refuses writes
+    #: until it is back in service. Nothing refused was stored; try again later.
+    STORAGE_UNAVAILABLE = "storage_unavailable"
     OFFSET_OUT_OF_RANGE = "offset_out_of_range"
     # The dashboard port's own.
     INVALID_SESSION = "invalid_session"
@@ -143,6 +146,7 @@ HTTP_STATUS: dict[Reason, int] = {
     _R.COMPACTED: 503,
     _R.LEASE_NOT_FOUND: 503,
     _R.STORAGE_ERROR: 503,
+    _R.STORAGE_UNAVAILABLE: 503,
     _R.OFFSET_OUT_OF_RANGE: 400,
     _R.INVALID_SESSION: 401,
     _R.SESSION_EXPIRED: 401,

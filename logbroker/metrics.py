@@ -583,6 +583,7 @@ class _InventoryValues:
     ranges: int
     storage_bytes: int
     segments: dict[str, int]
+    out_of_service: int = 0
 
 
 class _Inventory:
@@ -603,11 +604,13 @@ class _Inventory:
         segments = dict.fromkeys((state.value for state in CopyState), 0)
         size = 0
         logs = self.storage.logs.values() if self.storage is not None else ()
+        out_of_service = 0
         for range_log in logs:
+            out_of_service += range_log.failed
             for info in range_log.segments():
                 segments[info.state.value] += 1
                 size += info.byte_size
-        return _InventoryValues(len(topics), ranges, size, segments)
+        return _InventoryValues(len(topics), ranges, size, segments, out_of_service)
 
     def describe(self) -> Iterable[Metric]:
         return self._families(_InventoryValues(0, 0, 0, {}))
@@ -633,6 +636,12 @@ class _Inventory:
                 value=values.storage_bytes,
             ),
             segments,
+            GaugeMetricFamily(
+                "svc_storage_ranges_out_of_service",
+                "Range logs that refuse writes after a write or fsync failed (a full or failing"
+                " disk), until a probe write and fsync succeed again.",
+                value=values.out_of_service,
+            ),
         ]
 
 

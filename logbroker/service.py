@@ -100,6 +100,9 @@ from logbroker.wire.primitives import RECORD_DECODER
 
 log = Logger()
 
+#: How often range logs out of service after a write or fsync failed are tried again.
+STORAGE_RECOVERY_SECONDS = 5.0
+
 #: How long CPython lets one thread run before a thread waiting for the GIL may take it. Writes
 #: and fsyncs run on writer threads, which need the GIL for a moment between ``write`` and
 #: ``fdatasync`` and again to hand their result back; at CPython's default of 5 ms, a burst of
@@ -207,6 +210,15 @@ class StorageService(Service):
         """Open (creating if new) the log of range ``name`` while the broker runs; once,
         however many ask at once."""
         return self._opener.open_range(name)
+
+    def return_to_service(self) -> Deferred[None]:
+        """Try each range log out of service since a write or fsync failed (a full or failing
+        disk): each takes appends again once a probe write and fsync succeed."""
+        return Deferred.fromCoroutine(self._return_to_service())
+
+    async def _return_to_service(self) -> None:
+        for range_log in [log for log in self.logs.values() if log.failed]:
+            await range_log.return_to_service()
 
     def _log_arguments(self, name: str) -> dict[str, Any]:
         return {
@@ -643,6 +655,17 @@ def build_service(
     )
     storage.recover()
     _add(root, storage, "storage")
+    # A range whose disk failed a write (full, or failing) takes appends again once a probe
+    # write and fsync succeed: no restart needed.
+    recovery = PeriodicTask(
+        "storage_recovery",
+        STORAGE_RECOVERY_SECONDS,
+        storage.return_to_service,
+        reactor,
+        metrics=metrics,
+        now=False,
+    )
+    _add(root, recovery, "storage-recovery")
     # What start-up built (modules, settings, the recovered storage) lives as long as the
     # process: moved out of the collector's sight once the reactor runs, no full collection
     # walks it again (a hundred thousand objects at 1,000 topics).
@@ -673,7 +696,7 @@ def build_service(
         now=False,
     )
     _add(root, lag, "reactor-lag")
-    maintenance = _maintenance(root, config, mode, storage, control, metrics, reactor)
+    maintenance = _maintenance(root, config, node_id, mode, storage, control, metrics, reactor)
 
     # Password hashing costs tens of milliseconds of CPU: it gets threads of its own, so logins
     # never wait behind fsyncs nor fsyncs behind logins.
@@ -740,9 +763,16 @@ def build_service(
 
     def node_status() -> NodeStatus:
         """The client port's status, but degraded while the mode says so (a cluster node
-        without its lease)."""
+        without its lease), and storage failed while a range log refuses writes after a write
+        or fsync failed."""
         status = clients.status
-        return NodeStatus.DEGRADED if status is NodeStatus.READY and mode.degraded() else status
+        if status is not NodeStatus.READY:
+            return status
+        if mode.degraded():
+            return NodeStatus.DEGRADED
+        if any(range_log.failed for range_log in storage.logs.values()):
+            return NodeStatus.STORAGE_FAILED
+        return status
 
     app = DashboardApp(
         clock=reactor,
@@ -820,6 +850,7 @@ def _node_mode(
 def _maintenance(
     root: MultiService,
     config: BrokerConfig,
+    node_id: str,
     mode: NodeMode,
     storage: StorageService,
     control: ControlPlane,
@@ -836,7 +867,13 @@ def _maintenance(
         # Without other copies (one node, replication factor 1), every finding is unrepairable.
         repairs = mode.repairs or NoOtherCopy(metrics)
         scrubber = Scrubber(
-            storage.logs, control, scrub.segments_per_tick, metrics, repairs, reactor
+            storage.logs,
+            control,
+            scrub.segments_per_tick,
+            metrics,
+            repairs,
+            reactor,
+            node_id=node_id,
         )
         _add(root, ScrubTask(scrubber, scrub.interval_ms / 1000, reactor, metrics), "scrub")
     retention = config.retention

@@ -28,6 +28,7 @@ from logbroker.records import ProducerStamp, Record
 from logbroker.storage import (
     Appended,
     BatchSlice,
+    LogFailedError,
     OpenLogs,
     OverloadedError,
     RangeLog,
@@ -182,7 +183,8 @@ class LocalRange:
     def _append_failed(self, failure: Failure) -> NoReturn:
         error = failure.value
         if isinstance(error, StorageError):
-            if not isinstance(error, OverloadedError):
+            # Shed load is not a failure; a log out of service said so once, when it failed.
+            if not isinstance(error, OverloadedError | LogFailedError):
                 log.error(
                     "A produce to {range_id} failed in storage: {error}",
                     range_id=self._range_id,
@@ -299,4 +301,7 @@ def _nothing(_: object) -> None:
 def _storage_error(error: StorageError) -> BrokerError:
     if isinstance(error, OverloadedError):
         return BrokerError(Reason.OVERLOADED, str(error))
+    if isinstance(error, LogFailedError):
+        # Its own reason: the broker is not going away, this range's disk failed it.
+        return BrokerError(Reason.STORAGE_UNAVAILABLE, f"storage refused the append: {error}")
     return BrokerError(Reason.UNREACHABLE, f"storage refused the append: {error}")

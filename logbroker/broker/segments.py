@@ -23,7 +23,7 @@ from twisted.internet.defer import Deferred, gatherResults
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
+from logbroker.controlplane import ANY_RECORD, ControlPlane, SegmentMeta, SegmentState
 from logbroker.storage import CopyState, RangeLog, SegmentInfo, StorageError
 
 log = Logger()
@@ -37,8 +37,12 @@ class SegmentRecorder:
     def sealed(self, range_id: str, info: SegmentInfo) -> None:
         """A range log sealed a segment (the range logs' ``on_sealed`` hook): record it sealed
         with its counts, and the segment that follows it as the range's active one."""
-        self._record(self._sealed(range_id, info))
-        self._record(self._active(range_id, info.next_offset))
+        # In one change: a record of the next segment without the seal before it would look
+        # like a range whose first segments retention removed (``delete_removed_copies``).
+        sealed = self._sealed(range_id, info)
+        active = self._active(range_id, info.next_offset)
+        recording = self._control.put_segments([(sealed, ANY_RECORD), (active, ANY_RECORD)])
+        recording.addErrback(self._failed, sealed)
 
     def reconcile(self, logs: Mapping[str, RangeLog]) -> Deferred[None]:
         """Record what the open logs hold and the control plane does not know yet."""
@@ -84,17 +88,17 @@ class SegmentRecorder:
         )
 
     def _record(self, meta: SegmentMeta) -> Deferred[None]:
-        def failed(failure: Failure) -> None:
-            log.warn(
-                "Could not record segment {range_id}@{base_offset} ({state}) in the control"
-                " plane: {error}; it is recorded at the next start",
-                range_id=meta.range_id,
-                base_offset=meta.base_offset,
-                state=meta.state.value,
-                error=failure.getErrorMessage(),
-            )
+        return self._control.put_segment(meta).addErrback(self._failed, meta)
 
-        return self._control.put_segment(meta).addErrback(failed)
+    def _failed(self, failure: Failure, meta: SegmentMeta) -> None:
+        log.warn(
+            "Could not record segment {range_id}@{base_offset} ({state}) in the control"
+            " plane: {error}; it is recorded at the next start",
+            range_id=meta.range_id,
+            base_offset=meta.base_offset,
+            state=meta.state.value,
+            error=failure.getErrorMessage(),
+        )
 
 
 async def delete_removed_copies(

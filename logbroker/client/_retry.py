@@ -23,7 +23,7 @@ from logbroker.wire import PRODUCER_WINDOW
 
 #: The refusals a produce is retried after: each means "not stored here now, try again".
 RETRIED_REASONS: frozenset[str] = frozenset(
-    {Reason.NOT_PRIMARY, Reason.UNREACHABLE, Reason.NO_QUORUM}
+    {Reason.NOT_PRIMARY, Reason.UNREACHABLE, Reason.NO_QUORUM, Reason.STORAGE_UNAVAILABLE}
 )
 
 

@@ -3,10 +3,10 @@ retention's age rule in a cluster (``logbroker.maintenance.retention``).
 
 The control plane records a sealed segment's record count and byte size, not its records'
 times; each copy's seal marker records its newest record's time. The node that decides
-retention (the chores lease holder) asks, for each sealed segment that could go, one live
-member of its replica set (itself first): a segment no one answers for is not removed by age
-at this pass. Requests list at most ``CHUNK`` segments, so that no answer nears a frame's
-limit whatever the cluster holds.
+retention (the chores lease holder) asks, for each sealed segment that could go, the live
+members of its replica set in turn (itself first) until one knows: a segment no one answers
+for is not removed by age at this pass. Requests list at most ``CHUNK`` segments, so that no
+answer nears a frame's limit whatever the cluster holds.
 
 Payloads (``text`` as in ``logbroker.peer.frames``; integers big-endian)::
 
@@ -100,46 +100,55 @@ def cluster_newest_times(
     requester: PeerRequester,
     is_live: Callable[[str], bool],
 ) -> NewestTimes:
-    """Retention's ``NewestTimes`` in a cluster: asked of one live replica of each sealed
-    segment that could go (every segment of a range but its last), this node first."""
+    """Retention's ``NewestTimes`` in a cluster: asked of the live replicas of each sealed
+    segment that could go (every segment of a range but its last), this node first, the next
+    one only where the one before did not know."""
 
     def newest(range_ids: Sequence[str]) -> Deferred[Mapping[SegmentKey, int]]:
         return Deferred.fromCoroutine(_newest(range_ids))
 
     async def _newest(range_ids: Sequence[str]) -> Mapping[SegmentKey, int]:
-        asked: dict[str, list[SegmentKey]] = defaultdict(list)
+        # Each segment's live holders, this node first: asked in that order until one knows.
+        holders: dict[SegmentKey, list[str]] = {}
         for range_id in range_ids:
             for meta in control.segments(range_id)[:-1]:
                 if meta.state is not SegmentState.SEALED:
                     break
-                holders = [n for n in meta.replicas if n == node_id or is_live(n)]
-                if holders:
-                    holder = node_id if node_id in holders else holders[0]
-                    asked[holder].append((range_id, meta.base_offset))
+                live = [n for n in meta.replicas if n == node_id or is_live(n)]
+                live.sort(key=lambda n: n != node_id)
+                holders[(range_id, meta.base_offset)] = live
         found: dict[SegmentKey, int] = {}
-        for node, keys in asked.items():
-            for start in range(0, len(keys), CHUNK):
-                chunk = keys[start : start + CHUNK]
-                try:
-                    answer = decode_times(
-                        await requester.request(
-                            node, PeerOp.SEGMENT_TIMES, encode_times_request(chunk)
-                        )
-                    )
-                except Exception as error:
-                    log.info(
-                        "Retention: {node} did not say when {count} segments were written"
-                        " ({error}); they are not removed by age at this pass",
-                        node=node,
-                        count=len(chunk),
-                        error=str(error),
-                    )
-                    continue
-                found.update(
-                    (key, time)
-                    for key, time in zip(chunk, answer, strict=False)
-                    if time is not None
-                )
+        while holders:
+            asked: dict[str, list[SegmentKey]] = defaultdict(list)
+            for key, nodes in holders.items():
+                if nodes:
+                    asked[nodes.pop(0)].append(key)
+            if not asked:
+                break
+            for node, keys in asked.items():
+                found.update(await _ask(node, keys))
+            holders = {key: nodes for key, nodes in holders.items() if key not in found and nodes}
         return found
+
+    async def _ask(node: str, keys: list[SegmentKey]) -> dict[SegmentKey, int]:
+        known: dict[SegmentKey, int] = {}
+        for start in range(0, len(keys), CHUNK):
+            chunk = keys[start : start + CHUNK]
+            try:
+                answer = decode_times(
+                    await requester.request(node, PeerOp.SEGMENT_TIMES, encode_times_request(chunk))
+                )
+            except Exception as error:
+                log.info(
+                    "Retention: {node} did not say when {count} segments were written ({error})",
+                    node=node,
+                    count=len(chunk),
+                    error=str(error),
+                )
+                continue
+            known.update(
+                (key, time) for key, time in zip(chunk, answer, strict=False) if time is not None
+            )
+        return known
 
     return newest

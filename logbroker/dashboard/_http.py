@@ -76,6 +76,8 @@ class DashboardRequest(Request):
             # Announced over the limit: refused now, before a byte of it is read, and the
             # connection closed (what follows the headers is that body).
             self.body_too_large = self.refused = True
+            # No "100 Continue" after the refusal: the client is not to send the body.
+            self.requestHeaders.removeHeader(b"expect")
             self._refuse(
                 413,
                 b"Request Entity Too Large",

@@ -45,6 +45,9 @@ class NodeStatus(StrEnum):
     #: A cluster node that accepts clients but cannot do its part: it holds no membership
     #: lease (etcd has not answered for a lease TTL), so it leads nothing and its changes fail.
     DEGRADED = "degraded"
+    #: The client port accepts, but a range log refuses writes since a write or fsync failed
+    #: (a full or failing disk): its produces are answered ``storage_unavailable``.
+    STORAGE_FAILED = "storage_failed"
 
 
 #: What ``/ready`` says of each status that is not ready.
@@ -54,6 +57,11 @@ NOT_READY_REASONS = {
     NodeStatus.DEGRADED: (
         "the control plane (etcd) has not answered for a membership lease TTL: this node holds"
         " no lease, so it leads no range and cannot make changes; it recovers by itself"
+    ),
+    NodeStatus.STORAGE_FAILED: (
+        "storage: a write or fsync failed (a full or failing disk), and the ranges it hit refuse"
+        " writes (svc_storage_ranges_out_of_service counts them) until a probe write and fsync"
+        " succeed again (tried every 5 s); the broker's log names each range and the error"
     ),
 }
 

@@ -23,7 +23,7 @@ alert pages on it).
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -31,11 +31,11 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 
-from logbroker.controlplane import ControlPlane, SegmentState
+from logbroker.controlplane import ControlPlane, SegmentMeta, SegmentState
 from logbroker.errors import LogbrokerError, Reason
 from logbroker.maintenance.periodic import PeriodicTask, TaskMetrics
 from logbroker.maintenance.slices import Slices
-from logbroker.replication.replica import record_of
+from logbroker.replication.replica import record_of, view_of
 from logbroker.storage import (
     CopyState,
     DamageReason,
@@ -49,6 +49,9 @@ log = Logger()
 
 #: A sealed segment: its range and base offset.
 SegmentKey = tuple[str, int]
+
+#: The longest a check waits for the repair of what it found before the scrub goes on.
+REPAIR_WAIT_SECONDS = 600.0
 
 
 @attrs.define
@@ -111,6 +114,9 @@ class DamageRepair(Protocol):
         """Repair this node's copy of ``range_id@base_offset``, found damaged at byte
         ``position`` (``why`` says how), and count the outcome."""
 
+    def forget_missing(self, held: Collection[SegmentKey]) -> None:
+        """Forget what was found of segments no longer ``held`` here."""
+
 
 class NoOtherCopy:
     """The ``DamageRepair`` of a node whose ranges have one copy: every finding is
@@ -119,6 +125,10 @@ class NoOtherCopy:
     def __init__(self, metrics: ScrubMetrics) -> None:
         self._metrics = metrics
         self.unrepairable: dict[SegmentKey, str] = {}
+
+    def forget_missing(self, held: Collection[SegmentKey]) -> None:
+        for key in [key for key in self.unrepairable if key not in held]:
+            del self.unrepairable[key]
 
     def repair(self, range_id: str, base_offset: int, position: int, why: str) -> Deferred[None]:
         self.unrepairable[(range_id, base_offset)] = f"byte {position}: {why}"
@@ -144,7 +154,12 @@ class Scrubber:
         metrics: ScrubMetrics,
         repair: DamageRepair,
         clock: IReactorTime,
+        *,
+        node_id: str | None = None,
     ) -> None:
+        #: This node's id, to tell its copies from those left behind; ``None``: one node,
+        #: whose copies are all its own.
+        self._node_id = node_id
         self._logs = logs
         self._clock = clock
         self.repair = repair
@@ -176,10 +191,45 @@ class Scrubber:
     async def _tick(self) -> None:
         await self._check_files()
         cycles = self.rotation.cycles
-        for range_id, base in self.rotation.next(self.sealed_segments(), self._segments_per_tick):
+        held = self.sealed_segments()
+        self.repair.forget_missing(set(held))
+        for range_id, base in self.rotation.next(held, self._segments_per_tick):
             await self._check(range_id, base)
         if self.rotation.cycles != cycles:
             self.last_cycle_at = self._clock.seconds()
+
+    async def _repaired(self, range_id: str, base: int, position: int, why: str) -> None:
+        """Hand damage to the repair, and go on once it is over or ``REPAIR_WAIT_SECONDS``
+        have passed (a repair waiting on a replica that never answers goes on by itself, and
+        the rotation does not stop behind it)."""
+        repairing = self.repair.repair(range_id, base, position, why)
+        waited: Deferred[None] = Deferred()
+        timer = self._clock.callLater(REPAIR_WAIT_SECONDS, waited.callback, None)
+
+        def over(result: object) -> object:
+            if timer.active():
+                timer.cancel()
+                waited.callback(None)
+            return result
+
+        repairing.addBoth(over).addErrback(
+            lambda failure: log.failure(
+                "Scrub: repairing {range_id}@{segment} failed",
+                failure,
+                range_id=range_id,
+                segment=base,
+            )
+        )
+        await waited
+
+    def _believed(self, range_log: RangeLog, base: int, recorded: SegmentMeta) -> bool:
+        """Whether this node's copy is one the record speaks for: its node in the replica set,
+        at the sealed epoch (a copy left behind by a takeover or a replica-set change is
+        healing's to replace or delete, not damage)."""
+        if self._node_id is not None and self._node_id not in recorded.replicas:
+            return False
+        epoch = view_of(range_log, base).epoch
+        return epoch is None or epoch == recorded.epoch
 
     def check_all_now(self) -> int:
         """Start a full pass over every sealed segment now, beside the rotation (an operator's
@@ -231,7 +281,7 @@ class Scrubber:
                     why = "its .log is gone from disk, or empty"
                 else:
                     why = f"its .log on disk ends at byte {damage.position}, short of its seal"
-                await self.repair.repair(range_id, base, damage.position, why)
+                await self._repaired(range_id, base, damage.position, why)
 
     async def _check(self, range_id: str, base: int) -> None:
         range_log = self._logs.get(range_id)
@@ -252,10 +302,10 @@ class Scrubber:
         except OSError as error:
             # Its files cannot be read back (gone, or the disk fails): damaged, as far as any
             # reader can tell.
-            await self.repair.repair(range_id, base, 0, f"it cannot be read ({error})")
+            await self._repaired(range_id, base, 0, f"it cannot be read ({error})")
             return
         if verification.damage is not None:
-            await self.repair.repair(
+            await self._repaired(
                 range_id,
                 base,
                 verification.damage.position,
@@ -266,6 +316,7 @@ class Scrubber:
         if (
             recorded is not None
             and recorded.state is SegmentState.SEALED
+            and self._believed(range_log, base, recorded)
             and (recorded.record_count, recorded.byte_size)
             != (verification.record_count, verification.byte_size)
         ):
@@ -281,7 +332,7 @@ class Scrubber:
                         True,
                     )
                 )
-            await self.repair.repair(
+            await self._repaired(
                 range_id,
                 base,
                 position,

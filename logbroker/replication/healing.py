@@ -250,7 +250,9 @@ class Healer:
         data = await self._fetch_whole(meta, sources)
         if data is None:
             return False
-        copy = ctx.storage.logs[meta.range_id]
+        copy = ctx.storage.logs.get(meta.range_id)
+        if copy is None:
+            return False  # closed meanwhile (the node is stopping)
         placing = self._placing.setdefault(meta.range_id, DeferredLock())
         try:
             async with placing:

@@ -235,11 +235,13 @@ class ReplicatedRange:
     def _unless_damaged(
         self, read: RangeRead, found: SegmentMeta, plan: SegmentRead, max_bytes: int
     ) -> RangeRead | Deferred[RangeRead]:
-        """A read of this node's sealed copy that met damage (it stops before it, and the copy
-        is now known damaged: it is being repaired) goes on from the other copies: a sealed
-        segment's records end where it was sealed, never at the damage."""
-        if read.count or not view_of(self._log, found.base_offset).damaged:
+        """A read of this node's sealed copy that found nothing (it met damage, and the copy is
+        now known damaged and being repaired; or the copy's files are gone) goes on from the
+        other copies: a sealed segment's records end where it was sealed, never at the damage."""
+        if read.count:
             return read  # the next read, from where this one ends, goes to the other copies
+        # Nothing, below a sealed segment's end: this copy cannot serve it (damaged, or its
+        # files gone from under the node); the others can.
         return self._copies.read(self._range_id, plan.offset, plan.max_records, max_bytes)
 
     def wait(self, offset: int, wait_ms: int) -> Deferred[None]:

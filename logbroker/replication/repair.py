@@ -7,9 +7,12 @@ damaged when it was opened or read) or by a read; each hands it to ``SegmentRepa
    (``verify_copy``). A copy qualifies only if it is intact and complete: its scan matches the
    record count and byte size the control plane recorded at sealing
    (``core.repair.qualifies``).
-2. If none qualifies, nothing is deleted: the failure is logged loudly, naming the segment, the
-   byte position and what each replica answered, and counted ``unrepairable``. It never clears
-   by itself: the scrub finds and counts it again at each of its passes.
+2. If none qualifies, nothing is deleted. When every other replica answered, the failure is
+   logged loudly, naming the segment, the byte position and what each replica answered, and
+   counted ``unrepairable``; it never clears by itself: the scrub finds and counts it again at
+   each of its passes. When a replica could not answer (it is down, or did not answer within
+   ``VERIFY_SECONDS``), it may hold an intact copy: nothing is decided or counted
+   (``DEFERRED``), and the repair is tried again.
 3. If one does, the repair goes on, traced as ``svc.scrub.repair`` (an OpenTelemetry span, and
    a structured log event of the same name). A node first in the segment's replica set moves
    itself to the end first, so that readers go to an intact copy. The whole copy is fetched
@@ -19,18 +22,21 @@ damaged when it was opened or read) or by a read; each hands it to ``SegmentRepa
    is it counted ``repaired``.
 
 A copy waiting for a repair is not served: reads of its segment go to the other copies (a
-damaged copy is not ``trusted``). One repair runs per segment at a time; a segment found
-unrepairable is tried again only by the scrub's next check of it, not at every healing tick.
+damaged copy is not ``trusted``). One repair runs per segment at a time, and at most
+``REPAIRS_AT_ONCE`` at all (each holds a segment's bytes while it fetches). A fetch that fails
+defers the repair too. Damage found outside the scrub is handed to the repair again no sooner
+than ``RETRY_DEFERRED_SECONDS`` after a deferral and ``RETRY_UNREPAIRABLE_SECONDS`` after an
+unrepairable finding; the scrub's own checks always are.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from enum import Enum
 from typing import Protocol
 
 from opentelemetry import trace
-from twisted.internet.defer import Deferred, gatherResults
+from twisted.internet.defer import Deferred, DeferredSemaphore, gatherResults
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
@@ -68,6 +74,19 @@ class RepairOutcome(Enum):
     #: Nothing to repair: the segment is gone, or no longer one whose replica set names this
     #: node (healing deletes a stale copy, it does not repair it).
     NOT_HELD = "not_held"
+    #: Not decided now: a replica did not answer (or is down), the qualifying one did not send
+    #: its copy whole, or healing is fetching the copy already. Not counted; tried again.
+    DEFERRED = "deferred"
+
+
+#: How long a replica has to read its copy back and answer.
+VERIFY_SECONDS = 60.0
+#: Repairs fetching at once (each holds up to a segment's bytes in memory).
+REPAIRS_AT_ONCE = 4
+#: After a repair deferred or found unrepairable, damage found outside the scrub (a read,
+#: healing) is handed to the repair again no sooner than this; the scrub's checks always are.
+RETRY_DEFERRED_SECONDS = 30.0
+RETRY_UNREPAIRABLE_SECONDS = 300.0
 
 
 class RepairMetrics(Protocol):
@@ -85,9 +104,20 @@ class SegmentRepairs:
         #: Repairs under way, by segment, with what waits for each: a second finding of the
         #: same damage waits for the repair under way.
         self._running: dict[SegmentKey, list[Deferred[RepairOutcome]]] = {}
-        #: Segments found unrepairable, with where and why: for the dashboard, until repaired.
+        #: Segments found unrepairable, with where and why: for the dashboard, until repaired
+        #: (or no longer held here).
         self.unrepairable: dict[SegmentKey, str] = {}
+        #: When damage found outside the scrub may be handed to the repair again, by segment.
+        self._next_try: dict[SegmentKey, float] = {}
+        self._slots = DeferredSemaphore(REPAIRS_AT_ONCE)
         healer.on_damaged = self._found_by_healing
+
+    def forget_missing(self, held: Collection[SegmentKey]) -> None:
+        """Forget the findings about segments no longer ``held`` here (removed by retention,
+        or dropped from this node)."""
+        for key in [key for key in self.unrepairable if key not in held]:
+            del self.unrepairable[key]
+            self._next_try.pop(key, None)
 
     def repair(
         self, range_id: str, base_offset: int, position: int, why: str
@@ -101,10 +131,19 @@ class SegmentRepairs:
             waiting.append(waiter)
             return waiter
         self._running[key] = waiting = []
-        started = Deferred.fromCoroutine(self._repair(range_id, base_offset, position, why))
+        started = self._slots.run(
+            lambda: Deferred.fromCoroutine(self._repair(range_id, base_offset, position, why))
+        )
 
         def finished(outcome: RepairOutcome | Failure) -> RepairOutcome | Failure:
             del self._running[key]
+            now = self._context.clock.seconds()
+            if outcome is RepairOutcome.DEFERRED:
+                self._next_try[key] = now + RETRY_DEFERRED_SECONDS
+            elif outcome is RepairOutcome.UNREPAIRABLE:
+                self._next_try[key] = now + RETRY_UNREPAIRABLE_SECONDS
+            else:
+                self._next_try.pop(key, None)
             for waiter in waiting:
                 if isinstance(outcome, Failure):
                     waiter.errback(outcome)
@@ -140,7 +179,7 @@ class SegmentRepairs:
         """Repair damage found outside the scrub, unless a repair of it runs already or it was
         found unrepairable (the scrub's next check tries it again)."""
         key = (range_id, base_offset)
-        if key in self._running or key in self.unrepairable:
+        if key in self._running or self._context.clock.seconds() < self._next_try.get(key, 0.0):
             return
         why = f"it failed verification when read ({reason.value})"
         repairing = self.repair(range_id, base_offset, position, why)
@@ -158,6 +197,7 @@ class SegmentRepairs:
             or record.state is not SegmentState.SEALED
             or ctx.node_id not in record.replicas
         ):
+            self.unrepairable.pop((range_id, base_offset), None)
             return RepairOutcome.NOT_HELD
         checks = await self._checks(record)
         sources = rules.repair_sources(record, ctx.node_id, checks)
@@ -167,6 +207,18 @@ class SegmentRepairs:
                 for node in record.replicas
                 if node != ctx.node_id
             )
+            if any(checks.get(n) is None for n in record.replicas if n != ctx.node_id):
+                # A replica that could not say (down, or no answer in time) may hold an intact
+                # copy: nothing is decided until it can.
+                log.warn(
+                    "Scrub: sealed segment {segment} is damaged at byte {position}: {why}. It"
+                    " cannot be repaired now ({answers}); tried again later",
+                    segment=_name(range_id, base_offset),
+                    position=position,
+                    why=why,
+                    answers=answers,
+                )
+                return RepairOutcome.DEFERRED
             return self._unrepairable(
                 record,
                 position,
@@ -197,10 +249,9 @@ class SegmentRepairs:
             detail=detail,
             sources=",".join(sources),
         )
-        if outcome is RepairOutcome.UNREPAIRABLE:
-            return self._unrepairable(record, position, f"{why}. The repair failed: {detail}")
-        self.unrepairable.pop((range_id, base_offset), None)
-        self._metrics.scrub_checked(outcome.value)
+        if outcome is RepairOutcome.REPAIRED:
+            self.unrepairable.pop((range_id, base_offset), None)
+            self._metrics.scrub_checked(outcome.value)
         return outcome
 
     async def _checks(self, record: SegmentMeta) -> dict[str, CopyCheck | None]:
@@ -211,7 +262,9 @@ class SegmentRepairs:
 
         def ask(node: str) -> Deferred[CopyCheck | None]:
             asking = ctx.requester.request(node, PeerOp.VERIFY_COPY, request)
-            return asking.addCallbacks(decode_check, lambda failure: None)
+            asking.addTimeout(VERIFY_SECONDS, ctx.clock)
+            # An answer that does not decode says nothing either.
+            return asking.addCallback(decode_check).addErrback(lambda failure: None)
 
         answers = await gatherResults([ask(node) for node in others])
         return dict(zip(others, answers, strict=True))
@@ -238,18 +291,20 @@ class SegmentRepairs:
             else:
                 record = moved
         if not await self._healer.refetch(record, sources):
-            return RepairOutcome.UNREPAIRABLE, (
-                f"no qualifying replica ({', '.join(sources)}) sent its copy whole"
+            return RepairOutcome.DEFERRED, (
+                f"no qualifying replica ({', '.join(sources)}) sent its copy whole, or healing"
+                " is fetching it already; tried again later"
             )
         copy = ctx.storage.logs.get(record.range_id)
         if copy is None:
-            return RepairOutcome.UNREPAIRABLE, "the range's log was closed meanwhile"
+            return RepairOutcome.DEFERRED, "the range's log was closed meanwhile"
         try:
             verification = await copy.verify_segment(record.base_offset)
         except (SegmentNotFoundError, StorageError) as error:
-            return RepairOutcome.UNREPAIRABLE, f"the fetched copy could not be read back ({error})"
+            return RepairOutcome.DEFERRED, f"the fetched copy could not be read back ({error})"
         if verification.damage is not None:
-            return RepairOutcome.UNREPAIRABLE, (
+            # Damaged on the way to the disk, or by it: the next try fetches it again.
+            return RepairOutcome.DEFERRED, (
                 f"the fetched copy fails verification at byte {verification.damage.position}"
             )
         return RepairOutcome.REPAIRED, (

@@ -318,6 +318,10 @@ def _locate_damage(view: memoryview, batch: BatchInfo) -> Damage:
     stopped, damage = _walk_records(
         view, batch.records_start, batch.end, batch.base_offset, batch.record_count
     )
+    if damage is not None and damage.position >= batch.end:
+        # Every record there verifies, and the header claims more: its count is wrong (the
+        # next batch, where the walk ran out, is not to blame).
+        return Damage(batch.position, DamageReason.HEADER)
     if damage is not None:
         return damage
     if stopped != batch.end:
@@ -421,6 +425,8 @@ def verify_records_only(data: bytes | memoryview, position: int = 0) -> Damage |
         stopped, damage = _walk_records(
             view, position + header_size, position + length, base_offset, count
         )
+        if damage is not None and damage.position >= position + length:
+            return Damage(position, DamageReason.HEADER)  # a count claiming more than is there
         if damage is not None:
             return damage
         if stopped != position + length:

@@ -222,6 +222,39 @@ def _write_job(
     return writer, time.monotonic() - started, rolled
 
 
+#: What the probe of a storage failure writes and syncs before a range takes appends again.
+PROBE_BYTES = 64 * 1024
+PROBE_FILE = ".probe"
+
+
+def _back_in_service_job(fs: FileSystem, directory: str, path: str, size: int) -> bool:
+    """After a failed write or fsync to the active segment at ``path``: whether it can take
+    appends again, with what was acknowledged (its first ``size`` bytes) all it holds.
+
+    A probe of ``PROBE_BYTES`` is written and synced beside it, then removed (the disk has room
+    and syncs again); the segment is cut back to ``size`` (bytes written past it were never
+    acknowledged, and after a failed fsync the kernel may have dropped them unwritten) and
+    synced. ``False`` if the failure left more than that segment in doubt: a roll under way
+    (a seal marker or index beside it, or a newer segment file)."""
+    stem = path.removesuffix(LOG_SUFFIX)
+    if fs.exists(stem + SEAL_SUFFIX) or fs.exists(stem + INDEX_SUFFIX):
+        return False
+    name = path.rsplit("/", 1)[1]
+    if any(entry > name for entry in fs.list_dir(directory) if entry.endswith(LOG_SUFFIX)):
+        return False
+    probe = f"{directory}/{PROBE_FILE}"
+    fs.write_atomic(probe, bytes(PROBE_BYTES))
+    fs.remove(probe)
+    if fs.size(path) > size:
+        fs.truncate(path, size)
+    writer = fs.open_append(path)
+    try:
+        writer.sync()
+    finally:
+        writer.close()
+    return True
+
+
 def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:
     # The log goes first: recovery removes sidecars whose log is gone.
     for suffix in (LOG_SUFFIX, INDEX_SUFFIX, SEAL_SUFFIX, EPOCH_SUFFIX):

@@ -26,7 +26,13 @@ from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
 from logbroker.storage._format import BatchInfo
 from logbroker.storage._fs import AppendFile, FileSystem
-from logbroker.storage._jobs import Rolled, SealPlan, _write_job, plan_seal
+from logbroker.storage._jobs import (
+    Rolled,
+    SealPlan,
+    _back_in_service_job,
+    _write_job,
+    plan_seal,
+)
 from logbroker.storage._planner import (
     WAIT,
     ArmTimer,
@@ -124,7 +130,8 @@ class WritePipeline:
         if self.failure is not None:
             return LogFailedError(
                 f"{state.directory} is out of service after a write error "
-                f"({self.failure.getErrorMessage()}); restart to recover it"
+                f"({self.failure.getErrorMessage()}); it takes appends again once the disk"
+                " takes a probe write and fsync"
             )
         if self._closing:
             return LogClosedError(f"{state.directory} is closed")
@@ -379,7 +386,7 @@ class WritePipeline:
         queued = self._planner.drain()
         log.failure(
             "A write, fsync or seal failed in {directory}; {count} appends fail and the range "
-            "is out of service until restart",
+            "is out of service until a probe write and fsync succeed again (or a restart)",
             failure,
             directory=state.directory,
             count=len(covered) + sum(isinstance(item, Append) for item in queued),
@@ -389,6 +396,56 @@ class WritePipeline:
         )
         self._outcomes.extend((item.deferred, error) for item in [*covered, *queued])
         self._settle()
+
+    def return_to_service(self) -> Deferred[bool]:
+        """After a failed write or fsync: once a probe write and fsync succeed, cut the active
+        segment back to what was acknowledged and take appends again (``True``). ``False``
+        (still out of service, until a restart) when the failure left more in doubt: a roll
+        under way, rot in the segment, or a replicated log (whose copies the replication
+        layer keeps in step)."""
+        state = self._state
+        target = state.active
+        if self.failure is None:
+            return succeed(True)
+        if (
+            self._closing
+            or state.replicated
+            or state.starting is not None
+            or target is None
+            or target.damage is not None
+            or target.has_marker
+            or not self._planner.idle
+        ):
+            return succeed(False)
+        state.files.close_writer(target)
+        checking = self._executor.run(
+            _back_in_service_job, self._fs, state.directory, target.path, target.readable_end
+        )
+
+        def checked(back: bool) -> bool:
+            if not back or self.failure is None or state.active is not target:
+                return False
+            target.state = CopyState.ACTIVE
+            target.end_offset = target.next_offset
+            state.next_offset = state.durable_offset = target.next_offset
+            self.failure = None
+            log.info(
+                "{directory} is back in service: a probe write and fsync succeeded, and its"
+                " active segment holds exactly what was acknowledged ({offset} records)",
+                directory=state.directory,
+                offset=target.next_offset,
+            )
+            return True
+
+        def still_failing(failure: Failure) -> bool:
+            log.info(
+                "{directory} stays out of service: {error}",
+                directory=state.directory,
+                error=failure.getErrorMessage(),
+            )
+            return False
+
+        return checking.addCallbacks(checked, still_failing)
 
     def _control_done(self, result: object, control: _Control) -> None:
         if isinstance(result, Failure):

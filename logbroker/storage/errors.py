@@ -24,9 +24,13 @@ class LogClosedError(StorageError):
 class LogFailedError(StorageError):
     """A write or fsync failed; the range log accepts no appends until it is reopened.
 
-    Nothing that might not be on disk was acknowledged. Restarting the broker reopens the log,
-    and recovery keeps exactly what reached the disk.
+    Nothing that might not be on disk was acknowledged. ``RangeLog.return_to_service`` takes
+    appends again once the disk does (or a restart's recovery keeps exactly what reached the
+    disk). Clients are told ``storage_unavailable``, not the ``unreachable`` of a broker going
+    away.
     """
+
+    default_reason = Reason.STORAGE_UNAVAILABLE
 
 
 class OffsetOutOfRangeError(StorageError):

@@ -291,7 +291,15 @@ class RangeLog:
 
     @property
     def failed(self) -> bool:
+        """Out of service since a write or fsync failed: appends are refused."""
         return self._pipeline.failure is not None
+
+    def return_to_service(self) -> Deferred[bool]:
+        """Take appends again after a failed write or fsync, once a probe write and fsync
+        succeed: the active segment is cut back to what was acknowledged first. ``False``
+        while the probe fails, or when the failure left more in doubt than the active
+        segment's tail (then only a restart's recovery brings the range back)."""
+        return self._pipeline.return_to_service()
 
     def segments(self) -> list[SegmentInfo]:
         return [segment.info() for segment in self._state.segments]

@@ -157,6 +157,7 @@ def test_storage_recovery_reports_to_the_metrics_the_tree_exposes(
     assert isinstance(lag, PeriodicTask)
     assert lag.task_name == "reactor_lag"
     assert snapshot.periodic_task_failures == {
+        "storage_recovery": 0,
         "reactor_lag": 0,
         "scrub": 0,
         "rate_limit_cleanup": 0,
@@ -299,7 +300,7 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
         trees.append(_tree(build_service(reactor, config, data_dir, None)))
         ports.append([port for port, _, _, _ in reactor.tcpServers])
 
-    common_head = ["StopOnSigterm", "storage", "control-plane"]
+    common_head = ["StopOnSigterm", "storage", "storage-recovery", "control-plane"]
     # Both scrub their sealed segments (a member repairs from its replicas).
     common_tail = ["reactor-lag", "scrub", "auth-threads"]
     assert trees[0] == [

@@ -46,7 +46,7 @@ def test_jitter_shortens_a_delay_by_at_most_its_share(
 
 
 def test_only_the_refusals_that_mean_try_again_are_retried() -> None:
-    assert {"not_primary", "unreachable", "no_quorum"} == RETRIED_REASONS
+    assert {"not_primary", "unreachable", "no_quorum", "storage_unavailable"} == RETRIED_REASONS
 
 
 def test_no_retry_starts_after_the_give_up_time() -> None:

@@ -99,7 +99,13 @@ async def test_health_answers_ok_whatever_the_node_status(dashboard: Dashboard) 
 @pytest_twisted.ensureDeferred
 async def test_ready_only_while_the_client_port_accepts(dashboard: Dashboard) -> None:
     seen = []
-    statuses = (NodeStatus.STARTING, NodeStatus.READY, NodeStatus.DRAINING, NodeStatus.DEGRADED)
+    statuses = (
+        NodeStatus.STARTING,
+        NodeStatus.READY,
+        NodeStatus.DRAINING,
+        NodeStatus.DEGRADED,
+        NodeStatus.STORAGE_FAILED,
+    )
     for status in statuses:
         dashboard.status.value = status
         seen.append(await answer(await http.get(dashboard.url("/ready"))))
@@ -108,10 +114,12 @@ async def test_ready_only_while_the_client_port_accepts(dashboard: Dashboard) ->
         (200, "ready"),
         (503, "not_ready"),
         (503, "not_ready"),
+        (503, "not_ready"),
     ]
     assert seen[0][1]["reason"].startswith("starting:")
     assert seen[2][1]["reason"].startswith("stopping:")
     assert seen[3][1]["reason"].startswith("the control plane (etcd) has not answered")
+    assert seen[4][1]["reason"].startswith("storage: a write or fsync failed")
 
 
 # -- rate-limit statistics -----------------------------------------------------------------
@@ -998,7 +1006,7 @@ async def test_a_body_announced_over_the_limit_is_refused_before_it_is_sent_and_
     # A gigabyte announced, not a byte of it sent: the answer comes at once.
     raw = RawHttp(
         b"POST /login HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        b"Content-Length: 1073741824\r\n\r\n"
+        b"Content-Length: 1073741824\r\nExpect: 100-continue\r\n\r\n"
     )
     endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", dashboard.port.getHost().port)
     await connectProtocol(endpoint, raw)
@@ -1006,6 +1014,7 @@ async def test_a_body_announced_over_the_limit_is_refused_before_it_is_sent_and_
     received = await raw.closed
 
     head, _, body = received.partition(b"\r\n\r\n")
+    # No "100 Continue" first: the body is not to be sent.
     assert head.startswith(b"HTTP/1.1 413 ")
     assert b"Connection: close" in head
     assert b"X-Frame-Options: DENY" in head

@@ -74,7 +74,9 @@ class _Node:
     sealed: list[SegmentInfo]
     control: Any
 
-    def record(self, info: SegmentInfo, **changed: int) -> None:
+    def record(
+        self, info: SegmentInfo, replicas: tuple[str, ...] = ("n1",), **changed: int
+    ) -> None:
         """Record ``info`` in the control plane as sealed (with ``changed`` fields)."""
         meta = SegmentMeta(
             "topic.0",
@@ -82,7 +84,7 @@ class _Node:
             SegmentState.SEALED,
             changed.get("record_count", info.record_count),
             changed.get("byte_size", info.byte_size),
-            ("n1",),
+            replicas,
             0,
         )
         result_of(self.control.put_segment(meta))
@@ -112,7 +114,15 @@ def _node(per_tick: int = 1, recorded: bool = True) -> _Node:
         fs,
         metrics,
         log,
-        Scrubber({"topic.0": log}, control, per_tick, metrics, NoOtherCopy(metrics), Clock()),
+        Scrubber(
+            {"topic.0": log},
+            control,
+            per_tick,
+            metrics,
+            NoOtherCopy(metrics),
+            Clock(),
+            node_id="n1",
+        ),
         [first, second],
         control,
     )
@@ -281,3 +291,18 @@ def test_a_sealed_copy_deleted_or_cut_short_on_disk_is_found_at_the_next_tick(
     result_of(node.scrubber.tick())
     assert node.checks() == {"verified": 1, "repaired": 0, "unrepairable": 2}
     logged_errors.clear()
+
+
+def test_a_copy_left_behind_on_a_replica_set_without_this_node_is_not_held_to_its_record() -> None:
+    # The segment was sealed on n2 and n3 after this node's copy was left behind: healing
+    # deletes it once they hold it; it is not damage.
+    node = _node(per_tick=2, recorded=False)
+    node.record(node.sealed[0])
+    node.record(
+        node.sealed[1], ("n2", "n3"), record_count=4, byte_size=node.sealed[1].byte_size + 90
+    )
+
+    result_of(node.scrubber.tick())
+
+    assert node.checks() == {"verified": 2, "repaired": 0, "unrepairable": 0}
+    assert value(node.metrics, "svc_storage_integrity_failures_total", reason="size") == 0

@@ -15,11 +15,19 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from logbroker.cluster.retention import (
+    SegmentTimesServer,
+    cluster_newest_times,
+    decode_times,
+    decode_times_request,
+    encode_times,
+    encode_times_request,
+)
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
 from logbroker.replication.core import repair as rules
 from logbroker.replication.healing import Healer
-from logbroker.replication.repair import RepairOutcome, SegmentRepairs
+from logbroker.replication.repair import RETRY_DEFERRED_SECONDS, RepairOutcome, SegmentRepairs
 from logbroker.replication.replica_codec import (
     CheckOutcome,
     CopyCheck,
@@ -268,8 +276,8 @@ def test_a_replica_reads_its_own_copy_back_whole_when_asked_to_verify_it(
     logged_errors.clear()
 
 
-def test_healing_hands_a_copy_found_damaged_to_the_repair_and_does_not_fetch_it_itself(
-    logged_errors: list[dict[str, Any]],
+def test_healing_hands_a_copy_found_damaged_to_the_repair_which_waits_for_replicas_down(
+    logged_errors: list[dict[str, Any]], logged: list[dict[str, Any]]
 ) -> None:
     sealed = sealed_on_every_node()
     meta = sealed.segments[1]
@@ -278,25 +286,45 @@ def test_healing_hands_a_copy_found_damaged_to_the_repair_and_does_not_fetch_it_
     verifying = copy.verify_segment(meta.base_offset)  # as a read would, it finds the damage
     sealed.world.settle()
     assert result_of(verifying).damage is not None
-    repairs, outcomes = sealed.repairs("c")
-    # Nothing qualifies at first: healing must not fetch the copy behind the repair's back.
+    outcomes = Outcomes()
+    # The other replicas are down: they may hold intact copies, so nothing is decided, nothing
+    # counted, and healing does not fetch the copy behind the repair's back.
     sealed.world.peers.dead.update({"a", "b"})
     healer = Healer(sealed.world.context("c"))
-    repairs = SegmentRepairs(sealed.world.context("c"), healer, outcomes)
+    SegmentRepairs(sealed.world.context("c"), healer, outcomes)
 
     healer.tick([RANGE])
     sealed.world.settle()
-    assert outcomes.counted == Counter(unrepairable=1)
+    assert outcomes.counted == Counter()
     assert not sealed.identical(meta)
+    assert [e for e in logged if "cannot be repaired now" in e.get("log_format", "")]
 
-    # Handed over once: the next ticks leave it to the scrub's next check.
+    # Back: the next look after the retry delay repairs it.
     sealed.world.peers.dead.clear()
     healer.tick([RANGE])
     sealed.world.settle()
-    assert outcomes.counted == Counter(unrepairable=1)
-    assert sealed.repair(repairs, meta, 0) is RepairOutcome.REPAIRED
+    assert outcomes.counted == Counter(), "not before the retry delay"
+    sealed.world.clock.advance(RETRY_DEFERRED_SECONDS)
+    healer.tick([RANGE])
+    sealed.world.settle()
+    assert outcomes.counted == Counter(repaired=1)
     assert sealed.identical(meta)
-    assert [e["log_format"].split(" ")[0] for e in logged_errors] == ["Integrity", "Scrub:"]
+    assert [e["log_format"].split(" ")[0] for e in logged_errors] == ["Integrity"]
+    logged_errors.clear()
+
+
+def test_a_segment_no_longer_held_is_forgotten(logged_errors: list[dict[str, Any]]) -> None:
+    sealed = sealed_on_every_node()
+    meta = sealed.segments[1]
+    for node in NODES:
+        sealed.rot(node, meta)
+    repairs, _ = sealed.repairs("c")
+    assert sealed.repair(repairs, meta, 0) is RepairOutcome.UNREPAIRABLE
+    assert list(repairs.unrepairable) == [(RANGE, meta.base_offset)]
+
+    repairs.forget_missing(set())
+
+    assert repairs.unrepairable == {}
     logged_errors.clear()
 
 
@@ -352,3 +380,51 @@ def test_damage_a_range_log_reports_in_a_sealed_copy_is_repaired_at_once() -> No
 
     assert outcomes.counted == Counter(repaired=1)
     assert sealed.identical(meta)
+
+
+# -- when sealed copies' newest records were written (retention by age in a cluster) -----------
+
+
+@given(
+    st.lists(st.tuples(st.text(min_size=1, max_size=12), st.integers(0, 2**64 - 1)), max_size=20)
+)
+def test_a_segment_times_request_goes_through_the_codec_unchanged(
+    keys: list[tuple[str, int]],
+) -> None:
+    assert decode_times_request(encode_times_request(keys)) == keys
+
+
+@given(st.lists(st.one_of(st.none(), st.integers(0, 2**64 - 2)), max_size=20))
+def test_segment_times_go_through_the_codec_unchanged(times: list[int | None]) -> None:
+    assert decode_times(encode_times(times)) == times
+
+
+def test_the_newest_record_times_come_from_a_live_replica_this_node_first() -> None:
+    sealed = sealed_on_every_node()
+    world = sealed.world
+    for node in NODES:
+        server = SegmentTimesServer(world.storages[node])
+        world.peers.ops[node][PeerOp.SEGMENT_TIMES] = lambda sender, payload, server=server: (
+            server.serve(payload)
+        )
+    expected = {
+        (RANGE, info.base_offset): info.max_timestamp_ms
+        for info in world.storages["a"].logs[RANGE].segments()
+        if info.max_timestamp_ms is not None
+    }
+    # c holds no copy of the first segment any more: a live replica that does answers for it.
+    first = sealed.segments[0]
+    deleting = world.storages["c"].logs[RANGE].delete_segment(first.base_offset)
+    world.settle()
+    result_of(deleting)
+    context = world.context("c")
+    newest = cluster_newest_times("c", world.control, context.requester, context.is_live)
+
+    asking = newest([RANGE])
+    world.settle()
+    found = result_of(asking)
+
+    sealed_bases = {m.base_offset for m in world.control.segments(RANGE)[:-1]}
+    assert found == {key: t for key, t in expected.items() if key[1] in sealed_bases} | {
+        (RANGE, first.base_offset): expected[(RANGE, first.base_offset)]
+    }

@@ -330,6 +330,41 @@ def test_failed_fsync_fails_the_job_and_everything_behind_it_and_takes_the_log_d
     assert recovered.read_all() == [record(0), record(5)]
 
 
+def test_once_a_probe_write_and_fsync_succeed_the_log_takes_appends_again_with_what_was_acked(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    h = Harness(fs, LogConfig(group_commit=False))
+    assert result_of_run(h, h.log.append([record(0)])) == Appended(0, 1)
+    acknowledged = fs.size(segment_path(0))
+    fs.failing_syncs = 2
+    failed = h.log.append([record(1)])
+    h.executor.run_all()
+    assert failure_of(failed).check(LogFailedError)
+    logged_errors.clear()
+
+    # The disk still fails: the probe's fsync fails, and the log stays out of service.
+    assert result_of_run(h, h.log.return_to_service()) is False
+    assert h.log.failed
+    assert failure_of(h.log.append([record(2)])).check(LogFailedError)
+
+    assert result_of_run(h, h.log.return_to_service()) is True
+
+    assert not h.log.failed
+    # Cut back to what was acknowledged, durably; the unacknowledged append is gone.
+    assert fs.size(segment_path(0)) == fs.durable_size(segment_path(0)) == acknowledged
+    assert not fs.exists(f"{RANGE_DIR}/.probe")
+    assert result_of_run(h, h.log.append([record(3)])) == Appended(1, 1)
+    assert h.read_all() == [record(0), record(3)]
+    recovered = Harness(fs.crash())
+    assert recovered.read_all() == [record(0), record(3)]
+
+
+def test_a_log_that_never_failed_is_in_service() -> None:
+    h = Harness(MemoryFileSystem(), LogConfig(group_commit=False))
+    assert result_of_run(h, h.log.return_to_service()) is True
+
+
 def result_of_run(h: Harness, deferred: Deferred[Any]) -> Any:
     h.executor.run_all()
     return result_of(deferred)

@@ -338,6 +338,20 @@ def flipped_bytes(draw: st.DrawFn) -> FlipInput:
     return base, batches, position, mask
 
 
+def test_a_count_claiming_more_records_than_its_batch_holds_is_blamed_on_the_header() -> None:
+    # A record long enough that a header claiming 3 records of it still looks sane.
+    encoded = Encoded(0, [(None, [Record(b"a"), Record(b"b")]), (None, [Record(b"c" * 200)])])
+    second = encoded.infos[1]
+    # The count's low byte: 1 record claimed as 3. The one there verifies; the walk runs out at
+    # the batch's end, which is not where the damage is.
+    corrupted = flip(encoded.data, second.position + BATCH_HEADER_SIZE - 1, 0x02)
+
+    scan = scan_batches(corrupted, 0, 0)
+
+    assert scan.damage == Damage(second.position, DamageReason.HEADER)
+    assert verify_records_only(corrupted) == Damage(second.position, DamageReason.HEADER)
+
+
 @settings(max_examples=500)
 @given(flipped_bytes())
 def test_no_single_changed_byte_is_ever_read_back_as_a_valid_record(flipped: FlipInput) -> None:
