@@ -128,3 +128,60 @@ def test_the_page_shows_the_topic_and_its_live_produce_rate_without_csp_errors(
         if message.type == "error" or "Content Security Policy" in message.text
     ]
     assert problems == []
+
+
+def test_the_page_names_an_unrepairable_segment_and_an_admin_starts_a_full_scrub_pass(
+    tmp_path: Path,
+) -> None:
+    assert Path(CHROMIUM).exists(), "chromium is missing: run scripts/install --test"
+    data = tmp_path / "data"
+    settings = {
+        "SVC_DATA_DIR": str(data),
+        "SVC_SEGMENT_MAX_BYTES": "4096",
+        "SVC_TOPIC_RANGES": "1",
+        "SVC_SCRUB_INTERVAL_MS": "200",
+        "SVC_SCRUB_SEGMENTS_PER_TICK": "10",
+    }
+    with running_broker(tmp_path, settings=settings) as broker:
+        with BlockingClient.connect("127.0.0.1", broker.port, "admin", "admin123") as admin:
+            admin.create_topic(TOPIC)
+            for batch in range(12):
+                admin.produce(TOPIC, [Record(b"v" * 200, key=b"k%d" % batch)] * 5)
+        sealed = sorted(p.with_suffix(".log") for p in data.rglob("*.sealed"))
+        assert len(sealed) >= 3
+        rotten = sealed[1]
+        content = bytearray(rotten.read_bytes())
+        content[len(content) // 2] ^= 0x40
+        rotten.write_bytes(bytes(content))
+        segment = f"{rotten.parent.name}@{int(rotten.stem)}"
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                page = browser.new_page(viewport={"width": 1440, "height": 820})
+                errors: list[Error] = []
+                page.on("pageerror", lambda error: errors.append(error))
+                page.add_init_script(RECORD_VIOLATIONS)
+                page.goto(f"http://127.0.0.1:{broker.dashboard_port}/")
+                page.fill("#username", "admin")
+                page.fill("#password", "admin123")
+                page.click("button[type=submit]")
+
+                page.wait_for_selector(
+                    f"#scrub-unrepairable-segments td:text-is('{segment}')", timeout=TIMEOUT_MS
+                )
+                assert page.text_content("#scrub-state") == "10 segments every 200 ms"
+                assert page.text_content("#retention-limits") == "off: every segment is kept"
+                page.click("#scrub-now")
+                page.wait_for_function(
+                    "() => document.getElementById('scrub-now-result').textContent !== ''",
+                    timeout=TIMEOUT_MS,
+                )
+                result = page.text_content("#scrub-now-result")
+                violations = page.evaluate("window.__cspViolations")
+            finally:
+                browser.close()
+    assert result == f"Started: {len(sealed)} sealed segments to check."
+    assert violations == []
+    assert errors == []
