@@ -399,17 +399,16 @@ class WritePipeline:
 
     def return_to_service(self) -> Deferred[bool]:
         """After a failed write or fsync: once a probe write and fsync succeed, cut the active
-        segment back to what was acknowledged and take appends again (``True``). ``False``
-        (still out of service, until a restart) when the failure left more in doubt: a roll
-        under way, rot in the segment, or a replicated log (whose copies the replication
-        layer keeps in step)."""
+        segment back to what was durable and take appends again (``True``). ``False`` (still
+        out of service, until a restart) when the failure left more in doubt: a roll or a new
+        segment under way, or rot in the segment. A replicated copy is then brought back in
+        step by its primary (a claim fences it and completes it), as after any gap."""
         state = self._state
         target = state.active
         if self.failure is None:
             return succeed(True)
         if (
             self._closing
-            or state.replicated
             or state.starting is not None
             or target is None
             or target.damage is not None

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,8 @@ import yaml
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
 from tests.integration.test_promtool import ALERTS, promtool
-from tests.integration.twistd import RunningBroker, Samples, running_broker, scrape
+from tests.integration.test_scrub import scrubbed, wait_for
+from tests.integration.twistd import RunningBroker, Samples, running_broker
 
 pytestmark = pytest.mark.integration
 
@@ -48,20 +48,6 @@ def produce(broker: RunningBroker) -> None:
         client.create_topic("watched")
         for batch in range(20):
             assert client.produce("watched", [Record(b"v" * 200, key=b"k%d" % batch)] * 5) == 5
-
-
-def wait_until(broker: RunningBroker, done: Callable[[Samples], bool]) -> Samples:
-    deadline = time.monotonic() + 30
-    while True:
-        samples = scrape(broker.dashboard_port)
-        if done(samples):
-            return samples
-        assert time.monotonic() < deadline, samples
-        time.sleep(0.1)
-
-
-def scrubbed(samples: Samples, result: str) -> float:
-    return samples[("svc_storage_scrub_segments_total", (("result", result),))]
 
 
 def input_series(minutes: Sequence[Samples]) -> list[dict[str, str]]:
@@ -116,11 +102,11 @@ def test_unrepairable_pages_on_a_real_broker_s_exposition_once_a_sealed_segment_
         produce(broker)
         sealed = sorted(p.with_suffix(".log") for p in (tmp_path / "data").rglob("*.sealed"))
         assert len(sealed) >= 4
-        whole = wait_until(broker, lambda s: scrubbed(s, "verified") >= len(sealed))
+        whole = wait_for(broker, lambda s: scrubbed(s, "verified") >= len(sealed))
         content = bytearray(sealed[1].read_bytes())
         content[len(content) // 2] ^= 0x40
         sealed[1].write_bytes(bytes(content))
-        rotten = wait_until(broker, lambda s: scrubbed(s, "unrepairable") >= 1)
+        rotten = wait_for(broker, lambda s: scrubbed(s, "unrepairable") >= 1)
         broker.stop()
     assert scrubbed(whole, "unrepairable") == 0
 
@@ -148,7 +134,7 @@ def test_stalled_fires_on_a_real_broker_whose_scrub_is_on_and_verifies_nothing(
     # Enabled, sealed segments held, and a pass a day: the verified total does not advance.
     with filled(tmp_path, {"SVC_SCRUB_INTERVAL_MS": str(24 * 3600 * 1000)}) as broker:
         produce(broker)
-        stuck = wait_until(
+        stuck = wait_for(
             broker,
             lambda s: s[("svc_storage_segments", (("state", "sealed"),))] >= 4,
         )

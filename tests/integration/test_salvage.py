@@ -10,43 +10,19 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
-from tests.integration.twistd import RunningBroker, broker_env, running_broker, scrape
+from tests.cluster import read_all
+from tests.integration.test_scrub import scrubbed, wait_for
+from tests.integration.twistd import broker_env, running_broker
 
 pytestmark = pytest.mark.integration
 
 LOGBROKER = str(Path(sys.executable).with_name("logbroker"))
-
-
-def read_all(broker: RunningBroker) -> list[bytes]:
-    values: list[bytes] = []
-    with BlockingClient.connect("127.0.0.1", broker.port, "app", "app123") as client:
-        cursor = None
-        while True:
-            batch = client.fetch("kept", cursor, None, None, 1000, 0)
-            if not batch.records:
-                return values
-            values += [record.value for record in batch.records]
-            cursor = batch.next_cursor
-
-
-def scrubbed(broker: RunningBroker, result: str) -> float:
-    return scrape(broker.dashboard_port)[
-        ("svc_storage_scrub_segments_total", (("result", result),))
-    ]
-
-
-def wait_for_scrub(broker: RunningBroker, result: str, at_least: float) -> None:
-    deadline = time.monotonic() + 30
-    while scrubbed(broker, result) < at_least:
-        assert time.monotonic() < deadline, scrubbed(broker, result)
-        time.sleep(0.1)
 
 
 def storage(*args: str) -> subprocess.CompletedProcess[str]:
@@ -85,8 +61,8 @@ def test_salvage_brings_back_every_record_but_the_damaged_batch_s(tmp_path: Path
     damaged.write_bytes(bytes(content))
 
     with running_broker(tmp_path, settings=settings) as broker:
-        hidden = read_all(broker)
-        wait_for_scrub(broker, "unrepairable", 1)
+        hidden = read_all(broker, "kept", "app", "app123")
+        wait_for(broker, lambda samples: scrubbed(samples, "unrepairable") >= 1)
         # Running: the data directory is locked, and nothing is changed.
         refused = storage("salvage", str(data))
         broker.stop()
@@ -112,9 +88,9 @@ def test_salvage_brings_back_every_record_but_the_damaged_batch_s(tmp_path: Path
     )
     assert 1 <= lost <= 5, report
     with running_broker(tmp_path, settings=settings) as broker:
-        back = read_all(broker)
-        wait_for_scrub(broker, "verified", 2 * len(sealed))
-        assert scrubbed(broker, "unrepairable") == 0
+        back = read_all(broker, "kept", "app", "app123")
+        samples = wait_for(broker, lambda found: scrubbed(found, "verified") >= 2 * len(sealed))
+        assert scrubbed(samples, "unrepairable") == 0
         broker.stop()
     assert len(back) == len(produced) - lost
     assert set(back) <= set(produced)

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from logbroker.broker.errors import BrokerError
 from logbroker.cluster.retention import (
     SegmentTimesServer,
     cluster_newest_times,
@@ -25,6 +26,7 @@ from logbroker.cluster.retention import (
 )
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.peer.frames import PeerOp
+from logbroker.records import Record
 from logbroker.replication.core import repair as rules
 from logbroker.replication.healing import Healer
 from logbroker.replication.repair import RETRY_DEFERRED_SECONDS, RepairOutcome, SegmentRepairs
@@ -40,7 +42,7 @@ from logbroker.storage import DamageReason, IntegrityEvent
 from logbroker.testing import MemoryFileSystem
 from tests.unit.replication.harness import RANGE, Cluster, cluster
 from tests.unit.replication.test_healing import ROLL_BYTES, append_each
-from tests.unit.storage.helpers import batch_positions, result_of
+from tests.unit.storage.helpers import batch_positions, failure_of, result_of
 
 NODES = ("a", "b", "c")
 SUFFIXES = (".log", ".index", ".sealed", ".epoch")
@@ -428,3 +430,76 @@ def test_the_newest_record_times_come_from_a_live_replica_this_node_first() -> N
     assert found == {key: t for key, t in expected.items() if key[1] in sealed_bases} | {
         (RANGE, first.base_offset): expected[(RANGE, first.base_offset)]
     }
+
+
+# -- a copy whose disk failed, back in service ---------------------------------------------------
+
+
+def test_a_primary_whose_disk_failed_leads_again_once_its_copy_is_back_in_service(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    world = cluster()
+    lead = world.lead("a")
+    append_each(world, lead, 3)
+    copy = world.storages["a"].logs[RANGE]
+    world.storages["a"].fs.failing_syncs = 1
+    failing = lead.handle(RANGE).append([Record(b"not-acked", key=b"k")])
+    world.settle()
+    world.clock.advance(0.1)
+    world.settle()
+    assert copy.failed
+    assert isinstance(failure_of(failing).value, BrokerError)
+
+    back = copy.return_to_service()
+    world.settle()
+    assert result_of(back) is True
+    # The leader stopped when its copy failed; the sweep claims the range again (a new epoch,
+    # every copy fenced and brought to one end), and it takes appends.
+    for _ in range(10):
+        world.clock.advance(0.5)
+        lead.sweep([RANGE])
+        world.settle()
+    appended = lead.handle(RANGE).append([Record(b"after", key=b"k")])
+    world.settle()
+    world.clock.advance(0.1)
+    world.settle()
+    result_of(appended)
+
+    # Every copy holds the same records: what was acknowledged, and the new one. The record
+    # whose local write failed was sent to the replicas too: the claim may commit it (its
+    # producer was told it failed, as with any answer in doubt, and a stamped retry is not
+    # stored twice), but on every copy alike.
+    stored = {node: world.stored(node) for node in NODES}
+    assert stored["a"] == stored["b"] == stored["c"], stored
+    assert stored["a"][:3] == [b"value-000", b"value-001", b"value-002"]
+    assert stored["a"][-1] == b"after"
+    logged_errors.clear()
+
+
+def test_a_replica_whose_disk_failed_catches_up_once_its_copy_is_back_in_service(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    world = cluster()
+    lead = world.lead("a")
+    append_each(world, lead, 2)
+    copy = world.storages["c"].logs[RANGE]
+    world.storages["c"].fs.failing_syncs = 1
+    # Committed on a and b: a quorum; c's copy goes out of service.
+    append_each(world, lead, 1)
+    assert copy.failed
+
+    back = copy.return_to_service()
+    world.settle()
+    assert result_of(back) is True
+    for _ in range(6):
+        world.clock.advance(0.5)
+        lead.sweep([RANGE])
+        world.settle()
+    append_each(world, lead, 1)
+    for _ in range(6):
+        world.clock.advance(0.5)
+        world.settle()
+
+    assert world.stored("c") == world.stored("a") == world.stored("b")
+    assert len(world.stored("a")) == 4
+    logged_errors.clear()
