@@ -50,9 +50,6 @@ log = Logger()
 #: A sealed segment: its range and base offset.
 SegmentKey = tuple[str, int]
 
-#: The longest a check waits for the repair of what it found before the scrub goes on.
-REPAIR_WAIT_SECONDS = 600.0
-
 
 @attrs.define
 class ScrubRotation:
@@ -198,21 +195,11 @@ class Scrubber:
         if self.rotation.cycles != cycles:
             self.last_cycle_at = self._clock.seconds()
 
-    async def _repaired(self, range_id: str, base: int, position: int, why: str) -> None:
-        """Hand damage to the repair, and go on once it is over or ``REPAIR_WAIT_SECONDS``
-        have passed (a repair waiting on a replica that never answers goes on by itself, and
-        the rotation does not stop behind it)."""
-        repairing = self.repair.repair(range_id, base, position, why)
-        waited: Deferred[None] = Deferred()
-        timer = self._clock.callLater(REPAIR_WAIT_SECONDS, waited.callback, None)
-
-        def over(result: object) -> object:
-            if timer.active():
-                timer.cancel()
-                waited.callback(None)
-            return result
-
-        repairing.addBoth(over).addErrback(
+    def _repair(self, range_id: str, base: int, position: int, why: str) -> None:
+        """Hand damage to the repair, and go on: a repair runs beside the scrub (a cluster's
+        fetches a whole copy, or waits on a replica that is slow to answer), and the scrub's
+        pace does not depend on it."""
+        self.repair.repair(range_id, base, position, why).addErrback(
             lambda failure: log.failure(
                 "Scrub: repairing {range_id}@{segment} failed",
                 failure,
@@ -220,7 +207,6 @@ class Scrubber:
                 segment=base,
             )
         )
-        await waited
 
     def _believed(self, range_log: RangeLog, base: int, recorded: SegmentMeta) -> bool:
         """Whether this node's copy is one the record speaks for: its node in the replica set,
@@ -281,7 +267,7 @@ class Scrubber:
                     why = "its .log is gone from disk, or empty"
                 else:
                     why = f"its .log on disk ends at byte {damage.position}, short of its seal"
-                await self._repaired(range_id, base, damage.position, why)
+                self._repair(range_id, base, damage.position, why)
 
     async def _check(self, range_id: str, base: int) -> None:
         range_log = self._logs.get(range_id)
@@ -302,10 +288,10 @@ class Scrubber:
         except OSError as error:
             # Its files cannot be read back (gone, or the disk fails): damaged, as far as any
             # reader can tell.
-            await self._repaired(range_id, base, 0, f"it cannot be read ({error})")
+            self._repair(range_id, base, 0, f"it cannot be read ({error})")
             return
         if verification.damage is not None:
-            await self._repaired(
+            self._repair(
                 range_id,
                 base,
                 verification.damage.position,
@@ -332,7 +318,7 @@ class Scrubber:
                         True,
                     )
                 )
-            await self._repaired(
+            self._repair(
                 range_id,
                 base,
                 position,

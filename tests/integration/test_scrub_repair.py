@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import BrokerCluster, read_all, running_cluster
+from tests.cluster import BrokerCluster, Node, read_all, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
 from tests.integration.test_cluster_verify import (
     TOPIC,
@@ -44,6 +44,11 @@ SETTINGS = {
 @pytest.fixture
 def cluster(tmp_path: Path, etcd_cluster: EtcdCluster) -> Iterator[BrokerCluster]:
     yield from running_cluster(tmp_path, etcd_cluster, settings=SETTINGS)
+
+
+def repair_lines(node: Node) -> list[str]:
+    """What a node logged of its scrub and repairs (for a failure's message)."""
+    return [line for line in node.output if "repair" in line or "Scrub" in line][-20:]
 
 
 def scrub_results(dashboard_port: int) -> dict[str, float]:
@@ -168,8 +173,8 @@ def test_sealed_copies_deleted_or_cut_short_under_a_running_follower_are_fetched
 
     wait_for(
         lambda: scrub_results(follower.dashboard_port)["repaired"] >= 2,
-        30,
-        lambda: scrub_results(follower.dashboard_port),
+        60,
+        lambda: (scrub_results(follower.dashboard_port), repair_lines(follower)),
     )
     assert scrub_results(follower.dashboard_port)["unrepairable"] == 0
     samples = scrape(follower.dashboard_port)
