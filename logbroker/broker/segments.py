@@ -105,18 +105,28 @@ async def delete_removed_copies(
     control: ControlPlane, copy: RangeLog | None, range_id: str
 ) -> list[int]:
     """Delete this node's copies of ``range_id``'s segments that retention removed (those
-    wholly before its first recorded segment); their base offsets. The log's last segment stays
-    whatever it holds (its name keeps where the range ends; on one node it is the active
-    segment, never removed; a cluster node's healing replaces it once it holds a later one)."""
+    wholly before its first recorded segment); their base offsets. A log's last segment keeps
+    where the range ends: on one node it is the active segment, never removed; a replica whose
+    last copy is a removed sealed segment (its range idle since) first starts an empty segment
+    where the range's first recorded segment begins, at that segment's epoch, so that the
+    sealed one can go too (the primary's first bytes for it go there)."""
     metas = control.segments(range_id)
     if copy is None or not metas:
         return []
-    first = metas[0].base_offset
+    first = metas[0]
+    held = copy.segments()
+    removed = [
+        info
+        for info in held
+        if info.base_offset < first.base_offset and info.next_offset <= first.base_offset
+    ]
     deleted = []
-    for info in copy.segments()[:-1]:
-        if info.base_offset >= first or info.next_offset > first:
-            break
+    for info in removed:
         try:
+            if info.base_offset == copy.segments()[-1].base_offset:
+                if info.state is not CopyState.SEALED:
+                    break  # an open copy ends the log: healing decides about it
+                await copy.start_segment(first.base_offset, first.epoch)
             await copy.delete_segment(info.base_offset)
         except StorageError as error:
             log.warn(
