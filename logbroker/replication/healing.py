@@ -298,8 +298,10 @@ class Healer:
         ]
         last = held[-1] if held else None
         if last is not None and last.base_offset < end:
-            if last in in_the_way:
+            if last in in_the_way and last.state is not CopyState.SEALED:
                 await copy.trim(last.base_offset, 0)
+            # A sealed copy last (its range idle since) is not emptied: once the next segment
+            # is started after it, it is deleted with the others in the way.
             after = next(
                 (m for m in self._context.control.segments(meta.range_id) if m.base_offset == end),
                 None,
