@@ -9,7 +9,7 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.interfaces import IAddress
+from twisted.internet.interfaces import IAddress, ITransport
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -97,21 +97,10 @@ class DashboardRequest(Request):
 
     def _refuse(self, status: int, message: bytes, body: bytes) -> None:
         """Answer at once and close, before the request is whole (its body is not read)."""
-        headers = [
-            (b"Content-Type", JSON_CONTENT_TYPE),
-            (b"Content-Length", b"%d" % len(body)),
-            (b"Cache-Control", b"no-store"),
-            (b"Connection", b"close"),
-            *SECURITY_HEADERS,
-        ]
-        if self.channel.site.secure:  # type: ignore[attr-defined]
-            headers.append(STRICT_TRANSPORT_SECURITY)
-        head = b"HTTP/1.1 %d %s\r\n" % (status, message)
-        head += b"".join(b"%s: %s\r\n" % header for header in headers)
         transport = self.channel.transport
         assert transport is not None, "a request arrives on a connected channel"
-        transport.write(head + b"\r\n" + body)
-        transport.loseConnection()
+        secure: bool = self.channel.site.secure  # type: ignore[attr-defined]
+        answer_and_close(transport, status, message, body, secure)
 
     def process(self) -> None:
         if self.refused:
@@ -198,20 +187,8 @@ class _Refused(Protocol):
         self._secure = secure
 
     def connectionMade(self) -> None:
-        headers = [
-            (b"Content-Type", JSON_CONTENT_TYPE),
-            (b"Content-Length", b"%d" % len(self._body)),
-            (b"Connection", b"close"),
-            *SECURITY_HEADERS,
-        ]
-        if self._secure:
-            headers.append(STRICT_TRANSPORT_SECURITY)
-        head = b"HTTP/1.1 429 Too Many Requests\r\n" + b"".join(
-            b"%s: %s\r\n" % header for header in headers
-        )
         assert self.transport is not None
-        self.transport.write(head + b"\r\n" + self._body)
-        self.transport.loseConnection()
+        answer_and_close(self.transport, 429, b"Too Many Requests", self._body, self._secure)
 
 
 class CappedConnections(WrappingFactory):
@@ -242,3 +219,23 @@ class CappedConnections(WrappingFactory):
         assert isinstance(counted, _Counted)
         counted.release = lambda: connections.release(client_ip)
         return counted
+
+
+def answer_and_close(
+    transport: ITransport, status: int, message: bytes, body: bytes, secure: bool
+) -> None:
+    """Write a whole JSON answer straight to ``transport``, with the security headers (and
+    HSTS when ``secure``), then close: for answers given before a request is read."""
+    headers = [
+        (b"Content-Type", JSON_CONTENT_TYPE),
+        (b"Content-Length", b"%d" % len(body)),
+        (b"Cache-Control", b"no-store"),
+        (b"Connection", b"close"),
+        *SECURITY_HEADERS,
+    ]
+    if secure:
+        headers.append(STRICT_TRANSPORT_SECURITY)
+    head = b"HTTP/1.1 %d %s\r\n" % (status, message)
+    head += b"".join(b"%s: %s\r\n" % header for header in headers)
+    transport.write(head + b"\r\n" + body)
+    transport.loseConnection()

@@ -176,7 +176,7 @@ class SegmentOperations:
         state = self._state
 
         def current() -> bool:
-            return _still(state, segment)
+            return state.holds(segment)
 
         def gone() -> SegmentNotFoundError:
             return SegmentNotFoundError(
@@ -226,7 +226,7 @@ class SegmentOperations:
             for segment, (size, marked) in zip(sealed, on_disk, strict=True):
                 assert segment.seal is not None
                 expected = segment.seal.byte_size
-                if segment.damage is not None or not _still(state, segment):
+                if segment.damage is not None or not state.holds(segment):
                     continue  # found meanwhile, or deleted or replaced while looked at
                 if size != expected:
                     damage = Damage(min(size or 0, expected), DamageReason.SIZE)
@@ -657,11 +657,3 @@ class SegmentOperations:
                 f"past appends in flight (up to offset {state.next_offset}); install it after"
             )
         return None
-
-
-def _still(state: LogState, segment: Segment) -> bool:
-    """Whether ``segment`` is still the log's segment at its base offset."""
-    try:
-        return state.find(segment.base_offset) is segment
-    except SegmentNotFoundError:
-        return False

@@ -219,11 +219,8 @@ def verify_segment_bytes(
                 damage = Damage(min(len(data), seal.byte_size), DamageReason.SIZE)
             rebuilt = None
             if damage is None and check_index:
-                expected = encode_index(
-                    base_offset, [IndexEntry(offset, position) for offset, position in entries]
-                )
-                if index != expected:
-                    rebuilt = expected
+                found = [IndexEntry(offset, position) for offset, position in entries]
+                rebuilt = _index_unlike(base_offset, found, index)
             return Verification(base_offset, damage, count, len(data), rebuilt)
     scan = scan_batches(data, 0, base_offset)
     count = scan.batches[-1].next_offset - base_offset if scan.batches else 0
@@ -236,10 +233,14 @@ def verify_segment_bytes(
         damage = Damage(min(len(data), seal.byte_size), DamageReason.SIZE)
     rebuilt = None
     if damage is None and check_index:
-        expected = encode_index(base_offset, build_index(scan.batches))
-        if index != expected:
-            rebuilt = expected
+        rebuilt = _index_unlike(base_offset, build_index(scan.batches), index)
     return Verification(base_offset, damage, count, scan.end, rebuilt)
+
+
+def _index_unlike(base_offset: int, entries: list[IndexEntry], index: bytes | None) -> bytes | None:
+    """The index sidecar ``entries`` make, if ``index`` (the one on disk) is not it."""
+    expected = encode_index(base_offset, entries)
+    return None if index == expected else expected
 
 
 def verify_peer_batches(data: bytes, base_offset: int) -> list[BatchInfo]:
