@@ -25,3 +25,19 @@ deb:
 	  name="logbroker_$$(dpkg-parsechangelog -S Version)_$$(dpkg-architecture -qDEB_HOST_ARCH)"; \
 	  mv ../$$name.deb ../$$name.buildinfo ../$$name.changes dist/; \
 	  echo "built dist/$$name.deb"
+
+# The certification (docs/certification.md): three nodes in network namespaces, every drill,
+# the six guarantees. As root on Debian 12; installs what it needs first.
+.PHONY: certify
+certify:
+	scripts/install --test
+	.venv/bin/python -m tests.certify
+
+# The soak (docs/certification.md): the drills in a loop at random for DURATION seconds (at
+# least 100 SIGKILLs of a primary), 1,000 idle topics beside the load; its report is written
+# into docs/certification.md.
+DURATION ?= 3600
+.PHONY: soak
+soak:
+	scripts/install --test
+	.venv/bin/python -m tests.certify.soak --duration $(DURATION) --report

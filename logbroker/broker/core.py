@@ -450,6 +450,9 @@ class _Wakeup:
 
     def watch(self, waiting: Deferred[None]) -> None:
         if self.deferred.called:
+            # An earlier range's wait ended the poll already: nothing awaits this one's outcome
+            # (a cancelled wait fails with CancelledError, which must not go unhandled).
+            waiting.addErrback(lambda _: None)
             waiting.cancel()
             return
         self._watching.append(waiting)

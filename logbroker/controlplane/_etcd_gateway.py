@@ -289,6 +289,8 @@ class _GatewayWatch:
         }
         self._lines: _Lines | None = None
         self._request: Deferred[None] | None = None
+        #: The member the watch streams from, once it is set up.
+        self.endpoint: str | None = None
         self.active = True
 
     def start(self) -> None:
@@ -306,15 +308,20 @@ class _GatewayWatch:
                 # Cancelled while the request was on its way.
                 self._lines.abort()
                 return
+            self.endpoint = endpoint
+            self._store._watches.add(self)
             try:
                 await finished
             except Exception as e:
+                self._store._watches.discard(self)
                 if self.active and not isinstance(e, CompactedError | _WatchTokenExpired):
                     self._store._mark_down(endpoint, e)
                 raise
             raise ControlPlaneUnavailableError(f"etcd member {endpoint} ended the watch")
         except Exception as e:
             self._lost(e)
+        finally:
+            self._store._watches.discard(self)
 
     def _line(self, message: dict[str, Any]) -> None:
         if not self.active:
@@ -354,6 +361,22 @@ class _GatewayWatch:
         if not isinstance(error, ControlPlaneError):
             error = ControlPlaneUnavailableError(f"the watch's etcd member went away ({error!r})")
         self._on_lost(error)
+
+    def member_failed(self, error: object) -> None:
+        """Its member failed another request: a member that stopped answering (stopped, cut
+        off, its gateway hung) keeps a watch's stream open and sends nothing, without a word.
+        End the watch, so that its owner resumes it on a member that answers."""
+        if not self.active:
+            return
+        lines = self._lines
+        self._lost(
+            ControlPlaneUnavailableError(
+                f"etcd member {self.endpoint} failed another request ({error}), so its watch"
+                " may have gone silent"
+            )
+        )
+        if lines is not None:
+            lines.abort()
 
     def cancel(self) -> None:
         if not self.active:
@@ -416,6 +439,8 @@ class EtcdGatewayStore:
         #: endpoint -> when it last failed; absent when it answered since.
         self._down: dict[str, float] = {}
         self._preferred = self.endpoints[0]
+        #: The watches streaming now, each from its member.
+        self._watches: set[_GatewayWatch] = set()
 
     # -- endpoints -----------------------------------------------------------------------------
 
@@ -432,6 +457,8 @@ class EtcdGatewayStore:
         if endpoint not in self._down:
             log.warn("etcd member {endpoint} failed: {error}", endpoint=endpoint, error=error)
         self._down[endpoint] = self._reactor.seconds()
+        for watch in [w for w in self._watches if w.endpoint == endpoint]:
+            watch.member_failed(error)
 
     def _mark_up(self, endpoint: str) -> None:
         if self._down.pop(endpoint, None) is not None:

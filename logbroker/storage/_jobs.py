@@ -36,6 +36,7 @@ from logbroker.storage._segment import (
     Segment,
     Verification,
     build_index,
+    recover_unsealed,
     sealed_files,
     verify_peer_batches,
     verify_segment_bytes,
@@ -237,22 +238,61 @@ def _back_in_service_job(fs: FileSystem, directory: str, path: str, size: int) -
     synced. ``False`` if the failure left more than that segment in doubt: a roll under way
     (a seal marker or index beside it, or a newer segment file)."""
     stem = path.removesuffix(LOG_SUFFIX)
-    if fs.exists(stem + SEAL_SUFFIX) or fs.exists(stem + INDEX_SUFFIX):
+    if fs.exists(stem + INDEX_SUFFIX) or not _alone_at_the_end(fs, directory, path):
+        return False
+    _probe(fs, directory)
+    if fs.size(path) > size:
+        fs.truncate(path, size)
+    _sync(fs, path)
+    return True
+
+
+def _reopen_job(fs: FileSystem, directory: str, path: str, base_offset: int) -> Segment | None:
+    """After a seal or trim of the last segment (at ``path``) failed midway, its file as it
+    now is, to take appends again: its batches up to the last that verifies (a torn tail
+    cut off, as recovery does), durably; the index the failed seal may have left beside it
+    removed (an unsealed copy's index lives in memory). ``None`` when more is in doubt: a seal
+    marker beside it, a newer segment file, or rot in it.
+
+    Its bytes past the seal or trim were never committed (a seal or trim cuts only what no
+    quorum holds), so whether the cut reached the file or not, the primary brings the copy in
+    step again as after any gap."""
+    stem = path.removesuffix(LOG_SUFFIX)
+    if not _alone_at_the_end(fs, directory, path):
+        return None
+    _probe(fs, directory)
+    if fs.exists(stem + INDEX_SUFFIX):
+        fs.remove(stem + INDEX_SUFFIX)
+        fs.sync_dir(directory)
+    segment, _, _ = recover_unsealed(fs, path, base_offset, has_marker=False)
+    if segment.damage is not None:
+        return None
+    _sync(fs, path)
+    return segment
+
+
+def _alone_at_the_end(fs: FileSystem, directory: str, path: str) -> bool:
+    """Whether the segment at ``path`` has no seal marker and no newer segment beside it."""
+    if fs.exists(path.removesuffix(LOG_SUFFIX) + SEAL_SUFFIX):
         return False
     name = path.rsplit("/", 1)[1]
-    if any(entry > name for entry in fs.list_dir(directory) if entry.endswith(LOG_SUFFIX)):
-        return False
+    return not any(e > name for e in fs.list_dir(directory) if e.endswith(LOG_SUFFIX))
+
+
+def _probe(fs: FileSystem, directory: str) -> None:
+    """Write and sync ``PROBE_BYTES`` beside the segments, then remove them: raises while the
+    disk has no room or fails to sync."""
     probe = f"{directory}/{PROBE_FILE}"
     fs.write_atomic(probe, bytes(PROBE_BYTES))
     fs.remove(probe)
-    if fs.size(path) > size:
-        fs.truncate(path, size)
+
+
+def _sync(fs: FileSystem, path: str) -> None:
     writer = fs.open_append(path)
     try:
         writer.sync()
     finally:
         writer.close()
-    return True
 
 
 def _delete_files(fs: FileSystem, directory: str, stem: str) -> None:

@@ -30,6 +30,7 @@ from logbroker.storage._jobs import (
     Rolled,
     SealPlan,
     _back_in_service_job,
+    _reopen_job,
     _write_job,
     plan_seal,
 )
@@ -399,14 +400,22 @@ class WritePipeline:
 
     def return_to_service(self) -> Deferred[bool]:
         """After a failed write or fsync: once a probe write and fsync succeed, cut the active
-        segment back to what was durable and take appends again (``True``). ``False`` (still
-        out of service, until a restart) when the failure left more in doubt: a roll or a new
-        segment under way, or rot in the segment. A replicated copy is then brought back in
-        step by its primary (a claim fences it and completes it), as after any gap."""
+        segment back to what was durable and take appends again (``True``). After a seal or
+        trim of the last segment that failed midway, the segment is taken as its file now holds
+        it (whatever the cut reached was never committed). ``False`` (still out of service,
+        until a restart) when the failure left more in doubt: a new segment under way, a seal
+        marker written, or rot in the segment. A replicated copy is then brought back in step
+        by its primary (a claim fences it and completes it), as after any gap."""
         state = self._state
-        target = state.active
         if self.failure is None:
             return succeed(True)
+        target = state.active
+        # A seal or trim of the last segment closes it while it runs (``_cut_back``).
+        cut = (
+            target is None and bool(state.segments) and state.segments[-1].state is CopyState.CLOSED
+        )
+        if cut:
+            target = state.segments[-1]
         if (
             self._closing
             or state.starting is not None
@@ -416,6 +425,8 @@ class WritePipeline:
             or not self._planner.idle
         ):
             return succeed(False)
+        if cut:
+            return self._reopen(target)
         state.files.close_writer(target)
         checking = self._executor.run(
             _back_in_service_job, self._fs, state.directory, target.path, target.readable_end
@@ -427,24 +438,52 @@ class WritePipeline:
             target.state = CopyState.ACTIVE
             target.end_offset = target.next_offset
             state.next_offset = state.durable_offset = target.next_offset
-            self.failure = None
-            log.info(
-                "{directory} is back in service: a probe write and fsync succeeded, and its"
-                " active segment holds exactly what was acknowledged ({offset} records)",
-                directory=state.directory,
-                offset=target.next_offset,
-            )
-            return True
+            return self._back_in_service(target)
 
-        def still_failing(failure: Failure) -> bool:
-            log.info(
-                "{directory} stays out of service: {error}",
-                directory=state.directory,
-                error=failure.getErrorMessage(),
-            )
-            return False
+        return checking.addCallbacks(checked, self._still_failing)
 
-        return checking.addCallbacks(checked, still_failing)
+    def _reopen(self, target: Segment) -> Deferred[bool]:
+        state = self._state
+        reopening = self._executor.run(
+            _reopen_job, self._fs, state.directory, target.path, target.base_offset
+        )
+
+        def reopened(found: Segment | None) -> bool:
+            if (
+                found is None
+                or self.failure is None
+                or state.active is not None
+                or state.segments[-1] is not target
+            ):
+                return False
+            target.state = CopyState.ACTIVE
+            target.readable_end = found.readable_end
+            target.next_offset = target.end_offset = found.next_offset
+            target.index = found.index
+            target.generation += 1
+            state.active = target
+            state.next_offset = state.durable_offset = found.next_offset
+            return self._back_in_service(target)
+
+        return reopening.addCallbacks(reopened, self._still_failing)
+
+    def _back_in_service(self, target: Segment) -> bool:
+        self.failure = None
+        log.info(
+            "{directory} is back in service: a probe write and fsync succeeded, and its"
+            " active segment holds exactly what was acknowledged ({offset} records)",
+            directory=self._state.directory,
+            offset=target.next_offset,
+        )
+        return True
+
+    def _still_failing(self, failure: Failure) -> bool:
+        log.info(
+            "{directory} stays out of service: {error}",
+            directory=self._state.directory,
+            error=failure.getErrorMessage(),
+        )
+        return False
 
     def _control_done(self, result: object, control: _Control) -> None:
         if isinstance(result, Failure):

@@ -434,7 +434,7 @@ def _recover_sealed(
     return segment, events
 
 
-def _recover_unsealed(
+def recover_unsealed(
     fs: FileSystem, path: str, base: int, has_marker: bool
 ) -> tuple[Segment, list[IntegrityEvent], tuple[str, int, int] | None]:
     data = fs.read_file(path)
@@ -507,7 +507,7 @@ def recover_log(fs: FileSystem, directory: str) -> RecoveredLog:
                 fs, path, base, seal, stem_path, "index" in kinds, notes
             )
         else:
-            segment, found, cut = _recover_unsealed(fs, path, base, "sealed" in kinds)
+            segment, found, cut = recover_unsealed(fs, path, base, "sealed" in kinds)
             if cut is not None:
                 truncated.append(cut)
         events.extend(found)

@@ -4,6 +4,8 @@ prefix again."""
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -157,4 +159,39 @@ async def test_a_watch_that_falls_behind_a_compaction_loads_the_whole_prefix_aga
         await setup.writer.put(setup.key("d"), b"4")
         await eventually(lambda: setup.key("d") in setup.reader.state)
     finally:
+        follower.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_watch_whose_member_stops_answering_resumes_on_another_once_it_fails_a_request(
+    setup: Setup,
+) -> None:
+    """A member that stops answering (SIGSTOP; or cut off, or its gateway hung) keeps the
+    watch's stream open and sends nothing: no error ever ends it. Once the store finds the
+    member failing another request (a node's lease keepalive, every second), the watch is
+    ended and resumed on a member that answers, without a gap."""
+    await setup.writer.put(setup.key("a"), b"1")
+    follower = setup.follower()
+    await follower.start()
+    assert setup.watched.process is not None
+    paused = setup.watched.process.pid
+    try:
+        seen = await setup.writer.put(setup.key("b"), b"2")
+        await eventually(lambda: setup.reader.event_revisions == [seen])
+
+        os.kill(paused, signal.SIGSTOP)
+        missed = await setup.writer.put(setup.key("c"), b"3")
+        await deferLater(reactor, 1.0)  # type: ignore[arg-type]
+        assert missed not in setup.reader.event_revisions, "the stopped member sends nothing"
+        # Any request of the follower's store: it tries the stopped member first, times out,
+        # and is answered by another.
+        await setup.following.range_prefix(setup.key("unrelated"))
+
+        await eventually(lambda: setup.key("c") in setup.reader.state)
+        revisions = setup.reader.event_revisions
+        assert revisions == [seen, missed]
+        assert setup.reader.loads == 1
+        assert follower.watching
+    finally:
+        os.kill(paused, signal.SIGCONT)
         follower.stop()

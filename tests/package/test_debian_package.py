@@ -136,13 +136,21 @@ def test_unit_file(package: Path) -> None:
         "User=logbroker",
         "Group=logbroker",
         f"EnvironmentFile={ENV_FILE}",
-        "Restart=on-failure",
-        "RestartPreventExitStatus=2",
+        # Restarted after any exit, a config that fails at boot included, and never given
+        # up on (the certification's bad-config drill supervises its nodes the same way).
+        "Restart=always",
+        "RestartSec=5",
+        "StartLimitIntervalSec=0",
+        "RestartSteps=6",
+        "RestartMaxDelaySec=60",
         "ProtectSystem=strict",
         f"ReadWritePaths={DATA_DIR}",
         "NoNewPrivileges=yes",
     ]:
         assert line in unit.splitlines()
+    assert not [
+        line for line in unit.splitlines() if line.startswith(("RestartPrevent", "StartLimitBurst"))
+    ]
     assert WANTS.is_symlink(), "the unit is enabled"
 
 

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 
-from logbroker.broker.core import Broker, BrokerSettings, FetchResult
+from logbroker.broker.core import Broker, BrokerSettings, FetchResult, _Wakeup
 from logbroker.broker.cursor import Cursor
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.keyspace import key_slot
@@ -262,6 +262,24 @@ def test_a_cancelled_long_poll_stops_waiting() -> None:
 
     assert clock.getDelayedCalls() == []
     result_of(broker.produce("t", [Record(b"v")]))
+
+
+def test_waits_that_come_after_the_poll_ended_are_cancelled_and_leave_no_unhandled_error() -> None:
+    """A long poll over several ranges: one range's wait fires at once (a range read from its
+    copies, say), so the waits of the ranges after it are cancelled as they come. A cancelled
+    wait fails with CancelledError; left unhandled, every such poll logged a critical
+    'Unhandled error in Deferred' once collected."""
+    broker, _, clock = make_broker(settings=BrokerSettings(initial_ranges=1))
+    wakeup = _Wakeup(broker)
+    wakeup.watch(succeed(None))
+    assert wakeup.deferred.called
+
+    late: Deferred[None] = Deferred()
+    wakeup.watch(late)
+
+    assert late.called
+    assert result_of(late) is None, "its cancellation is handled"
+    assert clock.getDelayedCalls() == []
 
 
 # -- groups --------------------------------------------------------------------------------

@@ -474,3 +474,23 @@ def test_a_run_of_zeros_inside_a_sealed_segment_is_reported_and_reads_return(
     logged_errors.clear()
     stored = reopened.read(900, max_records=2000, max_bytes=10**6)
     assert [s.offset for s in stored] == list(range(900, 1000))
+
+
+def test_a_range_whose_seal_failed_returns_to_service_and_seals_on_a_later_try(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs)
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1  # the disk is full as the seal's index is written
+    assert failure_of(log.roll()).check(OSError)
+    assert log.failed
+    logged_errors.clear()
+
+    assert result_of(log.return_to_service()) is True
+
+    assert not log.failed
+    assert result_of(log.roll()) is not None, "the seal, tried again, succeeds"
+    assert result_of(log.append([record(2)])).base_offset == 2
+    assert offsets(log) == [0, 1, 2]
+    assert fs.exists(segment_path(0)[:-4] + ".sealed")

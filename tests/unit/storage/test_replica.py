@@ -737,3 +737,26 @@ def test_a_closed_log_refuses_the_replica_operations() -> None:
     assert failure_of(log.start_segment(0, 1)).check(LogClosedError)
     assert failure_of(log.seal_copy(0, 1, 100, epoch=0)).check(LogClosedError)
     assert failure_of(log.install_segment(0, batch(0), 1, epoch=0)).check(LogClosedError)
+
+
+def test_a_copy_whose_seal_failed_on_a_full_disk_returns_to_service_and_seals_again(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = replica(fs)
+    result_of(log.start_segment(0, 1))
+    result_of(log.append_raw(0, batch(0, 2), epoch=1))
+    size = log.active_bytes
+    fs.failing_atomic_writes = 1  # the disk is full as the seal's sidecars are written
+
+    assert failure_of(log.seal_copy(0, 2, size, epoch=1)).check(OSError)
+    assert log.failed
+    logged_errors.clear()
+
+    assert result_of(log.return_to_service()) is True
+
+    info = result_of(log.seal_copy(0, 2, size, epoch=1))
+    assert (info.state, info.record_count, info.byte_size) == (CopyState.SEALED, 2, size)
+    assert result_of(log.start_segment(2, 1)).base_offset == 2
+    result_of(log.append_raw(2, batch(2, 1), epoch=1))
+    assert log.durable_offset == 3

@@ -1,0 +1,82 @@
+"""The certification's checker on its own (``tests/certify``): what the follower read against
+the final log, the firewall rules of a fault, and the verdicts of the report. The harness
+runs them for real in ``tests/certify/test_certify.py``; these pin the judgements."""
+
+from __future__ import annotations
+
+from tests.certify.harness import Outcome
+from tests.certify.load import follower_problems
+from tests.certify.network import Block
+from tests.certify.report import DrillRecord, Report
+
+FINAL = [(b"a", b"a#0"), (b"b", b"b#0"), (b"a", b"a#1"), (b"a", b"a#2"), (b"b", b"b#1")]
+
+
+def test_a_follower_that_read_the_start_of_each_key_is_fine_in_any_interleaving() -> None:
+    followed = [(b"b", b"b#0"), (b"a", b"a#0"), (b"a", b"a#1")]
+    assert follower_problems(followed, FINAL) == []
+
+
+def test_a_follower_that_skipped_read_twice_or_read_what_is_gone_is_caught() -> None:
+    skipped = [(b"a", b"a#0"), (b"a", b"a#2")]
+    twice = [(b"a", b"a#0"), (b"a", b"a#0")]
+    gone = [(b"b", b"b#0"), (b"b", b"b#1"), (b"b", b"b#9")]
+    unknown_key = [(b"c", b"c#0")]
+
+    assert follower_problems(skipped, FINAL) == [
+        "the follower's record 1 of key a was a#2, the final log has a#1 there"
+    ]
+    assert follower_problems(twice, FINAL) == [
+        "the follower's record 1 of key a was a#0, the final log has a#1 there"
+    ]
+    assert follower_problems(gone, FINAL) == [
+        "the follower's record 2 of key b was b#9, the final log has nothing there"
+    ]
+    assert follower_problems(unknown_key, FINAL) == [
+        "the follower's record 0 of key c was c#0, the final log has nothing there"
+    ]
+
+
+def test_a_cut_from_peers_drops_both_ways_on_the_peer_port_only() -> None:
+    rules = Block(peers=(1, 2), ports=(4042,), local_ports=(4042,)).rules()
+    assert rules == [
+        "add rule inet certify output ip daddr { 10.77.0.1, 10.77.0.2 } tcp dport { 4042 } drop",
+        "add rule inet certify output ip daddr { 10.77.0.1, 10.77.0.2 } tcp sport { 4042 } drop",
+        "add rule inet certify input ip saddr { 10.77.0.1, 10.77.0.2 } tcp sport { 4042 } drop",
+        "add rule inet certify input ip saddr { 10.77.0.1, 10.77.0.2 } tcp dport { 4042 } drop",
+    ]
+
+
+def test_a_one_way_cut_drops_every_outgoing_packet_and_nothing_coming_in() -> None:
+    assert Block(incoming=False).rules() == ["add rule inet certify output drop"]
+
+
+def test_a_cut_from_etcd_names_the_loopback_too() -> None:
+    assert Block(peers=(2,), loopback=True, ports=(2379,), incoming=False).rules() == [
+        "add rule inet certify output ip daddr { 10.77.0.2, 127.0.0.1 } tcp dport { 2379 } drop"
+    ]
+
+
+def test_a_guarantee_no_drill_checks_is_not_exercised_and_the_run_not_certified() -> None:
+    report = Report()
+    report.drills.append(DrillRecord("power-kill", Outcome(recovered_after=1.0, healthy_after=2.0)))
+
+    verdicts = report.verdicts()
+
+    assert verdicts[2] == ("passed", "1 of 1 drills; slowest 2.0 s (power-kill)")
+    assert verdicts[5] == ("not exercised", "no drill of this run checks it")
+    assert verdicts[1][0] == "not exercised", "the run did not reach its end"
+    assert report.passed
+    assert not report.certified
+    assert report.table()[-1].startswith("NOT CERTIFIED")
+
+
+def test_a_drill_that_could_not_run_fails_every_guarantee_it_speaks_for() -> None:
+    report = Report()
+    report.drills.append(DrillRecord("stall", Outcome(problems=[(0, "no primary found")])))
+
+    verdicts = report.verdicts()
+
+    assert verdicts[2][0] == verdicts[3][0] == "FAILED"
+    assert "stall: no primary found" in verdicts[3][1]
+    assert not report.passed
