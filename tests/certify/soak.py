@@ -150,8 +150,9 @@ def _pick(rng: random.Random, kills: int, wanted: int, deadline: float) -> Drill
     """The next drill: a primary kill often enough to reach ``wanted`` by ``deadline`` (past
     it, only kills), any other drill otherwise."""
     remaining = max(deadline - time.monotonic(), 1.0)
-    # About 20 s a drill: the share of kills that reaches the number wanted in time.
-    share = min(1.0, max(0.5, (wanted - kills) * 20.0 / remaining))
+    # About 30 s a drill (its fault, its checks, the pause after): the share of kills that
+    # reaches the number wanted in time.
+    share = min(1.0, max(0.5, (wanted - kills) * 30.0 / remaining))
     names = PRIMARY_KILLS if rng.random() < share else None
     pool = [d for d in DRILLS if (d.name in PRIMARY_KILLS) == (names is not None)]
     if names is not None:
