@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"negative control: {', '.join(f'{k}={v}' for k, v in settings.items())}")
     try:
         cert = Certification(timing, arguments.directory, settings, say=_say)
-    except ValueError as refused:
+    except (ValueError, NetworkUnavailable) as refused:
         print(f"cannot certify: {refused}", file=sys.stderr)
         return 2
     with cert:
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         _say("\n== the end: load stopped, everything read back through every node")
         verdict, problems = cert.finish()
         report.history(verdict, problems, cert.follower_summary())
-        identical, printed = cert.verify_copies()
+        identical, printed = cert.view.verify_copies()
         report.copies(identical, printed)
         if not report.passed:
             cert.failed = True

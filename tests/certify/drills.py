@@ -7,8 +7,9 @@ from collections.abc import Callable
 import attrs
 
 from tests.certify import config_faults, faults, storage_faults
-from tests.certify.harness import Certification, CheckFailed, Outcome
+from tests.certify.harness import Certification, Outcome
 from tests.certify.report import DrillRecord
+from tests.certify.view import CheckFailed
 
 
 @attrs.frozen

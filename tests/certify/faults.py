@@ -16,17 +16,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from tests.certify.harness import (
-    LEASE_SECONDS,
-    TOPIC,
-    Certification,
-    CheckFailed,
-    Outcome,
-    Problem,
-)
+from tests.certify.harness import LEASE_SECONDS, Certification, Outcome
 from tests.certify.load import DirectProducer
 from tests.certify.network import Block
 from tests.certify.nodes import ETCD_CLIENT_PORT, PEER_PORT, Broker
+from tests.certify.view import TOPIC, CheckFailed, Problem
 
 #: The slow-link drill: the relays' port in every namespace, the mark on their own packets,
 #: and the delay they add to every chunk, each way.
@@ -38,7 +32,7 @@ CUT_BEFORE_KILL = 1.5
 
 
 def power_kill(cert: Certification) -> Outcome:
-    broker, range_id = cert.busy_primary()
+    broker, range_id = cert.view.busy_primary()
     started = cert.mark(f"SIGKILL {broker.node_id}, primary of {range_id}")
     broker.kill()
     time.sleep(cert.timing.fault)
@@ -48,7 +42,7 @@ def power_kill(cert: Certification) -> Outcome:
 
 
 def isolate(cert: Certification) -> Outcome:
-    broker, range_id = cert.busy_primary()
+    broker, range_id = cert.view.busy_primary()
     started = cert.mark(f"{broker.node_id} (primary of {range_id}) cut off: its link down")
     cert.network.isolate(broker.node)
     try:
@@ -60,7 +54,7 @@ def isolate(cert: Certification) -> Outcome:
 
 
 def one_way(cert: Certification) -> Outcome:
-    broker, range_id = cert.busy_primary()
+    broker, range_id = cert.view.busy_primary()
     started = cert.mark(
         f"one-way cut: {broker.node_id} (primary of {range_id}) hears everyone, reaches no one"
     )
@@ -78,8 +72,8 @@ def primary_cut_from_peers(cert: Certification) -> Outcome:
     so only the peers' view can take its ranges away. While the cut lasts, every range must
     take writes through the other two nodes (a failover, not the loss of the cut node's
     ranges)."""
-    broker, range_id = cert.busy_primary()
-    others = [b.node for b in cert.others(broker)]
+    broker, range_id = cert.view.busy_primary()
+    others = [b.node for b in cert.view.others(broker)]
     started = cert.mark(
         f"{broker.node_id} (primary of {range_id}) cut from its peers' links, not from etcd"
     )
@@ -101,7 +95,7 @@ def _others_take_writes(cert: Certification, broker: Broker, meanwhile: str) -> 
     """While ``broker`` suffers its fault: every range must take writes through the other
     nodes within the recovery bound (a failover, not an outage); the problem if not."""
     try:
-        took = cert.wait_recovered(cert.timing.recovery_bound, cert.others(broker))
+        took = cert.wait_recovered(cert.timing.recovery_bound, cert.view.others(broker))
     except CheckFailed as failed:
         return [(3, f"while {meanwhile}: {failed}")]
     cert.mark(f"every range takes writes through the other nodes after {took:.1f} s")
@@ -113,9 +107,9 @@ def partitioned_power_kill(cert: Certification) -> Outcome:
     clients producing to the ranges it leads, then SIGKILLed before the cut heals: nothing it
     took during the cut can reach a quorum, so none of it may be acknowledged. (A build that
     acknowledges on its own copy loses it all: the checker's first negative control.)"""
-    broker, range_id = cert.busy_primary()
-    others = tuple(b.node for b in cert.others(broker))
-    keys = cert.keys_of_ranges([int(r.rsplit(".", 1)[1]) for r in cert.led_by(broker)])
+    broker, range_id = cert.view.busy_primary()
+    others = tuple(b.node for b in cert.view.others(broker))
+    keys = cert.keys_of_ranges([int(r.rsplit(".", 1)[1]) for r in cert.view.led_by(broker)])
     direct = DirectProducer(broker.server, TOPIC, keys, cert.history, CUT_BEFORE_KILL)
     direct.start()
     started = cert.mark(f"{broker.node_id} (primary of {range_id}) cut from its peers")
@@ -145,8 +139,8 @@ def cut_from_etcd(cert: Certification) -> Outcome:
     """A broker that reaches its peers but no etcd member (its own included; the member
     itself stays in its cluster and serves the other brokers): its lease runs out and its
     ranges go to the others."""
-    broker, range_id = cert.busy_primary()
-    others = tuple(b.node for b in cert.others(broker))
+    broker, range_id = cert.view.busy_primary()
+    others = tuple(b.node for b in cert.view.others(broker))
     started = cert.mark(f"{broker.node_id} (primary of {range_id}) cut from etcd, not its peers")
     cert.network.block(broker.node, [Block(peers=others, loopback=True, ports=(ETCD_CLIENT_PORT,))])
     try:
@@ -164,7 +158,7 @@ def cut_from_etcd(cert: Certification) -> Outcome:
 def slow_link(cert: Certification) -> Outcome:
     """Every peer link of a busy range's primary slowed by a delaying relay (this kernel has
     no netem): the writes it leads must keep being acknowledged, only slower."""
-    broker, range_id = cert.busy_primary()
+    broker, range_id = cert.view.busy_primary()
     started = cert.mark(
         f"{broker.node_id}'s peer links (primary of {range_id}) slowed by {SLOW_LINK_MS} ms"
         " each way"
@@ -187,8 +181,8 @@ def lagging_power_kill(cert: Certification) -> Outcome:
     slowed): a power cut of the node, so what its links held in flight is lost with it. What
     it acknowledged must already be on a quorum, whatever it alone held. (A build that
     acknowledges on its own copy loses its last writes: the checker's negative control.)"""
-    broker, range_id = cert.busy_primary()
-    keys = cert.keys_of_ranges([int(r.rsplit(".", 1)[1]) for r in cert.led_by(broker)])
+    broker, range_id = cert.view.busy_primary()
+    keys = cert.keys_of_ranges([int(r.rsplit(".", 1)[1]) for r in cert.view.led_by(broker)])
     direct = DirectProducer(broker.server, TOPIC, keys, cert.history, cert.timing.fault)
     direct.start()
     try:
@@ -217,7 +211,7 @@ def _wait_taken_over(cert: Certification, broker: Broker, outcome: Outcome) -> N
     lead them again on its own copy)."""
     try:
         took = cert.wait_for(
-            lambda: not cert.led_by(broker),
+            lambda: not cert.view.led_by(broker),
             cert.timing.recovery_bound,
             f"the ranges {broker.node_id} led taken over",
         )
@@ -236,7 +230,7 @@ def _merged(first: Outcome, then: Outcome) -> Outcome:
 def _slowed(cert: Certification, broker: Broker) -> Iterator[list[subprocess.Popen[bytes]]]:
     """Every peer connection to or from ``broker`` through a delaying relay while inside;
     yields the relays (killing them drops what they hold)."""
-    others = [b.node for b in cert.others(broker)]
+    others = [b.node for b in cert.view.others(broker)]
     nodes = range(1, cert.network.size + 1)
     relays = [_start_relay(cert, node) for node in nodes]
     try:
@@ -271,7 +265,7 @@ def hung_etcd_member(cert: Certification) -> Outcome:
     primary on another node SIGKILLed. The brokers that used the member must give up on it and
     follow the control plane through the others: the two live nodes must take writes in every
     range again within the bound, as after a plain power-kill."""
-    broker, range_id = cert.busy_primary()
+    broker, range_id = cert.view.busy_primary()
     member = next(m for m in cert.etcd if m.node != broker.node)
     started = cert.mark(f"etcd member e{member.node} answers nothing, its process up")
     cert.network.block(
@@ -294,7 +288,7 @@ def hung_etcd_member(cert: Certification) -> Outcome:
 
 
 def stall(cert: Certification) -> Outcome:
-    broker, range_id = cert.busy_primary()
+    broker, range_id = cert.view.busy_primary()
     started = cert.mark(f"SIGSTOP {broker.node_id}, primary of {range_id}, past its lease")
     broker.signal(signal.SIGSTOP)
     try:

@@ -19,18 +19,13 @@ node and checked against the history, and the follower's reads against the final
 
 from __future__ import annotations
 
-import base64
 import collections
-import json
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
 
@@ -38,7 +33,6 @@ from logbroker.broker.keyspace import key_slot, split_keyspace
 from logbroker.client.blocking import BrokerRefused
 from logbroker.records import Record
 from tests.certify.load import (
-    ADMIN,
     Follower,
     PlainProducer,
     StampedProducer,
@@ -48,15 +42,20 @@ from tests.certify.load import (
 )
 from tests.certify.network import Network
 from tests.certify.nodes import CLIENT_PORT, DASHBOARD_PORT, PEER_PORT, Broker, EtcdMember
+from tests.certify.view import (
+    CLUSTER_ID,
+    PROBE_TOPIC,
+    TOPIC,
+    CheckFailed,
+    ClusterView,
+    Problem,
+    wait_until,
+)
 from tests.history import History, Verdict
 
-TOPIC = "certify"
-PROBE_TOPIC = "certify-probe"
-CLUSTER_ID = "certify"
 #: The size of the small-volume node's data directory, a tmpfs: room for a long soak's
 #: data, yet quick to fill.
 SMALL_VOLUME_BYTES = 512 * 1024 * 1024
-LOGBROKER = str(Path(sys.executable).with_name("logbroker"))
 #: The membership lease: a stall longer than this costs the node its ranges.
 LEASE_SECONDS = 3.0
 
@@ -120,14 +119,6 @@ def broker_settings(network: Network, node: int, data: Path) -> dict[str, str]:
     }
 
 
-#: A problem a check found: the guarantee it breaks (0: the drill's own), and what it is.
-Problem = tuple[int, str]
-
-
-class CheckFailed(Exception):
-    """A check between drills did not hold within its bound."""
-
-
 @attrs.define
 class Outcome:
     """What one drill's checks found, for its verdict and the report."""
@@ -160,6 +151,7 @@ class Certification:
         self.timing = timing
         self.say = say
         self.network = Network()
+        self.network.check_free()
         self.directory = directory or Path(tempfile.mkdtemp(prefix="logbroker-certify-"))
         self.directory.mkdir(parents=True, exist_ok=True)
         if any(self.directory.iterdir()):
@@ -172,6 +164,8 @@ class Certification:
         self.history = History()
         self.etcd: list[EtcdMember] = []
         self.brokers: list[Broker] = []
+        #: The cluster's state, read from etcd and through the brokers.
+        self.view = ClusterView(self.etcd, self.brokers)
         self._producer_count = producers
         self._stamped_count = stamped
         self.producers: list[PlainProducer] = []
@@ -215,7 +209,7 @@ class Certification:
             )
             member.start()
             self.etcd.append(member)
-        _wait(lambda: all(m.healthy() for m in self.etcd), 60, "etcd: 3 members healthy")
+        wait_until(lambda: all(m.healthy() for m in self.etcd), 60, "etcd: 3 members healthy")
         for node in range(1, self.network.size + 1):
             directory = self.directory / f"n{node}"
             settings = {
@@ -231,7 +225,7 @@ class Certification:
         with connect(self.brokers[0].server) as client:
             client.create_topic(TOPIC)
             client.create_topic(PROBE_TOPIC)
-        _wait(self._topic_known, 30, "the topic known on every node")
+        wait_until(self._topic_known, 30, "the topic known on every node")
         self._probe_keys = self._keys_of_each_range(PROBE_TOPIC)
         self.mark("cluster ready: 3 of 3, topic created")
         servers = [broker.server for broker in self.brokers]
@@ -298,62 +292,10 @@ class Certification:
 
     # -- what a drill asks ------------------------------------------------------------------
 
-    def broker(self, node_id: str) -> Broker:
-        return next(b for b in self.brokers if b.node_id == node_id)
-
-    def others(self, broker: Broker) -> list[Broker]:
-        return [b for b in self.brokers if b is not broker]
-
-    def segments(self) -> list[dict[str, Any]]:
-        """Every segment's record in the control plane, read from whichever member answers."""
-        prefix = f"/logbroker/{CLUSTER_ID}/state/segments/".encode()
-        end = prefix[:-1] + bytes([prefix[-1] + 1])
-        body = json.dumps(
-            {"key": base64.b64encode(prefix).decode(), "range_end": base64.b64encode(end).decode()}
-        ).encode()
-        for member in self.etcd:
-            request = urllib.request.Request(f"http://{member.endpoint}/v3/kv/range", data=body)
-            try:
-                with urllib.request.urlopen(request, timeout=3) as answer:
-                    found = json.load(answer).get("kvs", [])
-            except OSError:
-                continue
-            return [json.loads(base64.b64decode(kv["value"])) for kv in found]
-        raise CheckFailed("no etcd member answered")
-
-    def busy_primary(self) -> tuple[Broker, str]:
-        """The primary of the load's busiest range (its active segment's first replica), and
-        the range."""
-        active = [
-            s
-            for s in self.segments()
-            if s["state"] == "active" and s["range_id"].startswith(TOPIC + ".")
-        ]
-        if not active:
-            raise CheckFailed(f"no active segment of {TOPIC} in the control plane")
-        led = collections.Counter(s["replicas"][0] for s in active)
-        node_id = led.most_common(1)[0][0]
-        range_id = next(s["range_id"] for s in active if s["replicas"][0] == node_id)
-        return self.broker(node_id), range_id
-
-    def led_by(self, broker: Broker) -> list[str]:
-        """The load's ranges whose active segment ``broker`` leads (is the first replica of)."""
-        return [
-            s["range_id"]
-            for s in self.segments()
-            if s["state"] == "active"
-            and s["range_id"].startswith(TOPIC + ".")
-            and s["replicas"][0] == broker.node_id
-        ]
-
-    def quietest(self) -> Broker:
-        """The node leading the fewest of the load's ranges."""
-        return min(self.brokers, key=lambda broker: len(self.led_by(broker)))
-
     def wait_for(self, condition: Callable[[], bool], seconds: float, what: str) -> float:
         """Wait until ``condition`` holds (CheckFailed after ``seconds``); how long it took."""
         started = time.monotonic()
-        _wait(condition, seconds, what)
+        wait_until(condition, seconds, what)
         return time.monotonic() - started
 
     def wait_identical(self, seconds: float) -> float:
@@ -362,44 +304,12 @@ class Certification:
         last = [""]
 
         def identical() -> bool:
-            ok, printed = self.verify_copies()
+            ok, printed = self.view.verify_copies()
             last[0] = printed.replace("\n", "; ")
             return ok
 
-        _wait(identical, seconds, "every sealed copy identical", lambda: last[0])
+        wait_until(identical, seconds, "every sealed copy identical", lambda: last[0])
         return time.monotonic() - started
-
-    def cluster_status(self, broker: Broker) -> dict[str, Any] | None:
-        """``logbroker cluster status --json`` through ``broker``; None if it did not answer."""
-        done = subprocess.run(
-            [
-                LOGBROKER, "--server", broker.server, "--user", ADMIN[0],
-                "--password", ADMIN[1], "cluster", "status", "--json",
-            ],
-            capture_output=True, text=True, timeout=30,
-        )  # fmt: skip
-        if done.returncode != 0:
-            return None
-        status: dict[str, Any] = json.loads(done.stdout)
-        return status
-
-    def health(self, under_replicated: bool = True) -> str | None:
-        """None when every node is ready and sees 3 of 3 alive (and, with
-        ``under_replicated``, counts no segment under-replicated); else what is missing."""
-        for broker in self.brokers:
-            if not broker.ready():
-                return f"{broker.node_id} not ready"
-        for broker in self.brokers:
-            status = self.cluster_status(broker)
-            if status is None:
-                return f"`cluster status` through {broker.node_id} failed"
-            alive = sorted(n["node_id"] for n in status["nodes"] if n["state"] == "alive")
-            if len(alive) < len(self.brokers):
-                return f"{broker.node_id} sees alive only {', '.join(alive) or 'none'}"
-            count = status["under_replicated_segments"]
-            if under_replicated and count != 0:
-                return f"{broker.node_id} counts {count} under-replicated segments"
-        return None
 
     def wait_healthy(self, seconds: float, under_replicated: bool = True) -> float:
         """Wait until ``health`` finds nothing missing; return how long it took."""
@@ -407,10 +317,10 @@ class Certification:
         last = [""]
 
         def healthy() -> bool:
-            last[0] = self.health(under_replicated) or ""
+            last[0] = self.view.health(under_replicated) or ""
             return not last[0]
 
-        _wait(healthy, seconds, "3 of 3 healthy", lambda: last[0])
+        wait_until(healthy, seconds, "3 of 3 healthy", lambda: last[0])
         return time.monotonic() - started
 
     def probe(self, broker: Broker) -> str | None:
@@ -451,7 +361,9 @@ class Certification:
                     last[0] = f"{broker.node_id}: {why}"
             return not pending
 
-        _wait(recovered, seconds, "a clean produce and fetch through every node", lambda: last[0])
+        wait_until(
+            recovered, seconds, "a clean produce and fetch through every node", lambda: last[0]
+        )
         return time.monotonic() - started
 
     def after_fault(self, started: float, ended: float) -> Outcome:
@@ -557,37 +469,12 @@ class Certification:
             problems.append("nothing was acknowledged")
         return verdict, problems
 
-    def verify_copies(self) -> tuple[bool, str]:
-        """``logbroker cluster verify`` through the first node: whether every sealed segment
-        file is byte-identical on every node of its replica set, and what it printed."""
-        done = subprocess.run(
-            [
-                LOGBROKER, "--server", self.brokers[0].server, "--user", ADMIN[0],
-                "--password", ADMIN[1], "cluster", "verify",
-            ],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        return done.returncode == 0, (done.stdout + done.stderr).strip()
-
 
 def _by_key(read: Sequence[tuple[bytes | None, bytes]]) -> dict[bytes | None, list[bytes]]:
     found: dict[bytes | None, list[bytes]] = collections.defaultdict(list)
     for key, value in read:
         found[key].append(value)
     return dict(found)
-
-
-def _wait(
-    condition: Callable[[], bool],
-    seconds: float,
-    what: str,
-    explain: Callable[[], object] = lambda: "",
-) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise CheckFailed(f"not within {seconds:g} s: {what} ({explain()})")
-        time.sleep(0.25)
 
 
 def _fast_directory() -> str | None:

@@ -138,7 +138,19 @@ class Network:
         names = [line.split()[0] for line in listed.splitlines() if line.strip()]
         return [name for name in names if name.startswith(f"{self.prefix}-")]
 
+    def check_free(self) -> None:
+        """Raise ``NetworkUnavailable`` if this prefix's namespaces have processes in them:
+        another run is under way (``create`` would remove its namespaces)."""
+        for name in self.existing():
+            if self._pids(name):
+                raise NetworkUnavailable(
+                    f"namespace {name} has processes in it: another certification is running"
+                    " on this machine; wait for it, or stop it (its namespaces go with it)"
+                )
+
     def create(self) -> None:
+        """Make the namespaces, the bridge and the links; a previous run's leftovers (checked
+        free with ``check_free``) are removed first."""
         self.destroy()
         _run("ip", "netns", "add", self.switch)
         _run("ip", "-n", self.switch, "link", "add", "br0", "type", "bridge")
@@ -164,11 +176,15 @@ class Network:
         go with them)."""
         self.leave()
         for name in self.existing():
-            pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
-            for pid in pids.stdout.split():
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    os.kill(int(pid), 9)
+            for pid in self._pids(name):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, 9)
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+    @staticmethod
+    def _pids(name: str) -> list[int]:
+        listed = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True)
+        return [int(pid) for pid in listed.stdout.split() if pid.isdigit()]
 
     def enter_checker(self) -> None:
         """Move this thread (and the threads and processes it starts from now on) into the

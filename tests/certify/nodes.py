@@ -181,12 +181,16 @@ class Broker:
                 self._stopping.wait(0.1)
             if self._stopping.is_set():
                 return
-            if process.pid not in self._stopped_on_purpose:
-                self.unexpected_exits += 1
-                self._events(f"{self.node_id} exited ({_status(process.returncode)}); restart")
-                backoff = FIRST_BACKOFF if time.monotonic() - started > STEADY_RUN else backoff
-                self._stopping.wait(backoff)
-                backoff = min(backoff * 2, LONGEST_BACKOFF)
+            if process.pid in self._stopped_on_purpose:
+                # A new start, not a crash loop: the next crash waits the shortest time.
+                backoff = FIRST_BACKOFF
+                continue
+            self.unexpected_exits += 1
+            self._events(f"{self.node_id} exited ({_status(process.returncode)}); restart")
+            if time.monotonic() - started > STEADY_RUN:
+                backoff = FIRST_BACKOFF
+            self._stopping.wait(backoff)
+            backoff = min(backoff * 2, LONGEST_BACKOFF)
 
     def hold(self) -> None:
         """From now on, leave the broker down when it exits."""

@@ -96,7 +96,12 @@ def main(argv: list[str] | None = None) -> int:
     faults: list[Fault] = []
     began = time.time()
     say(f"logbroker soak: {arguments.duration:g} s of drills, seed {seed}")
-    with Certification(FULL, arguments.directory, say=say) as cert:
+    try:
+        cert = Certification(FULL, arguments.directory, say=say)
+    except (ValueError, NetworkUnavailable) as refused:
+        print(f"cannot soak: {refused}", file=sys.stderr)
+        return 2
+    with cert:
         busy = _more_topics(cert, arguments.topics)
         deadline = time.monotonic() + arguments.duration
         kills = 0
@@ -121,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         say("\n== the end: load stopped, everything read back through every node")
         verdict, problems = cert.finish()
         report.history(verdict, problems, cert.follower_summary())
-        identical, printed = cert.verify_copies()
+        identical, printed = cert.view.verify_copies()
         report.copies(identical, printed)
         if not report.passed:
             cert.failed = True

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.certify.harness import TOPIC, Certification, CheckFailed, Outcome
+from tests.certify.harness import Certification, Outcome
 from tests.certify.nodes import Broker
+from tests.certify.view import TOPIC, CheckFailed
 
 
 def _copy(broker: Broker, segment: dict[str, Any], suffix: str) -> Path:
@@ -43,7 +44,7 @@ SEALED_NEEDED = 3
 
 
 def damaged_follower(cert: Certification) -> Outcome:
-    follower = cert.quietest()
+    follower = cert.view.quietest()
     cert.wait_for(
         lambda: len(_sealed_followed(cert, follower)) >= SEALED_NEEDED,
         cert.timing.health_bound,
@@ -53,7 +54,7 @@ def damaged_follower(cert: Certification) -> Outcome:
     follower.stop()
     try:
         cert.wait_for(
-            lambda: not cert.led_by(follower),
+            lambda: not cert.view.led_by(follower),
             cert.timing.recovery_bound,
             f"no active segment led by the stopped {follower.node_id}",
         )
@@ -82,7 +83,7 @@ def _sealed_followed(cert: Certification, follower: Broker) -> list[dict[str, An
     """The load's sealed segments with records that ``follower`` holds as a follower."""
     return [
         s
-        for s in cert.segments()
+        for s in cert.view.segments()
         if s["range_id"].startswith(TOPIC + ".")
         and s["state"] == "sealed"
         and s["record_count"]
@@ -95,7 +96,7 @@ def _sealed_followed(cert: Certification, follower: Broker) -> list[dict[str, An
 def _damage(cert: Certification, follower: Broker) -> list[str]:
     """Damage the stopped ``follower``'s copies, only where another node is the segment's
     primary; return what was done."""
-    segments = [s for s in cert.segments() if s["range_id"].startswith(TOPIC + ".")]
+    segments = [s for s in cert.view.segments() if s["range_id"].startswith(TOPIC + ".")]
     followed = [
         s for s in segments if follower.node_id in s["replicas"][1:] and s["record_count"] != 0
     ]

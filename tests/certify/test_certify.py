@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -77,3 +78,31 @@ def test_a_flipped_byte_with_the_scrub_off_fails_guarantee_4_naming_it(tmp_path:
     assert f"{segment} on {node}: differs" in evidence, evidence
     # Guarantee 6 still holds: the damage was done to follower copies only.
     assert table[6][0] == "passed", output
+
+
+def test_an_interrupted_run_removes_every_namespace_and_mount_it_made(tmp_path: Path) -> None:
+    directory = tmp_path / "run"
+    command = [sys.executable, "-m", "tests.certify", "--short", "--directory", str(directory)]
+    run = subprocess.Popen(
+        [*command, "--drills", "stall"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    assert run.stdout is not None
+    seen = []
+    for line in run.stdout:
+        seen.append(line)
+        if "== drill 1/1" in line:
+            break
+    run.send_signal(signal.SIGINT)  # Ctrl-C, in the middle of the drill
+    rest, _ = run.communicate(timeout=300)
+    output = "".join(seen) + rest
+
+    assert run.returncode != 0, output
+    assert "kept for inspection" in output
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert "lbcert-" not in namespaces, namespaces
+    assert str(directory) not in Path("/proc/mounts").read_text(), "the tmpfs is unmounted"
+    assert (directory / "n3" / "broker.log").exists(), "each node's log is kept"

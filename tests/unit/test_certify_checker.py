@@ -4,9 +4,12 @@ runs them for real in ``tests/certify/test_certify.py``; these pin the judgement
 
 from __future__ import annotations
 
+import pytest
+
+from tests.certify import network
 from tests.certify.harness import Outcome
 from tests.certify.load import follower_problems
-from tests.certify.network import Block
+from tests.certify.network import Block, NetworkUnavailable
 from tests.certify.report import DrillRecord, Report
 
 FINAL = [(b"a", b"a#0"), (b"b", b"b#0"), (b"a", b"a#1"), (b"a", b"a#2"), (b"b", b"b#1")]
@@ -80,3 +83,16 @@ def test_a_drill_that_could_not_run_fails_every_guarantee_it_speaks_for() -> Non
     assert verdicts[2][0] == verdicts[3][0] == "FAILED"
     assert "stall: no primary found" in verdicts[3][1]
     assert not report.passed
+
+
+def test_the_harness_refuses_without_root_or_its_tools(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("tests.certify.network.os.geteuid", lambda: 1000)
+    with pytest.raises(NetworkUnavailable, match="needs root"):
+        network.require_network_tools()
+
+    monkeypatch.setattr("tests.certify.network.os.geteuid", lambda: 0)
+    monkeypatch.setattr(
+        "tests.certify.network.shutil.which", lambda tool: None if tool == "nft" else tool
+    )
+    with pytest.raises(NetworkUnavailable, match="install Debian's nftables"):
+        network.require_network_tools()
