@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from types import FrameType
 
-from tests.certify.drills import DRILLS, run
+from tests.certify.drills import DRILLS, conclude, run
 from tests.certify.harness import FULL, SHORT, Certification
 from tests.certify.network import NetworkUnavailable, require_network_tools
 from tests.certify.report import Report
@@ -107,13 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             _say(f"\n== drill {number}/{len(drills)}: {drill.name}: {drill.description}")
             report.drills.append(run(cert, drill, _say))
             cert.settle()
-        _say("\n== the end: load stopped, everything read back through every node")
-        verdict, problems = cert.finish()
-        report.history(verdict, problems, cert.follower_summary())
-        identical, printed = cert.view.verify_copies()
-        report.copies(identical, printed)
-        if not report.passed:
-            cert.failed = True
+        conclude(cert, report, _say)
         cert.keep = arguments.keep
     _say("")
     for line in report.table():

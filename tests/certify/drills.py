@@ -8,8 +8,9 @@ import attrs
 
 from tests.certify import config_faults, faults, storage_faults
 from tests.certify.harness import Certification, Outcome
-from tests.certify.report import DrillRecord
+from tests.certify.report import DrillRecord, Report
 from tests.certify.view import CheckFailed
+from tests.history import Verdict
 
 
 @attrs.frozen
@@ -30,6 +31,20 @@ def run(cert: Certification, drill: Drill, say: Callable[[str], object]) -> Dril
     for line in record.lines():
         say(line)
     return record
+
+
+def conclude(cert: Certification, report: Report, say: Callable[[str], object]) -> Verdict:
+    """The end of a run: the load stopped, everything read back through every node and
+    checked (guarantee 1), every sealed copy compared (guarantee 4), into ``report``; a failed
+    run keeps its directory. The history's verdict."""
+    say("\n== the end: load stopped, everything read back through every node")
+    verdict, problems = cert.finish()
+    report.history(verdict, problems, cert.follower_summary())
+    identical, printed = cert.view.verify_copies()
+    report.copies(identical, printed)
+    if not report.passed:
+        cert.failed = True
+    return verdict
 
 
 DRILLS = (

@@ -15,6 +15,7 @@ Every produce goes into one ``History`` (``tests.history``).
 
 from __future__ import annotations
 
+import abc
 import collections
 import itertools
 import threading
@@ -43,7 +44,7 @@ def connect(server: str, user: str = USER, password: str = PASSWORD) -> Blocking
     return BlockingClient.connect(host, int(port), user, password, timeout=TRY_SECONDS)
 
 
-class _Worker:
+class _Worker(abc.ABC):
     """A thread running ``_work`` until ``stop``; what it raised is raised by ``stop``."""
 
     name = "worker"
@@ -77,8 +78,9 @@ class _Worker:
         except BaseException as error:
             self._error = error
 
+    @abc.abstractmethod
     def _work(self) -> None:
-        raise NotImplementedError
+        """What the thread does, until ``stopping``."""
 
     def _server(self, turn: int) -> str:
         return self.servers[turn % len(self.servers)]

@@ -29,7 +29,7 @@ from types import FrameType
 
 import attrs
 
-from tests.certify.drills import DRILLS, Drill, run
+from tests.certify.drills import DRILLS, Drill, conclude, run
 from tests.certify.harness import FULL, Certification, Outcome
 from tests.certify.load import ADMIN, PlainProducer, connect
 from tests.certify.network import NetworkUnavailable, require_network_tools
@@ -123,13 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             cert.settle()
         for producer in busy:
             producer.stop()
-        say("\n== the end: load stopped, everything read back through every node")
-        verdict, problems = cert.finish()
-        report.history(verdict, problems, cert.follower_summary())
-        identical, printed = cert.view.verify_copies()
-        report.copies(identical, printed)
-        if not report.passed:
-            cert.failed = True
+        verdict = conclude(cert, report, say)
         produces = cert.history.produces
     ended = time.time()
     say("")
