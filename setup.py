@@ -14,12 +14,14 @@ setup(
         Extension(
             "logbroker.storage._speedups",
             sources=["logbroker/storage/_speedups.c"],
+            depends=["logbroker/wire/_wire_record.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit"],
             optional=True,
         ),
         Extension(
             "logbroker.wire._speedups",
             sources=["logbroker/wire/_speedups.c"],
+            depends=["logbroker/wire/_wire_record.h"],
             extra_compile_args=["-O2", "-Wall", "-Wextra", "-Werror=implicit"],
             optional=True,
         ),

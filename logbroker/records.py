@@ -4,6 +4,9 @@ protocol, the broker and the storage engine. Pure: no I/O, no Twisted.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TypeAlias
+
 import attrs
 
 #: A length field of this value stands for null, so no key, value or header part may be as long.
@@ -59,6 +62,33 @@ class Record:
                 raise TypeError(f"each header must be a (name, value) tuple, not {header!r}")
             _check_nbytes("header name", header[0])
             _check_nbytes("header value", header[1])
+
+
+@attrs.frozen
+class WireRecords:
+    """Records still in the client protocol's encoding (docs/protocol.md), one after the other:
+    how a produce's records go from the client port to the log, split by range, forwarded and
+    framed for storage, without an object per record
+    (docs/decisions/0022-a-produce-stays-in-its-wire-bytes.md).
+
+    Made only by the codecs that check the bytes (``logbroker.wire.read_wire_records``,
+    ``encode_wire_records``) or cut checked ones (``logbroker.broker.keyspace``).
+    """
+
+    #: How many records ``data`` holds.
+    count: int
+    #: Exactly ``count`` records, in the client protocol's record encoding.
+    data: bytes = attrs.field(repr=lambda data: f"<{len(data)} bytes>")
+    #: Their keys' and values' bytes: what the produce metrics count.
+    size: int
+
+    def __len__(self) -> int:
+        return self.count
+
+
+#: A produce's records as an append takes them: objects, from a caller in this process, or
+#: the bytes a request carried them in.
+Records: TypeAlias = Sequence[Record] | WireRecords
 
 
 @attrs.frozen

@@ -11,11 +11,13 @@ extension, ``logbroker/storage/_speedups.c``, which already walks these frames),
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
-from logbroker.records import StoredRecord
-from logbroker.storage import iter_record_frames
-from logbroker.wire import encode_record
+import attrs
+
+from logbroker.records import Record, Records, StoredRecord, WireRecords
+from logbroker.storage import FramedRecords, encode_batch, iter_record_frames
+from logbroker.wire import decode_wire_records, encode_record
 
 #: ``(data, start, end, first_offset, max_records, max_bytes)`` ->
 #: ``(wire bytes, records, last offset + 1 or first_offset, key and value bytes)``
@@ -54,3 +56,47 @@ try:
     from logbroker.storage._speedups import wire_records
 except ImportError:  # not built
     wire_records = wire_records_python
+
+
+#: ``(base_offset, data, count)`` -> the batch frame, or None where ``data`` is not exactly
+#: ``count`` valid records.
+_Framer = Callable[[int, bytes, int], bytes | None]
+_frame_native: _Framer | None
+try:
+    from logbroker.storage._speedups import frame_wire_records as _frame_native
+except ImportError:  # not built
+    _frame_native = None
+
+
+def frame_wire_records(base_offset: int, records: WireRecords) -> bytes:
+    """The batch frame of ``records``, the first taking ``base_offset``: the bytes
+    ``encode_batch`` gives for the same records as objects, made straight from their wire
+    bytes by the native framer where it was built."""
+    if _frame_native is not None:
+        framed = _frame_native(base_offset, records.data, records.count)
+        if framed is not None:
+            return framed
+    return frame_wire_records_python(base_offset, records)
+
+
+def frame_wire_records_python(base_offset: int, records: WireRecords) -> bytes:
+    return encode_batch(base_offset, decode_wire_records(records))
+
+
+@attrs.frozen
+class WireBatch:
+    """A produce's records as the log takes them (``FramedRecords``): framed from their wire
+    bytes once the log gives them their offsets."""
+
+    records: WireRecords
+
+    def __len__(self) -> int:
+        return self.records.count
+
+    def frame(self, base_offset: int) -> bytes:
+        return frame_wire_records(base_offset, self.records)
+
+
+def storable(records: Records) -> Sequence[Record] | FramedRecords:
+    """``records`` as ``RangeLog.write`` and ``append`` take them."""
+    return WireBatch(records) if isinstance(records, WireRecords) else records

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 import attrs
 from twisted.internet.defer import (
@@ -37,12 +37,18 @@ from logbroker._deferreds import detached, gather
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import GroupCoordinator, LocalGroups
-from logbroker.broker.keyspace import key_slot, keyspace_bits, split_keyspace, valid_topic_name
+from logbroker.broker.keyspace import (
+    key_slot,
+    keyspace_bits,
+    split_keyspace,
+    split_records,
+    valid_topic_name,
+)
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Record, Records, WireRecords
 
 log = Logger()
 _STAMP = struct.Struct(">QQ")
@@ -167,7 +173,7 @@ class Broker:
     def produce(
         self,
         topic_name: str | None,
-        records: Sequence[Record],
+        records: Records,
         stamp: ProducerStamp | None = None,
     ) -> Deferred[int]:
         """Append ``records``; fires with their count once every one of them is durable.
@@ -179,13 +185,17 @@ class Broker:
         twice. With ``stamp``, each range's share carries it, and a range that has stored it
         already does not store it again: a retry with the same stamp and records stores what
         its first try did not, and is answered the same count.
+
+        Records as a request carried them (``WireRecords``) stay those bytes all the way to
+        the log; records given as objects are encoded first.
         """
+        produced = wire.wire_records(records)
         try:
             topic = self._topic(topic_name)
-            routed = self._route(topic, records, stamp)
+            routed = self._route(topic, produced, stamp)
             handles = self._handles(routed)
-            for range_id, batch in routed.items():
-                refusal = handles[range_id].refusal(len(batch))
+            for range_id, share in routed.items():
+                refusal = handles[range_id].refusal(len(share))
                 if refusal is not None:
                     raise refusal
         except BrokerError as error:
@@ -193,22 +203,21 @@ class Broker:
         if not routed:
             return succeed(0)
         appends = [
-            self._append(handles[range_id], batch, stamp) for range_id, batch in routed.items()
+            self._append(handles[range_id], share, stamp) for range_id, share in routed.items()
         ]
-        stored = gather(appends).addCallback(lambda _: self._produced(topic.name, records))
+        stored = gather(appends).addCallback(lambda _: self._produced(topic.name, produced))
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
         return detached(stored)
 
-    def _produced(self, topic: str, records: Sequence[Record]) -> int:
+    def _produced(self, topic: str, records: WireRecords) -> int:
         """Count an acknowledged produce; its record count is the reply."""
-        size = sum(len(record.value) + len(record.key or b"") for record in records)
-        self._metrics.produced(topic, len(records), size)
-        return len(records)
+        self._metrics.produced(topic, records.count, records.size)
+        return records.count
 
     def _route(
-        self, topic: Topic, records: Sequence[Record], stamp: ProducerStamp | None
-    ) -> dict[str, list[Record]]:
+        self, topic: Topic, records: WireRecords, stamp: ProducerStamp | None
+    ) -> dict[str, WireRecords]:
         active = sorted(
             (r for r in self._control.ranges(topic.name) if r.state is RangeState.ACTIVE),
             key=lambda r: r.start,
@@ -219,22 +228,15 @@ class Broker:
         bits = topic.keyspace_bits
         if stamp is None:
             turn = next(self._keyless_turn.setdefault(topic.name, itertools.count()))
-            keyless = active[turn % len(active)]
+            keyless = turn % len(active)
         else:
             slot = key_slot(_STAMP.pack(stamp.producer_id, stamp.sequence), bits)
-            keyless = active[bisect.bisect_right(starts, slot) - 1]
-        routed: dict[str, list[Record]] = {}
-        for record in records:
-            if record.key is None:
-                owner = keyless
-            else:
-                slot = key_slot(record.key, bits)
-                owner = active[bisect.bisect_right(starts, slot) - 1]
-            routed.setdefault(owner.range_id, []).append(record)
-        return routed
+            keyless = bisect.bisect_right(starts, slot) - 1
+        shares = split_records(records, bits, starts, keyless)
+        return {active[index].range_id: share for index, share in shares}
 
     def _append(
-        self, handle: RangeHandle, batch: list[Record], stamp: ProducerStamp | None
+        self, handle: RangeHandle, batch: WireRecords, stamp: ProducerStamp | None
     ) -> Deferred[None]:
         # The handle wakes the long polls waiting on its range, wherever they were made.
         return handle.append(batch, stamp)

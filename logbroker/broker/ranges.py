@@ -24,7 +24,7 @@ from logbroker.broker.errors import BrokerError
 from logbroker.broker.producers import ProducerTable
 from logbroker.broker.stamped import StampedAppends
 from logbroker.errors import Reason
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Records
 from logbroker.storage import (
     Appended,
     BatchSlice,
@@ -34,7 +34,7 @@ from logbroker.storage import (
     RangeLog,
     StorageError,
 )
-from logbroker.transcode import encode_stored, wire_records
+from logbroker.transcode import encode_stored, storable, wire_records
 
 log = Logger()
 
@@ -74,9 +74,7 @@ class RangeHandle(Protocol):
         """Why an append of ``count`` records would be refused right now, if it would: asked
         of every range a produce goes to before any is written, so a refusal stores nothing."""
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
         """Store ``records``; fires once they are durable by the handle's rule. With ``stamp``
         (this range's share of a ``produce_idempotent``), the range's primary stores them only
         if it has not stored that stamp yet (``logbroker.broker.producers``): a retry gets its
@@ -132,13 +130,12 @@ class LocalRange:
         refused = self._log.refusal(count)
         return None if refused is None else _storage_error(refused)
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
         return self._stamped.append(records, stamp, self._store)
 
-    def _store(self, records: Sequence[Record], stamp: ProducerStamp | None) -> Deferred[object]:
-        stored = self._log.append(records, stamp).addCallbacks(self._appended, self._append_failed)
+    def _store(self, records: Records, stamp: ProducerStamp | None) -> Deferred[object]:
+        stored = self._log.append(storable(records), stamp)
+        stored.addCallbacks(self._appended, self._append_failed)
         return stored  # type: ignore[return-value]
 
     def _rebuild(self) -> Deferred[ProducerTable]:

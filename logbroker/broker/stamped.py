@@ -22,7 +22,7 @@ so that no stamped append is admitted by a table that does not know the log yet.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.python.failure import Failure
@@ -30,15 +30,15 @@ from twisted.python.failure import Failure
 from logbroker.broker.errors import BrokerError, InDoubtError
 from logbroker.broker.producers import Admission, ProducerTable
 from logbroker.errors import Reason
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Records
 
 #: Stores records, with the stamp of their produce if it has one, firing once they are durable
 #: by the handle's rule.
-Store = Callable[[Sequence[Record], ProducerStamp | None], Deferred[object]]
+Store = Callable[[Records, ProducerStamp | None], Deferred[object]]
 #: Makes the range's table from the stamps its log holds.
 Rebuild = Callable[[], Deferred[ProducerTable]]
 
-_Held = tuple[Sequence[Record], ProducerStamp | None, Store, Deferred[None]]
+_Held = tuple[Records, ProducerStamp | None, Store, Deferred[None]]
 
 
 class StampedAppends:
@@ -56,9 +56,7 @@ class StampedAppends:
         #: Retries of stamped appends in flight, by stamp: they get the first try's outcome.
         self._retries: dict[ProducerStamp, list[Deferred[None]]] = {}
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None, store: Store
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None, store: Store) -> Deferred[None]:
         if self._held is not None:
             return self._hold(records, stamp, store)
         if stamp is None:
@@ -79,9 +77,7 @@ class StampedAppends:
         self._retries[stamp] = []
         return store(records, stamp).addBoth(self._outcome, producers, stamp)
 
-    def _hold(
-        self, records: Sequence[Record], stamp: ProducerStamp | None, store: Store
-    ) -> Deferred[None]:
+    def _hold(self, records: Records, stamp: ProducerStamp | None, store: Store) -> Deferred[None]:
         """Wait for the table, starting to make it if no one has."""
         waiting: Deferred[None] = Deferred()
         starting = self._held is None

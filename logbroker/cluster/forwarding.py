@@ -25,7 +25,7 @@ once; a silent peer is dropped after the peer settings' ``dead_after_s``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import TypeVar
 
 import attrs
@@ -34,6 +34,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logbroker import wire
 from logbroker._deferreds import detached
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
@@ -59,12 +60,11 @@ from logbroker.peer.range_ops import (
     encode_bounds_result,
     encode_read_request,
     encode_read_result,
-    pack_records,
-    unpack_records,
+    read_records,
 )
 from logbroker.peer.requester import PeerRequester
 from logbroker.peer.window import PeerError
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Records
 
 log = Logger()
 
@@ -115,11 +115,12 @@ class ForwardedRange:
         before it appends, and its refusal comes back as the append's failure (nothing stored)."""
         return None
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
-        count, data = pack_records(records)
-        request = AppendRequest(self._range_id, count, data, stamp)
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
+        # The share goes on as the wire bytes it came in: the primary checks them once more,
+        # but nothing re-encodes them.
+        share = wire.wire_records(records)
+        count = share.count
+        request = AppendRequest(self._range_id, count, share.data, stamp)
 
         def appended(answer: bytes) -> None:
             result = decode_append_result(answer)
@@ -160,12 +161,11 @@ class ForwardedRange:
         )
 
         def read(result: ReadResult) -> RangeRead:
-            # Decoded to check the primary's bytes and to count their size exactly as the
-            # primary's handle did (keys and values); the bytes themselves go on as they are.
-            records = unpack_records(result.record_count, result.records)
-            size = sum(len(record.value) + len(record.key or b"") for record in records)
+            # Checked, and their size counted exactly as the primary's handle did (keys and
+            # values); the bytes themselves go on as they are.
+            records = read_records(result.record_count, result.records)
             data = (result.records,) if result.record_count else ()
-            return RangeRead(data, result.record_count, result.next_offset, size)
+            return RangeRead(data, result.record_count, result.next_offset, records.size)
 
         payload = encode_read_request(request)
         return self._request(PeerOp.READ, payload, decode_read_result).addCallback(read)
@@ -334,7 +334,7 @@ class RangeServer:
             return fail(error)
 
     def _append(self, request: AppendRequest) -> Deferred[bytes]:
-        records = unpack_records(request.record_count, request.records)
+        records = read_records(request.record_count, request.records)
         if not records:
             raise MalformedPeerMessage("an append carries at least one record")
 

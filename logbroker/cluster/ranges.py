@@ -36,7 +36,7 @@ from logbroker.controlplane import (
 )
 from logbroker.errors import Reason
 from logbroker.placement import PlacementNode, PlacementRule, place, segment_key
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Records
 
 log = Logger()
 
@@ -224,9 +224,7 @@ class _Later:
     def refusal(self, count: int) -> BrokerError | None:
         return None
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
         return self.ready().addCallback(lambda handle: handle.append(records, stamp))
 
     def bounds(self) -> Deferred[Bounds]:
@@ -263,9 +261,7 @@ class _PrimaryOrCopies:
             return self._primary
         return self._primary.refusal(count)
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
         if isinstance(self._primary, BrokerError):
             return fail(self._primary)
         return self._primary.append(records, stamp)

@@ -31,7 +31,8 @@ out in ``logbroker.replication.replica_codec``.
 
 ``records`` is ``record_count`` records in the client protocol's record encoding
 (``record = str(key) value_len:u32 value timestamp_ms:u64 header_count:u32 (str(k) str(v))*``,
-see ``logbroker.wire``), carried opaque: ``pack_records`` and ``unpack_records`` convert.
+see ``logbroker.wire``), carried as those bytes (``WireRecords``): ``read_records`` checks
+them without decoding them.
 
 Every decoder is strict: a payload that does not parse exactly to its end raises
 ``MalformedPeerMessage``.
@@ -40,7 +41,7 @@ Every decoder is strict: a payload that does not parse exactly to its end raises
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from enum import IntEnum
 
 import attrs
@@ -55,7 +56,7 @@ from logbroker.peer.frames import (
     u32_field,
     u64_field,
 )
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, WireRecords
 from logbroker.wire import primitives as p
 from logbroker.wire.primitives import Reader, Truncated
 
@@ -274,19 +275,14 @@ def decode_group_share(payload: bytes) -> list[str]:
     return list(read_exactly(payload, read_texts, "group share"))
 
 
-def pack_records(records: Iterable[Record]) -> tuple[int, bytes]:
-    """``(record_count, records)`` for an append or a read result."""
-    encoded = [p.record(record) for record in records]
-    return len(encoded), b"".join(encoded)
+def read_records(record_count: int, records: bytes) -> WireRecords:
+    """The records of an append, checked and kept as their wire bytes: exactly
+    ``record_count`` of them."""
 
-
-def unpack_records(record_count: int, records: bytes) -> tuple[Record, ...]:
-    """The records of an append or a read result: exactly ``record_count`` of them."""
-
-    def read(r: Reader) -> tuple[Record, ...]:
+    def read(r: Reader) -> WireRecords:
         # A record takes at least 17 bytes (null key, value length, timestamp, header count).
         if record_count * 17 > r.remaining:
             raise Truncated(f"{record_count} records cannot fit in {r.remaining} bytes")
-        return r.records(record_count)
+        return r.wire_records(record_count)
 
     return read_exactly(records, read, "records")

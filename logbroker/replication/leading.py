@@ -39,7 +39,7 @@ from logbroker.broker.ranges import Bounds, LocalRange, RangeRead
 from logbroker.broker.stamped import StampedAppends
 from logbroker.controlplane import SegmentMeta, SegmentState
 from logbroker.errors import Reason
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Records
 from logbroker.replication.copies import CommittedCopies, SegmentRead, segment_read
 from logbroker.replication.core import replica as rules
 from logbroker.replication.core.actions import StepDown
@@ -148,12 +148,10 @@ class ReplicatedRange:
             return BrokerError(Reason.UNREACHABLE, f"{self._range_id} is not led here yet")
         return self.leader.refusal(count)
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
         return self._stamped.append(records, stamp, self._store)
 
-    def _store(self, records: Sequence[Record], stamp: ProducerStamp | None) -> Deferred[object]:
+    def _store(self, records: Records, stamp: ProducerStamp | None) -> Deferred[object]:
         if self._rolling is not None:
             waiting: Deferred[object] = Deferred()
             self._rolling.addBoth(lambda _: self._store(records, stamp).chainDeferred(waiting))

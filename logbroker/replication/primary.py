@@ -33,7 +33,7 @@ from logbroker.broker.errors import BrokerError, InDoubtError
 from logbroker.errors import Reason
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.requester import PeerRequester
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Records
 from logbroker.replication.core.actions import (
     Acknowledge,
     Action,
@@ -50,6 +50,7 @@ from logbroker.replication.core.leader import LeaderCore
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.replica_codec import CopyStatus, decode_status, encode_replicate
 from logbroker.storage import Appended, FencedError, OverloadedError, RangeLog, StorageError
+from logbroker.transcode import storable
 
 log = Logger()
 
@@ -220,14 +221,12 @@ class SegmentLeader:
             return _storage_error(storage_refused)
         return None
 
-    def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
-    ) -> Deferred[None]:
+    def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
         refused = self.refusal(len(records))
         if refused is not None:
             return fail(refused)
         try:
-            written = self._log.write(records, stamp, self.epoch)
+            written = self._log.write(storable(records), stamp, self.epoch)
         except FencedError as error:
             # Another node claimed the segment (its fence reached this copy first).
             self._run(self._core.stop(Reason.NOT_PRIMARY, f"{self.range_id}: {error}"))

@@ -14,6 +14,7 @@ from logbroker.storage._format import (
     DamageReason,
     EpochMarker,
     Seal,
+    encode_batch,
     iter_record_frames,
 )
 from logbroker.storage._fs import FileSystem, OsFileSystem, close_each, shared_sync_refusal
@@ -38,6 +39,7 @@ from logbroker.storage.log import (
     BatchSlice,
     Fenced,
     Flush,
+    FramedRecords,
     LogConfig,
     RangeLog,
     Written,
@@ -62,6 +64,7 @@ __all__ = [
     "FileSystem",
     "Flush",
     "FormatTooNewError",
+    "FramedRecords",
     "IntegrityEvent",
     "InvalidBatchError",
     "LogClosedError",
@@ -89,6 +92,7 @@ __all__ = [
     "Verification",
     "Written",
     "close_each",
+    "encode_batch",
     "iter_record_frames",
     "shared_sync_refusal",
 ]

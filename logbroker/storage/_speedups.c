@@ -110,6 +110,35 @@ put_u64(uint8_t *out, uint64_t value)
     return put_u32(out, (uint32_t)value);
 }
 
+/* A batch frame's header after its checksum (written last, over the whole frame); returns
+ * where the record frames go. */
+static uint8_t *
+put_batch_header(uint8_t *batch, uint32_t length, uint64_t base_offset, uint32_t count)
+{
+    uint8_t *out = batch + 4;
+    *out++ = 'L';
+    *out++ = 'B';
+    *out++ = FORMAT_VERSION;
+    *out++ = 0;
+    out = put_u32(out, length);
+    out = put_u64(out, base_offset);
+    return put_u32(out, count);
+}
+
+/* A record frame's header after its checksum; returns where the key and value lengths go. */
+static uint8_t *
+put_record_header(uint8_t *frame, uint32_t length, uint64_t offset, uint64_t timestamp_ms)
+{
+    uint8_t *out = frame + 4;
+    *out++ = 'L';
+    *out++ = 'R';
+    *out++ = FORMAT_VERSION;
+    *out++ = 0;
+    out = put_u32(out, length);
+    out = put_u64(out, offset);
+    return put_u64(out, timestamp_ms);
+}
+
 static inline uint8_t *
 put_nbytes(uint8_t *out, PyObject *part)
 {
@@ -224,14 +253,7 @@ write_record(uint8_t *out, const RecordFields *fields, uint64_t offset)
 {
     uint8_t *frame = out;
     Py_ssize_t count = PyTuple_GET_SIZE(fields->headers);
-    out += 4;
-    *out++ = 'L';
-    *out++ = 'R';
-    *out++ = FORMAT_VERSION;
-    *out++ = 0;
-    out = put_u32(out, fields->length);
-    out = put_u64(out, offset);
-    out = put_u64(out, fields->timestamp_ms);
+    out = put_record_header(out, fields->length, offset, fields->timestamp_ms);
     if (fields->key == Py_None) {
         out = put_u32(out, NULL_LENGTH);
     }
@@ -332,14 +354,7 @@ encode_batch(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         goto done;
     }
     batch = (uint8_t *)PyBytes_AS_STRING(result);
-    out = batch + 4;
-    *out++ = 'L';
-    *out++ = 'B';
-    *out++ = FORMAT_VERSION;
-    *out++ = 0;
-    out = put_u32(out, (uint32_t)length);
-    out = put_u64(out, base_offset);
-    out = put_u32(out, (uint32_t)count);
+    out = put_batch_header(batch, (uint32_t)length, base_offset, (uint32_t)count);
     for (Py_ssize_t i = 0; i < count; i++) {
         out = write_record(out, &fields[i], base_offset + (uint64_t)i);
     }
@@ -675,6 +690,271 @@ done:
     return result;
 }
 
+/* -- produce: client protocol records straight to stored frames ---------------------------
+ *
+ * A produce's records stay in the bytes they came in (logbroker.records.WireRecords) from the
+ * client port to the log: logbroker/wire/_speedups.c checks them once where they enter (a
+ * request, a forwarded share), split_wire_records cuts them into their ranges' shares by key
+ * (here, beside the CRC32C it hashes keys with), and frame_wire_records turns a share into the
+ * batch frame the log stores, with the offsets the log gives it. No Python object is made per
+ * record (docs/decisions/0022-a-produce-stays-in-its-wire-bytes.md).
+ *
+ * Each function returns None where the bytes are not exactly `count` valid records: the
+ * callers then take the Python path (logbroker.broker.keyspace, logbroker.transcode), which
+ * raises the protocol's error for exactly what is wrong. The tests hold both paths to the same
+ * results.
+ */
+
+#include "../wire/_wire_record.h"
+
+/* Copies one wire header part (name or value) as stored nbytes. */
+static uint8_t *
+put_wire_part(uint8_t *out, const uint8_t **headers)
+{
+    const uint8_t *part = *headers;
+    uint32_t length;
+    if (part[0] == 0x00) {
+        *headers = part + 1;
+        return put_u32(out, NULL_LENGTH);
+    }
+    length = get_u32(part + 1);
+    out = put_u32(out, length);
+    memcpy(out, part + 5, length);
+    *headers = part + 5 + length;
+    return out + length;
+}
+
+static uint8_t *
+write_wire_record(uint8_t *out, const WireRecord *record, uint64_t offset)
+{
+    uint8_t *frame = out;
+    const uint8_t *headers = record->headers;
+    out = put_record_header(out, (uint32_t)record->stored_length, offset, record->timestamp_ms);
+    out = put_u32(out, record->key == NULL ? NULL_LENGTH : record->key_length);
+    out = put_u32(out, record->value_length);
+    if (record->key != NULL) {
+        memcpy(out, record->key, record->key_length);
+        out += record->key_length;
+    }
+    memcpy(out, record->value, record->value_length);
+    out += record->value_length;
+    out = put_u32(out, record->header_count);
+    for (uint32_t i = 0; i < 2 * record->header_count; i++) {
+        out = put_wire_part(out, &headers);
+    }
+    put_u32(frame, crc32c_extend(0, frame + 4, (size_t)record->stored_length - 4));
+    return out;
+}
+
+PyDoc_STRVAR(frame_wire_records_doc,
+             "frame_wire_records(base_offset, data, count, /)\n--\n\n"
+             "The batch frame of the count client protocol records that fill data, the first\n"
+             "taking base_offset: the bytes encode_batch gives for the same records. None if\n"
+             "data is not exactly count valid records.");
+
+static PyObject *
+frame_wire_records(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    unsigned long long base_offset;
+    Py_ssize_t count;
+    size_t position = 0;
+    uint64_t length = BATCH_HEADER_SIZE;
+    WireRecord record;
+    PyObject *result = NULL;
+    uint8_t *batch, *out;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "Ky*n:frame_wire_records", &base_offset, &data, &count)) {
+        return NULL;
+    }
+    if (count <= 0) {
+        PyErr_SetString(PyExc_ValueError, "a batch holds at least one record");
+        goto done;
+    }
+    if ((uint64_t)count - 1 > UINT64_MAX - base_offset) {
+        PyErr_Format(PyExc_ValueError, "base offset %llu is out of range", base_offset);
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (parse_wire_record(data.buf, (size_t)data.len, &position, &record) < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        length += record.stored_length;
+        if (length > MAX_FRAME_SIZE || length > (uint64_t)PY_SSIZE_T_MAX) {
+            PyErr_Format(PyExc_ValueError, "batch of %llu bytes or more is too large to store",
+                         (unsigned long long)length);
+            goto done;
+        }
+    }
+    if (position != (size_t)data.len) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)length);
+    if (result == NULL) {
+        goto done;
+    }
+    batch = (uint8_t *)PyBytes_AS_STRING(result);
+    out = put_batch_header(batch, (uint32_t)length, base_offset, (uint32_t)count);
+    position = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        parse_wire_record(data.buf, (size_t)data.len, &position, &record);
+        out = write_wire_record(out, &record, base_offset + (uint64_t)i);
+    }
+    put_u32(batch, crc32c_extend(0, batch + 4, (size_t)length - 4));
+done:
+    PyBuffer_Release(&data);
+    return result;
+}
+
+/* One range's share while split_wire_records builds it. */
+typedef struct {
+    Py_ssize_t count;
+    size_t bytes;
+    uint64_t size;
+    uint8_t *out;
+} Share;
+
+PyDoc_STRVAR(split_wire_records_doc,
+             "split_wire_records(data, count, bits, starts, keyless, /)\n--\n\n"
+             "Cut the count client protocol records that fill data into their ranges' shares:\n"
+             "a keyed record goes to the range whose start (starts: the active ranges' first\n"
+             "slots, ascending, the first 0) is the last at or below its key's slot (the top\n"
+             "bits bits of CRC32C of the key), a keyless one to range number keyless. A list\n"
+             "of (range number, count, bytes, key and value bytes) for each range that takes\n"
+             "records, in range order; None if data is not exactly count valid records.");
+
+static PyObject *
+split_wire_records(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t count, ranges, keyless, used = 0;
+    int bits;
+    PyObject *starts_object, *result = NULL, *starts_sequence = NULL;
+    uint32_t *starts = NULL, *owners = NULL;
+    Share *shares = NULL;
+    size_t position = 0;
+    WireRecord record;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*niOn:split_wire_records", &data, &count, &bits,
+                          &starts_object, &keyless)) {
+        return NULL;
+    }
+    starts_sequence = PySequence_Fast(starts_object, "starts must be a sequence");
+    if (starts_sequence == NULL) {
+        goto done;
+    }
+    ranges = PySequence_Fast_GET_SIZE(starts_sequence);
+    if (count < 0 || bits < 1 || bits > 32 || ranges < 1 || keyless < 0 || keyless >= ranges) {
+        PyErr_SetString(PyExc_ValueError,
+                        "split_wire_records: needs count >= 0, bits in 1..32, a range and "
+                        "keyless among them");
+        goto done;
+    }
+    starts = PyMem_Malloc((size_t)ranges * sizeof(uint32_t));
+    owners = PyMem_Malloc(((size_t)count + 1) * sizeof(uint32_t));
+    shares = PyMem_Calloc((size_t)ranges, sizeof(Share));
+    if (starts == NULL || owners == NULL || shares == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < ranges; i++) {
+        unsigned long start = PyLong_AsUnsignedLong(PySequence_Fast_GET_ITEM(starts_sequence, i));
+        if (start == (unsigned long)-1 && PyErr_Occurred()) {
+            goto done;
+        }
+        if (start > UINT32_MAX || (i == 0 && start != 0) || (i > 0 && start <= starts[i - 1])) {
+            PyErr_SetString(PyExc_ValueError,
+                            "split_wire_records: starts must ascend from 0 within 32 bits");
+            goto done;
+        }
+        starts[i] = (uint32_t)start;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        size_t record_start = position;
+        uint32_t owner = (uint32_t)keyless;
+        if (parse_wire_record(data.buf, (size_t)data.len, &position, &record) < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        if (record.key != NULL) {
+            uint32_t slot = crc32c_extend(0, record.key, record.key_length) >> (32 - bits);
+            /* The last start at or below the slot (bisect_right - 1); starts[0] is 0. */
+            Py_ssize_t low = 0, high = ranges;
+            while (high - low > 1) {
+                Py_ssize_t middle = (low + high) / 2;
+                if (starts[middle] <= slot) {
+                    low = middle;
+                }
+                else {
+                    high = middle;
+                }
+            }
+            owner = (uint32_t)low;
+        }
+        owners[i] = owner;
+        if (shares[owner].count++ == 0) {
+            used++;
+        }
+        shares[owner].bytes += position - record_start;
+        shares[owner].size += record.value_length + (record.key == NULL ? 0 : record.key_length);
+    }
+    if (position != (size_t)data.len) {
+        result = Py_NewRef(Py_None);
+        goto done;
+    }
+    result = PyList_New(used);
+    if (result == NULL) {
+        goto done;
+    }
+    used = 0;
+    for (Py_ssize_t i = 0; i < ranges; i++) {
+        PyObject *bytes, *entry;
+        if (shares[i].count == 0) {
+            continue;
+        }
+        /* One range takes every record: its share is the bytes as they came. */
+        if (shares[i].count == count && PyBytes_CheckExact(data.obj)) {
+            bytes = Py_NewRef(data.obj);
+        }
+        else {
+            bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)shares[i].bytes);
+            if (bytes == NULL) {
+                Py_CLEAR(result);
+                goto done;
+            }
+            shares[i].out = (uint8_t *)PyBytes_AS_STRING(bytes);
+        }
+        entry = Py_BuildValue("(nnNK)", i, shares[i].count, bytes,
+                              (unsigned long long)shares[i].size);
+        if (entry == NULL) {
+            Py_CLEAR(result);
+            goto done;
+        }
+        PyList_SET_ITEM(result, used++, entry);
+    }
+    position = 0;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        size_t record_start = position;
+        Share *share = &shares[owners[i]];
+        parse_wire_record(data.buf, (size_t)data.len, &position, &record);
+        if (share->out != NULL) {
+            memcpy(share->out, (const uint8_t *)data.buf + record_start, position - record_start);
+            share->out += position - record_start;
+        }
+    }
+done:
+    PyMem_Free(starts);
+    PyMem_Free(owners);
+    PyMem_Free(shares);
+    Py_XDECREF(starts_sequence);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 /* scan_sealed: the sealed files' view of a segment's log, for seal_copy, a roll and an install.
  *
  * Same result as logbroker.storage._segment.scan_sealed_python: the whole of data must be
@@ -877,6 +1157,10 @@ checksum(PyObject *module, PyObject *args, PyObject *kwargs)
 static PyMethodDef speedups_methods[] = {
     {"wire_records", (PyCFunction)wire_records, METH_VARARGS, wire_records_doc},
     {"check_records", (PyCFunction)check_records, METH_VARARGS, check_records_doc},
+    {"frame_wire_records", (PyCFunction)frame_wire_records, METH_VARARGS,
+     frame_wire_records_doc},
+    {"split_wire_records", (PyCFunction)split_wire_records, METH_VARARGS,
+     split_wire_records_doc},
     {"scan_sealed", (PyCFunction)scan_sealed, METH_VARARGS, scan_sealed_doc},
     {"encode_batch", (PyCFunction)(void (*)(void))encode_batch, METH_FASTCALL, encode_batch_doc},
     {"checksum", (PyCFunction)(void (*)(void))checksum, METH_VARARGS | METH_KEYWORDS,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 import attrs
 from twisted.internet.defer import Deferred
@@ -131,3 +132,14 @@ class Fenced:
     epoch: int
     end_offset: int
     byte_size: int
+
+
+@runtime_checkable
+class FramedRecords(Protocol):
+    """Records an append takes that frame themselves as one batch: a produce's records still
+    in the client protocol's encoding (``logbroker.transcode.WireBatch``), which the log never
+    decodes. ``frame`` gives the bytes ``encode_batch`` gives for the same records."""
+
+    def __len__(self) -> int: ...
+
+    def frame(self, base_offset: int) -> bytes: ...

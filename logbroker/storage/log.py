@@ -60,6 +60,7 @@ from logbroker.storage._values import (
     BatchSlice,
     Fenced,
     Flush,
+    FramedRecords,
     LogConfig,
     Written,
 )
@@ -77,6 +78,7 @@ __all__ = [
     "BatchSlice",
     "Fenced",
     "Flush",
+    "FramedRecords",
     "LogConfig",
     "RangeLog",
     "Written",
@@ -360,7 +362,7 @@ class RangeLog:
 
     def write(
         self,
-        records: Sequence[Record],
+        records: Sequence[Record] | FramedRecords,
         stamp: ProducerStamp | None = None,
         epoch: int | None = None,
     ) -> Written:
@@ -382,7 +384,7 @@ class RangeLog:
         return Written(append.base_offset, append.record_count, append.data, append.deferred)
 
     def append(
-        self, records: Sequence[Record], stamp: ProducerStamp | None = None
+        self, records: Sequence[Record] | FramedRecords, stamp: ProducerStamp | None = None
     ) -> Deferred[Appended]:
         """Append ``records`` as one batch (carrying ``stamp``, if given, as ``write`` does);
         fires once they are durable, with their offsets."""
@@ -391,14 +393,19 @@ class RangeLog:
         except (ValueError, StorageError) as error:
             return fail(error)
 
-    def _write(self, records: Sequence[Record], stamp: ProducerStamp | None) -> Append:
+    def _write(
+        self, records: Sequence[Record] | FramedRecords, stamp: ProducerStamp | None
+    ) -> Append:
         if not records:
             raise ValueError("append needs at least one record")
         refusal = self._pipeline.refusal(len(records))
         if refusal is not None:
             raise refusal
         base = self._state.next_offset
-        data = encode_batch(base, records)
+        if isinstance(records, FramedRecords):
+            data = records.frame(base)
+        else:
+            data = encode_batch(base, records)
         if stamp is not None:
             data = stamp_batch(data, stamp)
         append = Append(base, len(records), data)

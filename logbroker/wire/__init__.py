@@ -63,6 +63,7 @@ from logbroker.wire.messages import (
     ok_frame_parts,
     records_payload_parts,
 )
+from logbroker.wire.primitives import decode_wire_records, encode_wire_records, wire_records
 from logbroker.wire.primitives import record as encode_record
 from logbroker.wire.verify import (
     MAX_LISTED_PROBLEMS,
@@ -125,6 +126,7 @@ __all__ = [
     "decode_topics",
     "decode_users",
     "decode_verify",
+    "decode_wire_records",
     "encode_acls",
     "encode_cluster",
     "encode_count",
@@ -139,6 +141,8 @@ __all__ = [
     "encode_topics",
     "encode_users",
     "encode_verify",
+    "encode_wire_records",
     "ok_frame_parts",
     "records_payload_parts",
+    "wire_records",
 ]

@@ -229,8 +229,56 @@ done:
     return result;
 }
 
+/* -- checking a produce's records without decoding them ------------------------------------
+ *
+ * scan_wire_records checks the records a produce (or a forwarded share) carries where they
+ * enter, so that they can go on as the bytes they came in (logbroker.records.WireRecords,
+ * docs/decisions/0022-a-produce-stays-in-its-wire-bytes.md). None for anything that is not
+ * `count` valid records: the caller reads them again in Python, which names what is wrong.
+ */
+
+#include "_wire_record.h"
+
+PyDoc_STRVAR(scan_wire_records_doc,
+             "scan_wire_records(data, position, count, /)\n--\n\n"
+             "(end, key and value bytes) of the count client protocol records from\n"
+             "data[position:], or None if they are not count valid records.");
+
+static PyObject *
+scan_wire_records(PyObject *module, PyObject *args)
+{
+    Py_buffer data;
+    Py_ssize_t start, count;
+    size_t position;
+    uint64_t size = 0;
+    WireRecord record;
+    PyObject *result = NULL;
+
+    (void)module;
+    if (!PyArg_ParseTuple(args, "y*nn:scan_wire_records", &data, &start, &count)) {
+        return NULL;
+    }
+    if (start < 0 || start > data.len || count < 0) {
+        PyErr_SetString(PyExc_ValueError, "scan_wire_records: position must lie in data");
+        goto done;
+    }
+    position = (size_t)start;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (parse_wire_record(data.buf, (size_t)data.len, &position, &record) < 0) {
+            result = Py_NewRef(Py_None);
+            goto done;
+        }
+        size += record.value_length + (record.key == NULL ? 0 : record.key_length);
+    }
+    result = Py_BuildValue("(nK)", (Py_ssize_t)position, (unsigned long long)size);
+done:
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef speedups_methods[] = {
     {"read_records", (PyCFunction)read_records, METH_VARARGS, read_records_doc},
+    {"scan_wire_records", (PyCFunction)scan_wire_records, METH_VARARGS, scan_wire_records_doc},
     {NULL, NULL, 0, NULL},
 };
 

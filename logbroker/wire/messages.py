@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Self, TypeVar
 import attrs
 
 from logbroker.errors import Reason
-from logbroker.records import ProducerStamp, Record
+from logbroker.records import ProducerStamp, Record, Records, WireRecords
 from logbroker.wire import primitives as p
 from logbroker.wire.errors import WireError
 from logbroker.wire.frames import encode_frame
@@ -66,14 +66,14 @@ class FieldKind:
     decode: Callable[[Reader], Any]
 
 
-def _encode_records(records: Sequence[Record]) -> bytes:
-    return b"".join([p.u32(len(records)), *(p.record(record) for record in records)])
+def _encode_records(records: Records) -> bytes:
+    return p.u32(len(records)) + p.wire_records(records).data
 
 
 TEXT = FieldKind(p.text, Reader.text)
 U8 = FieldKind(p.u8, Reader.u8)
 U32 = FieldKind(p.u32, Reader.u32)
-RECORDS = FieldKind(_encode_records, lambda reader: _records(reader))
+RECORDS = FieldKind(_encode_records, lambda reader: _wire_records(reader))
 STAMP = FieldKind(
     lambda stamp: p.u64(stamp.producer_id) + p.u64(stamp.sequence),
     lambda reader: ProducerStamp(reader.u64(), reader.u64()),
@@ -118,7 +118,8 @@ class Produce(Request):
     API_KEY = ApiKey.PRODUCE
     WIRE = (TEXT, RECORDS)
     topic: str | None
-    records: tuple[Record, ...]
+    #: Kept as the bytes they came in (records given as objects are encoded).
+    records: WireRecords = attrs.field(converter=p.wire_records)
 
 
 @attrs.frozen
@@ -246,7 +247,7 @@ class ProduceIdempotent(Request):
     WIRE = (TEXT, STAMP, RECORDS)
     topic: str | None
     stamp: ProducerStamp
-    records: tuple[Record, ...]
+    records: WireRecords = attrs.field(converter=p.wire_records)
 
 
 @attrs.frozen
@@ -283,12 +284,20 @@ REQUEST_TYPES: dict[int, type[Request]] = {
 }
 
 
-def _records(reader: Reader) -> tuple[Record, ...]:
+def _record_count(reader: Reader) -> int:
     count = reader.u32()
     # A record takes at least 17 bytes (null key, value length, timestamp, header count).
     if count * 17 > reader.remaining:
         raise Truncated(f"{count} records cannot fit in {reader.remaining} bytes")
-    return reader.records(count)
+    return count
+
+
+def _records(reader: Reader) -> tuple[Record, ...]:
+    return reader.records(_record_count(reader))
+
+
+def _wire_records(reader: Reader) -> WireRecords:
+    return reader.wire_records(_record_count(reader))
 
 
 def _permissions(reader: Reader) -> tuple[str | None, ...]:

@@ -11,15 +11,17 @@ decoders turn that into a ``malformed_request`` (or, on the client side, a proto
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from logbroker.records import Record
+from logbroker.records import Record, Records, WireRecords
 
 _read_records_native: Callable[..., tuple[tuple[Record, ...], int] | None] | None
+_scan_wire_records_native: Callable[[bytes, int, int], tuple[int, int] | None] | None
 try:
     from logbroker.wire._speedups import read_records as _read_records_native
+    from logbroker.wire._speedups import scan_wire_records as _scan_wire_records_native
 except ImportError:  # not built: no compiler where this was installed
-    _read_records_native = None
+    _read_records_native = _scan_wire_records_native = None
     RECORD_DECODER = "python"
 else:
     RECORD_DECODER = "native"
@@ -138,6 +140,19 @@ class Reader:
                 return records
         return tuple(self.record() for _ in range(count))
 
+    def wire_records(self, count: int) -> WireRecords:
+        """``count`` records, checked as ``records`` reads them, but kept as the bytes they
+        are (the produce path): checked by the native scan (``_speedups.c``) where it was
+        built; bytes it does not take are read by ``records``, which says what is wrong."""
+        start = self._position
+        if _scan_wire_records_native is not None:
+            found = _scan_wire_records_native(self._data, start, count)
+            if found is not None:
+                self._position, size = found
+                return WireRecords(count, bytes(self._data[start : self._position]), size)
+        size = sum(len(record.value) + len(record.key or b"") for record in self.records(count))
+        return WireRecords(count, bytes(self._data[start : self._position]), size)
+
     def _record_slowly(self) -> Record:
         key = self.string()
         value = self.raw(self.u32())
@@ -180,6 +195,26 @@ def string(value: bytes | None) -> bytes:
 
 def text(value: str | None) -> bytes:
     return string(None if value is None else value.encode("utf-8", "surrogateescape"))
+
+
+def wire_records(records: Records) -> WireRecords:
+    """``records`` in the client protocol's encoding: encoded, if they are objects."""
+    if isinstance(records, WireRecords):
+        return records
+    return encode_wire_records(records)
+
+
+def encode_wire_records(records: Sequence[Record]) -> WireRecords:
+    size = sum(len(record.value) + len(record.key or b"") for record in records)
+    return WireRecords(len(records), b"".join([record(each) for each in records]), size)
+
+
+def decode_wire_records(records: WireRecords) -> tuple[Record, ...]:
+    """The records ``records`` holds, as objects."""
+    reader = Reader(records.data)
+    decoded = reader.records(records.count)
+    reader.end()
+    return decoded
 
 
 def record(value: Record) -> bytes:

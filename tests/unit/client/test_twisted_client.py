@@ -40,7 +40,7 @@ from logbroker.records import ProducerStamp, Record
 from logbroker.security import UserDirectory, seed_accounts
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.testing import ImmediateExecutor, MemoryFileSystem
-from logbroker.wire import PRODUCER_WINDOW
+from logbroker.wire import PRODUCER_WINDOW, decode_wire_records
 from tests.certificates import issue, make_ca, serving, write
 from tests.unit.broker.helpers import MemoryRangeLogs, make_broker_and_control
 from tests.unit.controlplane.helpers import started
@@ -767,7 +767,9 @@ def test_each_produce_is_stamped_with_the_clients_producer_id_and_a_sequence_of_
     assert [request.stamp for request in sent] == [
         ProducerStamp(client.producer_id, sequence) for sequence in range(3)
     ]
-    assert [request.records for request in sent] == [(Record(v),) for v in (b"a", b"b", b"c")]
+    assert [decode_wire_records(request.records) for request in sent] == [
+        (Record(v),) for v in (b"a", b"b", b"c")
+    ]
     assert connected().client.producer_id != client.producer_id
 
 
@@ -842,7 +844,7 @@ def test_a_producer_runs_at_most_a_window_ahead_of_its_oldest_unfinished_produce
 
     [last] = broker.requests()
     assert stamped(last).stamp.sequence == PRODUCER_WINDOW
-    assert stamped(last).records == (Record(b"%d" % PRODUCER_WINDOW),)
+    assert decode_wire_records(stamped(last).records) == (Record(b"%d" % PRODUCER_WINDOW),)
     broker.answer(last.correlation_id, wire.encode_count(1))
     assert [result_of(each) for each in produced] == [1] * (PRODUCER_WINDOW + 1)
 

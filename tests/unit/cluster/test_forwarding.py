@@ -41,12 +41,12 @@ from logbroker.peer.range_ops import (
     encode_append_result,
     encode_bounds_request,
     encode_read_request,
-    pack_records,
 )
 from logbroker.peer.window import PeerError
 from logbroker.records import ProducerStamp, Record
 from logbroker.storage import LogConfig, RangeLog
 from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
+from logbroker.wire import encode_wire_records
 from tests.unit.broker.helpers import MemoryRangeLogs
 from tests.unit.broker.test_ranges import RANGE, PeerLink, decoded, records
 from tests.unit.controlplane.helpers import started
@@ -272,7 +272,8 @@ def test_a_stamped_append_goes_as_a_stamped_append_and_a_plain_one_as_before() -
     result_of(handle.append(records(b"a"), stamp))
     result_of(handle.append(records(b"a")))
 
-    count, data = pack_records(records(b"a"))
+    share = encode_wire_records(records(b"a"))
+    count, data = share.count, share.data
     assert requester.sent == [
         (PeerOp.STAMPED_APPEND, encode_append_request(AppendRequest(RANGE, count, data, stamp))),
         (PeerOp.APPEND, encode_append_request(AppendRequest(RANGE, count, data))),
@@ -314,7 +315,7 @@ def serve(server: RangeServer, op: PeerOp, payload: bytes) -> Deferred[bytes]:
     [
         (PeerOp.APPEND, b"\x00\x03r.0\x00\x00\x00\x01"),
         (PeerOp.APPEND, encode_append_request(AppendRequest(RANGE, 0, b""))),
-        (PeerOp.APPEND, encode_append_request(AppendRequest(RANGE, 2, pack_records([])[1]))),
+        (PeerOp.APPEND, encode_append_request(AppendRequest(RANGE, 2, b""))),
         (PeerOp.READ, b"\x00\x03r.0"),
         (PeerOp.BOUNDS, b""),
         (PeerOp.BOUNDS, b"\x00\x03r.0!"),

@@ -56,10 +56,10 @@ from logbroker.peer.range_ops import (
     encode_bounds_result,
     encode_read_request,
     encode_read_result,
-    pack_records,
-    unpack_records,
+    read_records,
 )
 from logbroker.records import Record
+from logbroker.wire import decode_wire_records, encode_wire_records
 
 u8s = st.integers(0, 0xFF)
 u16s = st.integers(0, 0xFFFF)
@@ -199,20 +199,21 @@ records = st.builds(
 
 
 @given(st.lists(records, max_size=6))
-def test_records_pack_and_unpack(values: list[Record]) -> None:
-    count, data = pack_records(values)
-    assert count == len(values)
-    assert unpack_records(count, data) == tuple(values)
+def test_an_appends_records_are_read_as_the_bytes_they_came_in(values: list[Record]) -> None:
+    sent = encode_wire_records(values)
+    read = read_records(sent.count, sent.data)
+    assert read == sent
+    assert decode_wire_records(read) == tuple(values)
 
 
 def test_records_with_a_wrong_count_are_refused() -> None:
-    count, data = pack_records([Record(b"a"), Record(b"b")])
+    sent = encode_wire_records([Record(b"a"), Record(b"b")])
     with pytest.raises(MalformedPeerMessage):
-        unpack_records(count + 1, data)
+        read_records(sent.count + 1, sent.data)
     with pytest.raises(MalformedPeerMessage):
-        unpack_records(count - 1, data)
+        read_records(sent.count - 1, sent.data)
     with pytest.raises(MalformedPeerMessage, match="cannot fit"):
-        unpack_records(0xFFFFFFFF, data)
+        read_records(0xFFFFFFFF, sent.data)
 
 
 # -- refusals --------------------------------------------------------------------------------

@@ -51,6 +51,8 @@ from logbroker.storage._format import (
 from logbroker.storage.errors import FormatTooNewError
 from logbroker.storage.store import DataDirectory
 from logbroker.testing import MemoryFileSystem
+from logbroker.transcode import frame_wire_records
+from logbroker.wire import encode_wire_records
 
 BatchEncoder = Callable[[int, Sequence[Record]], bytes]
 
@@ -61,10 +63,18 @@ REGENERATE = os.environ.get("LOGBROKER_REGENERATE_GOLDEN") == "1"
 BASE = 2**32 + 5
 NULL = b"\xff\xff\xff\xff"
 
-#: Both batch encoders must write the pinned bytes: the native one (the one in use) and the Python
-#: one it falls back to.
+
+def _from_wire_bytes(base_offset: int, records: Sequence[Record]) -> bytes:
+    """The produce path's framer: the batch made straight from the records' wire bytes."""
+    return frame_wire_records(base_offset, encode_wire_records(records))
+
+
+#: Every batch encoder must write the pinned bytes: the native one, the Python one it falls back
+#: to, and the produce path's, which frames records from their wire bytes.
 BATCH_ENCODERS = pytest.mark.parametrize(
-    "encode_batch", [_speedups.encode_batch, encode_batch_python], ids=["native", "python"]
+    "encode_batch",
+    [_speedups.encode_batch, encode_batch_python, _from_wire_bytes],
+    ids=["native", "python", "from-wire-bytes"],
 )
 
 ONE_RECORD = [Record(b"hello, logbroker", key=None, timestamp_ms=1_700_000_000_000)]
