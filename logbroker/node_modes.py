@@ -102,6 +102,10 @@ class NodeMode(Protocol):
     def describe(self, client_port: int, dashboard_port: int) -> ClusterView:
         """What the operator surfaces show of the cluster, once the ports are bound."""
 
+    def leader_of(self, range_id: str) -> str | None:
+        """The node leading the range, for clients that send to it (``topic_leaders``);
+        ``None``: none known, or one node (the one answering leads every range)."""
+
 
 def port_number(listening: IListeningPort) -> int:
     """The TCP port ``listening`` listens on (a free one when asked for port 0)."""
@@ -174,6 +178,9 @@ class SingleNode:
             __version__,
         )
         return SingleNodeView(cluster.cluster_id, record, self.control)
+
+    def leader_of(self, range_id: str) -> str | None:
+        return None
 
 
 class ClusterMember:
@@ -251,6 +258,9 @@ class ClusterMember:
         port = listen(self._config.cluster.peer_port, factory, "SVC_PEER_PORT")
         self._peer_port = PeerPortService(factory, port)
         return (_named(self._peer_port, "peer-port"),)
+
+    def leader_of(self, range_id: str) -> str | None:
+        return self._parts.ranges.primary(range_id)
 
     def describe(self, client_port: int, dashboard_port: int) -> ClusterView:
         assert self._peer_port is not None, "describe() before listen()"

@@ -810,6 +810,7 @@ def build_service(
     view = mode.describe(clients.port_number, dashboard.port_number)
     factory.cluster = view
     factory.verifier = mode.verifier
+    factory.leader_of = mode.leader_of
     app.cluster = view
     metrics.watch_cluster(view)
     if mode.open_session is not None:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
 from twisted.internet.defer import (
@@ -191,8 +191,8 @@ class Broker:
         """
         produced = wire.wire_records(records)
         try:
-            topic = self._topic(topic_name)
-            routed = self._route(topic, produced, stamp)
+            topic, active = self.active_ranges(topic_name)
+            routed = self._route(active, topic, produced, stamp)
             handles = self._handles(routed)
             for range_id, share in routed.items():
                 refusal = handles[range_id].refusal(len(share))
@@ -215,15 +215,25 @@ class Broker:
         self._metrics.produced(topic, records.count, records.size)
         return records.count
 
-    def _route(
-        self, topic: Topic, records: WireRecords, stamp: ProducerStamp | None
-    ) -> dict[str, WireRecords]:
+    def active_ranges(self, topic_name: str | None) -> tuple[Topic, list[Range]]:
+        """The topic and its active ranges, in slot order: the ranges its records go to.
+        Raises ``BrokerError`` for a topic that does not exist or has no active range."""
+        topic = self._topic(topic_name)
         active = sorted(
             (r for r in self._control.ranges(topic.name) if r.state is RangeState.ACTIVE),
             key=lambda r: r.start,
         )
         if not active:
             raise BrokerError(Reason.UNREACHABLE, f"topic {topic.name!r} has no active range")
+        return topic, active
+
+    def _route(
+        self,
+        active: Sequence[Range],
+        topic: Topic,
+        records: WireRecords,
+        stamp: ProducerStamp | None,
+    ) -> dict[str, WireRecords]:
         starts = [r.start for r in active]
         bits = topic.keyspace_bits
         if stamp is None:

@@ -325,6 +325,11 @@ class BrokerClient(Protocol):
         """Every topic (extension ``list_topics``, key 64)."""
         return self._call(wire.ListTopics(), wire.decode_topics)
 
+    def topic_leaders(self, topic: str) -> Deferred[wire.LeadersInfo]:
+        """Which node leads each range of ``topic`` and where to reach it (extension
+        ``topic_leaders``, key 69; needs ``produce`` on the topic)."""
+        return self._call(wire.TopicLeaders(topic), wire.decode_leaders)
+
     def describe_cluster(self) -> Deferred[wire.ClusterInfo]:
         """The cluster as the broker sees it (extension ``describe_cluster``, key 66; admin
         only)."""

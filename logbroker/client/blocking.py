@@ -166,6 +166,11 @@ class BlockingClient:
         """Every topic (extension ``list_topics``, key 64)."""
         return wire.decode_topics(self.call(wire.ListTopics()))
 
+    def topic_leaders(self, topic: str) -> wire.LeadersInfo:
+        """Which node leads each range of ``topic`` and where to reach it (extension
+        ``topic_leaders``, key 69; needs ``produce`` on the topic)."""
+        return wire.decode_leaders(self.call(wire.TopicLeaders(topic)))
+
     def describe_cluster(self) -> wire.ClusterInfo:
         """The cluster as the broker sees it (extension ``describe_cluster``, key 66; admin
         only)."""

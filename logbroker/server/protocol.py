@@ -52,6 +52,7 @@ from logbroker.security.guards import AuthResult, Guards
 from logbroker.security.ratelimit import Action
 from logbroker.security.sessions import Origin
 from logbroker.security.tls import ServerTls
+from logbroker.server.leaders import leaders_info
 from logbroker.server.tls import secure_protocol
 from logbroker.wire import Reason
 
@@ -98,6 +99,8 @@ _TOPIC_OPERATIONS: dict[type[wire.Request], Operation] = {
     wire.Subscribe: Operation.CONSUME,
     wire.StreamAck: Operation.CONSUME,
     wire.LeaveGroup: Operation.CONSUME,
+    # Asked by a producer, to send each range's records to its leader.
+    wire.TopicLeaders: Operation.PRODUCE,
 }
 
 
@@ -423,6 +426,8 @@ class ClientProtocol(Protocol):
                 self._send(wire.encode_ok(correlation_id, wire.encode_topics(topics)))
             case wire.DescribeCluster():
                 self._describe_cluster(correlation_id)
+            case wire.TopicLeaders(topic):
+                self._topic_leaders(correlation_id, topic)
             case wire.VerifyCluster():
                 self._verify_cluster(correlation_id)
             case wire.LeaveGroup(topic, group, member):
@@ -446,6 +451,17 @@ class ClientProtocol(Protocol):
             return
         payload = wire.encode_cluster(cluster_info(cluster.status()))
         self._send(wire.encode_ok(correlation_id, payload))
+
+    def _topic_leaders(self, correlation_id: int, name: str | None) -> None:
+        try:
+            topic, active = self._broker.active_ranges(name)
+        except BrokerError as error:
+            self._send(wire.encode_error(correlation_id, error.reason))
+            return
+        factory = self.factory
+        status = None if factory.cluster is None else factory.cluster.status()
+        info = leaders_info(topic.keyspace_bits, active, factory.leader_of, status)
+        self._send(wire.encode_ok(correlation_id, wire.encode_leaders(info)))
 
     def _verify_cluster(self, correlation_id: int) -> None:
         verifier = self.factory.verifier
@@ -710,6 +726,10 @@ def _empty(_: object) -> bytes:
     return b""
 
 
+def _no_leader(_: str) -> str | None:
+    return None
+
+
 def cluster_info(status: ClusterStatus) -> wire.ClusterInfo:
     """``status`` as ``describe_cluster`` carries it."""
     lease = status.lease_age_seconds
@@ -807,6 +827,9 @@ class ClientFactory(Factory):
         #: What ``verify_cluster`` runs; None (not a node of a cluster): it answers
         #: ``invalid_operation``. Set by the composition root like ``cluster``.
         self.verifier: ClusterVerifier | None = None
+        #: The node leading a range, for ``topic_leaders``; None for every range (one node,
+        #: or not set): the node answering takes every range's records. Set like ``cluster``.
+        self.leader_of: Callable[[str], str | None] = _no_leader
         #: The open connections, for draining at shutdown.
         self.connections: set[ClientProtocol] = set()
         #: Refused connections waiting to show which layer they speak (``_Refused``).

@@ -56,6 +56,7 @@ class ApiKey(IntEnum):
     DESCRIBE_CLUSTER = 66
     PRODUCE_IDEMPOTENT = 67
     VERIFY_CLUSTER = 68
+    TOPIC_LEADERS = 69
 
 
 @attrs.frozen
@@ -258,6 +259,17 @@ class VerifyCluster(Request):
     API_KEY = ApiKey.VERIFY_CLUSTER
 
 
+@attrs.frozen
+class TopicLeaders(Request):
+    """Extension: which node leads each range of a topic, and where to reach it, so that a
+    client sends each range's records straight to its leader. Answered as
+    ``encode_leaders`` lays out."""
+
+    API_KEY = ApiKey.TOPIC_LEADERS
+    WIRE = (TEXT,)
+    topic: str | None
+
+
 REQUEST_TYPES: dict[int, type[Request]] = {
     kind.API_KEY: kind
     for kind in (
@@ -280,6 +292,7 @@ REQUEST_TYPES: dict[int, type[Request]] = {
         DescribeCluster,
         ProduceIdempotent,
         VerifyCluster,
+        TopicLeaders,
     )
 }
 
@@ -723,3 +736,89 @@ def decode_cluster(payload: bytes) -> ClusterInfo:
 def decode_empty(payload: bytes) -> None:
     if payload:
         raise ProtocolViolation(f"expected an empty payload, got {len(payload)} bytes")
+
+
+#: The version of the ``topic_leaders`` payload this codec writes and reads.
+LEADERS_PAYLOAD_VERSION = 1
+
+
+@attrs.frozen
+class RangeLeader:
+    """One active range of a topic as ``topic_leaders`` describes it."""
+
+    range_id: str
+    #: Its slots, ``[start, end)`` of the topic's ``2 ** keyspace_bits``.
+    start: int
+    end: int
+    #: The node leading it now; None when none does (its primary is being replaced), or from a
+    #: broker of one node (the node answering leads every range).
+    leader: str | None
+
+
+@attrs.frozen
+class LeaderAddress:
+    """Where a client reaches a node that leads ranges: its client port."""
+
+    node_id: str
+    host: str
+    client_port: int
+
+
+@attrs.frozen
+class LeadersInfo:
+    """The answer of ``topic_leaders``: the topic's active ranges in slot order, and the
+    addresses of the nodes leading them."""
+
+    keyspace_bits: int
+    ranges: tuple[RangeLeader, ...]
+    nodes: tuple[LeaderAddress, ...]
+
+
+def encode_leaders(info: LeadersInfo) -> bytes:
+    parts = [
+        p.u8(LEADERS_PAYLOAD_VERSION),
+        p.u8(info.keyspace_bits),
+        p.u32(len(info.ranges)),
+    ]
+    for entry in info.ranges:
+        parts += [
+            p.text(entry.range_id),
+            p.u64(entry.start),
+            p.u64(entry.end),
+            p.text(entry.leader),
+        ]
+    parts.append(p.u32(len(info.nodes)))
+    for node in info.nodes:
+        parts += [p.text(node.node_id), p.text(node.host), p.u16(node.client_port)]
+    return b"".join(parts)
+
+
+def decode_leaders(payload: bytes) -> LeadersInfo:
+    def read(reader: Reader) -> LeadersInfo:
+        version = reader.u8()
+        if version != LEADERS_PAYLOAD_VERSION:
+            raise Truncated(f"topic_leaders payload version {version} is not one this reads")
+        bits = reader.u8()
+        count = reader.u32()
+        # A range takes at least 22 bytes (its id's marker, two u64, the leader's marker).
+        if count * 22 > reader.remaining:
+            raise Truncated(f"{count} ranges cannot fit in {reader.remaining} bytes")
+        ranges = tuple(
+            RangeLeader(
+                _required_text(reader, "range id"), reader.u64(), reader.u64(), reader.text()
+            )
+            for _ in range(count)
+        )
+        count = reader.u32()
+        # A node takes at least 6 bytes (two markers and the port) and says both names.
+        if count * 6 > reader.remaining:
+            raise Truncated(f"{count} nodes cannot fit in {reader.remaining} bytes")
+        nodes = tuple(
+            LeaderAddress(
+                _required_text(reader, "node id"), _required_text(reader, "host"), reader.u16()
+            )
+            for _ in range(count)
+        )
+        return LeadersInfo(bits, ranges, nodes)
+
+    return _read_exactly(payload, read)

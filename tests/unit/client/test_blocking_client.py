@@ -66,6 +66,21 @@ def test_describe_cluster_refused_raises_with_the_reason(
     assert (refused.value.reason, refused.value.correlation_id) == ("permission_denied", 1)
 
 
+def test_topic_leaders_sends_its_request_and_decodes_the_answer(
+    pair: tuple[BlockingClient, socket.socket],
+) -> None:
+    client, far = pair
+    leaders = wire.LeadersInfo(
+        1,
+        (wire.RangeLeader("t.0", 0, 1, "n2"), wire.RangeLeader("t.1", 1, 2, None)),
+        (wire.LeaderAddress("n2", "broker-2", 4040),),
+    )
+    far.sendall(wire.encode_ok(1, wire.encode_leaders(leaders)))
+
+    assert client.topic_leaders("t") == leaders
+    assert requests_read(far) == [wire.ReceivedRequest(1, wire.TopicLeaders("t"))]
+
+
 FAST = ProduceRetry(first_delay=0.001, max_delay=0.001, jitter=0)
 
 

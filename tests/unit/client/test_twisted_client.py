@@ -128,17 +128,23 @@ def test_requests_are_pipelined_and_answered_in_any_order() -> None:
     produced = client.produce("t", [Record(b"v")])
     users = client.list_users()
     topics = client.list_topics()
+    leaders = client.topic_leaders("t")
     requests = broker.requests()
     assert [type(r.request) for r in requests] == [
         wire.ProduceIdempotent,
         wire.ListUsers,
         wire.ListTopics,
+        wire.TopicLeaders,
     ]
-    assert len({r.correlation_id for r in requests}) == 3
-    produce_id, users_id, topics_id = (r.correlation_id for r in requests)
+    assert len({r.correlation_id for r in requests}) == 4
+    produce_id, users_id, topics_id, leaders_id = (r.correlation_id for r in requests)
+    one_leader = wire.LeadersInfo(
+        8, (wire.RangeLeader("t.0", 0, 256, "n1"),), (wire.LeaderAddress("n1", "h", 4040),)
+    )
 
     frames = (
-        wire.encode_ok(topics_id, wire.encode_topics([wire.TopicInfo("t", 8, 4)]))
+        wire.encode_ok(leaders_id, wire.encode_leaders(one_leader))
+        + wire.encode_ok(topics_id, wire.encode_topics([wire.TopicInfo("t", 8, 4)]))
         + wire.encode_ok(users_id, wire.encode_users([("admin", ["admin"])]))
         + wire.encode_ok(produce_id, wire.encode_count(1))
     )
@@ -149,6 +155,7 @@ def test_requests_are_pipelined_and_answered_in_any_order() -> None:
     assert result_of(produced) == 1
     assert result_of(users) == [("admin", ("admin",))]
     assert result_of(topics) == [wire.TopicInfo("t", 8, 4)]
+    assert result_of(leaders) == one_leader
 
 
 def test_every_operation_sends_its_request_and_decodes_its_answer() -> None:

@@ -490,6 +490,67 @@ def test_a_view_set_on_the_factory_after_it_was_built_is_the_one_answered(world:
 # -- verify_cluster ------------------------------------------------------------------------
 
 
+# -- topic_leaders ------------------------------------------------------------------------
+
+
+def test_a_producer_is_told_each_ranges_leader_and_where_to_reach_it() -> None:
+    server, _ = with_single_node_view()
+    producer = server.connect()
+    producer.protocol.factory.leader_of = {"orders.0": "n1", "orders.1": "n9"}.get
+    producer.login("producer", "producer123")
+
+    producer.send(wire.TopicLeaders("orders"), 3)
+
+    response = producer.one()
+    assert (response.correlation_id, response.ok) == (3, True)
+    # n9 is no node the view knows alive: that range's records may go to any node.
+    assert wire.decode_leaders(response.payload) == wire.LeadersInfo(
+        8,
+        (
+            wire.RangeLeader("orders.0", 0, 128, "n1"),
+            wire.RangeLeader("orders.1", 128, 256, None),
+        ),
+        (wire.LeaderAddress("n1", "broker-1.internal", 4040),),
+    )
+
+
+def test_one_node_names_no_leaders_so_every_range_goes_to_it(world: World) -> None:
+    _, server = world
+    admin = server.connect()
+    admin.login()
+    admin.send(wire.CreateTopic("orders", 4))
+    admin.responses()
+
+    admin.send(wire.TopicLeaders("orders"), 6)
+
+    assert wire.decode_leaders(admin.one().payload) == wire.LeadersInfo(
+        4,
+        (wire.RangeLeader("orders.0", 0, 8, None), wire.RangeLeader("orders.1", 8, 16, None)),
+        (),
+    )
+
+
+@pytest.mark.parametrize(
+    ("user", "topic", "reason"),
+    [
+        ("consumer", "orders", "permission_denied"),
+        ("producer", "nowhere", "no_such_topic"),
+        ("producer", None, "no_such_topic"),
+    ],
+)
+def test_topic_leaders_is_refused_without_produce_rights_or_a_topic(
+    user: str, topic: str | None, reason: str
+) -> None:
+    server, _ = with_single_node_view()
+    client = server.connect()
+    client.login(user, f"{user}123")
+
+    client.send(wire.TopicLeaders(topic), 9)
+
+    assert client.one() == wire.Response(9, b"", reason)
+    assert client.transport.connected, "the connection goes on"
+
+
 class EmptyNode:
     """A requester whose every node answers ``digests`` from ``storage``."""
 

@@ -109,6 +109,7 @@ requests: st.SearchStrategy[Request] = st.one_of(
     st.just(ListTopics()),
     st.just(DescribeCluster()),
     st.just(VerifyCluster()),
+    st.builds(wire.TopicLeaders, texts),
 )
 names = st.text(max_size=12)
 cluster_nodes = st.builds(
@@ -134,6 +135,23 @@ clusters = st.builds(
     nodes=st.lists(cluster_nodes, max_size=4).map(tuple),
     under_replicated=U32,
     unavailable_ranges=st.one_of(st.none(), U32),
+)
+
+
+range_leaders = st.builds(
+    wire.RangeLeader,
+    range_id=names,
+    start=U64,
+    end=U64,
+    leader=st.one_of(st.none(), names),
+)
+leaders = st.builds(
+    wire.LeadersInfo,
+    keyspace_bits=st.integers(0, 255),
+    ranges=st.lists(range_leaders, max_size=4).map(tuple),
+    nodes=st.lists(
+        st.builds(wire.LeaderAddress, names, names, st.integers(0, 65535)), max_size=3
+    ).map(tuple),
 )
 
 
@@ -221,6 +239,7 @@ def test_extensions_take_keys_from_64_up() -> None:
         "describe_cluster": 66,
         "produce_idempotent": 67,
         "verify_cluster": 68,
+        "topic_leaders": 69,
     }
 
 
@@ -384,6 +403,34 @@ def test_cluster_payloads_round_trip(cluster: ClusterInfo) -> None:
     assert decode_cluster(encode_cluster(cluster)) == cluster
 
 
+@given(leaders)
+def test_leaders_payloads_round_trip(info: wire.LeadersInfo) -> None:
+    assert wire.decode_leaders(wire.encode_leaders(info)) == info
+
+
+LEADERS = wire.encode_leaders(
+    wire.LeadersInfo(
+        8, (wire.RangeLeader("t.0", 0, 256, "n1"),), (wire.LeaderAddress("n1", "h", 4040),)
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("payload", "why"),
+    [
+        (b"\x02" + LEADERS[1:], "version 2"),
+        (LEADERS[:2] + b"\x00\x00\x00\x09" + LEADERS[6:], "9 ranges cannot fit"),
+        (LEADERS[:6] + b"\x00" + LEADERS[7 + 4 + 3 :], "range id is null"),
+        (LEADERS[:-1], "needs 2 bytes"),
+        (LEADERS + b"!", "1 bytes left"),
+    ],
+    ids=["version", "range count", "null range id", "cut short", "trailing"],
+)
+def test_a_leaders_payload_that_breaks_the_layout_is_refused(payload: bytes, why: str) -> None:
+    with pytest.raises(ProtocolViolation, match=why):
+        wire.decode_leaders(payload)
+
+
 # -- round trips ---------------------------------------------------------------------------
 
 
@@ -474,7 +521,7 @@ def test_a_request_header_cut_short_is_malformed_with_correlation_id_0(body: byt
     assert (raised.value.reason, raised.value.correlation_id) == (Reason.MALFORMED_REQUEST, 0)
 
 
-@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 69, 0xFFFF])
+@pytest.mark.parametrize("api_key", [12, 13, 17, 63, 65, 70, 0xFFFF])
 def test_an_unknown_api_key_is_refused_with_the_correlation_id(api_key: int) -> None:
     with pytest.raises(WireError) as raised:
         decode_request(struct.pack(">HI", api_key, 42))
