@@ -43,8 +43,8 @@ from twisted.internet.defer import gatherResults
 
 from logbroker import wire
 from logbroker.benchmark import ProduceLoad, ProduceReport, _ProduceDriver, connect
-from logbroker.broker.keyspace import key_slot
 from logbroker.client import BrokerRefused
+from logbroker.key_routing import key_slot
 from logbroker.records import Record
 
 NODES = 3

@@ -84,8 +84,9 @@ from _common import (
 )
 
 from logbroker import wire
-from logbroker.broker.keyspace import DEFAULT_KEYSPACE_BITS, key_slot, split_keyspace
+from logbroker.broker.keyspace import DEFAULT_KEYSPACE_BITS, split_keyspace
 from logbroker.client.blocking import BlockingClient, BrokerRefused, ConnectionClosed
+from logbroker.key_routing import key_slot
 from logbroker.records import Record
 
 #: The node killed and started again.

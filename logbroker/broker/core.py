@@ -5,7 +5,7 @@ Transport-free: ``logbroker.server`` turns requests into these calls and their r
 the core reaches each range's records through its ``RangeHandle`` (``logbroker.broker.ranges``),
 whether they live in this process or on another node.
 
-Routing: a keyed record goes to the range owning its key's slot (``keyspace.key_slot``), so
+Routing: a keyed record goes to the range owning its key's slot (``key_routing.key_slot``), so
 records with one key stay in order. The keyless records of one produce go together to the
 topic's next active range in turn: one append (one write and fsync) per produce rather than one
 per range, spread over the ranges across produces. Those of a stamped produce
@@ -37,16 +37,11 @@ from logbroker._deferreds import detached, gather
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.groups import GroupCoordinator, LocalGroups
-from logbroker.broker.keyspace import (
-    key_slot,
-    keyspace_bits,
-    split_keyspace,
-    split_records,
-    valid_topic_name,
-)
+from logbroker.broker.keyspace import keyspace_bits, split_keyspace, valid_topic_name
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
 from logbroker.errors import Reason
+from logbroker.key_routing import key_slot, split_records
 from logbroker.metrics import Metrics
 from logbroker.records import ProducerStamp, Record, Records, WireRecords
 

@@ -700,7 +700,7 @@ done:
  * record (docs/decisions/0022-a-produce-stays-in-its-wire-bytes.md).
  *
  * Each function returns None where the bytes are not exactly `count` valid records: the
- * callers then take the Python path (logbroker.broker.keyspace, logbroker.transcode), which
+ * callers then take the Python path (logbroker.key_routing, logbroker.transcode), which
  * raises the protocol's error for exactly what is wrong. The tests hold both paths to the same
  * results.
  */

@@ -29,8 +29,9 @@ from pathlib import Path
 
 import attrs
 
-from logbroker.broker.keyspace import key_slot, split_keyspace
+from logbroker.broker.keyspace import split_keyspace
 from logbroker.client.blocking import BrokerRefused
+from logbroker.key_routing import key_slot
 from logbroker.records import Record
 from tests.certify.load import (
     Follower,

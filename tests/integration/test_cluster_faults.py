@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from logbroker.broker.keyspace import key_slot, split_keyspace
+from logbroker.broker.keyspace import split_keyspace
 from logbroker.client.blocking import BlockingClient, BrokerRefused
+from logbroker.key_routing import key_slot
 from logbroker.peer import frames as codec
 from logbroker.placement import PlacementNode, PlacementRule, place, segment_key
 from logbroker.records import Record

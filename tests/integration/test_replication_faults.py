@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 
-from logbroker.broker.keyspace import key_slot, split_keyspace
+from logbroker.broker.keyspace import split_keyspace
 from logbroker.client.blocking import BlockingClient, BrokerRefused, ConnectionClosed
+from logbroker.key_routing import key_slot
 from logbroker.records import Record
 from tests.cluster import BrokerCluster, Node, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster

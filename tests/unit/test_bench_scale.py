@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from logbroker.broker.keyspace import DEFAULT_KEYSPACE_BITS, key_slot, split_keyspace
+from logbroker.broker.keyspace import DEFAULT_KEYSPACE_BITS, split_keyspace
+from logbroker.key_routing import key_slot
 from tests.bench_scripts import load_bench_script
 
 scale = load_bench_script("cluster_scale")

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from logbroker import wire
-from logbroker.broker import keyspace
-from logbroker.broker.keyspace import split_keyspace, split_records, split_records_python
+from logbroker import key_routing, wire
+from logbroker.broker.keyspace import split_keyspace
 from logbroker.errors import Reason
+from logbroker.key_routing import split_records, split_records_python
 from logbroker.records import Record, WireRecords
 from logbroker.storage import _speedups as storage_native
 from logbroker.storage._format import encode_batch_python, iter_record_frames
@@ -60,7 +60,7 @@ def _starts(bits: int, ranges: int) -> list[int]:
 def test_the_produce_path_is_native_here() -> None:
     # The test command installs a compiler, so a missing build is a failure here, not a skip.
     assert primitives._scan_wire_records_native is not None
-    assert keyspace._split_native is not None
+    assert key_routing._split_native is not None
 
 
 # -- scan ----------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def test_records_split_into_the_same_shares_as_the_python_router(
             if record.key is None:
                 assert index == keyless
             else:
-                slot = keyspace.key_slot(record.key, bits)
+                slot = key_routing.key_slot(record.key, bits)
                 assert starts[index] <= slot
                 assert index + 1 == len(starts) or slot < starts[index + 1]
 
@@ -199,7 +199,7 @@ def test_keys_land_where_the_documented_hash_puts_them() -> None:
     key = b"customer-1"
     produced = wire.encode_wire_records([Record(b"v", key=key)])
     [(index, _)] = split_records(produced, 1, [0, 1], 0)
-    assert index == keyspace.key_hash(key) >> 31
+    assert index == key_routing.key_hash(key) >> 31
 
 
 @pytest.mark.parametrize(

@@ -14,8 +14,8 @@ from twisted.internet.task import Clock
 from logbroker.broker.core import Broker, BrokerSettings, FetchResult, _Wakeup
 from logbroker.broker.cursor import Cursor
 from logbroker.broker.errors import BrokerError
-from logbroker.broker.keyspace import key_slot
 from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle
+from logbroker.key_routing import key_slot
 from logbroker.metrics import Metrics
 from logbroker.records import Record
 from logbroker.testing import MemoryFileSystem

@@ -12,13 +12,8 @@ from hypothesis import strategies as st
 
 from logbroker.broker.cursor import Cursor, InvalidCursorError
 from logbroker.broker.groups import Group, assign
-from logbroker.broker.keyspace import (
-    key_hash,
-    key_slot,
-    keyspace_bits,
-    split_keyspace,
-    valid_topic_name,
-)
+from logbroker.broker.keyspace import keyspace_bits, split_keyspace, valid_topic_name
+from logbroker.key_routing import key_hash, key_slot
 
 # -- topics and keyspaces ------------------------------------------------------------------
 

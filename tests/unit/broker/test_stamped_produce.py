@@ -13,9 +13,9 @@ from twisted.internet.task import Clock
 
 from logbroker.broker.core import Broker, BrokerSettings
 from logbroker.broker.errors import BrokerError
-from logbroker.broker.keyspace import key_slot
 from logbroker.broker.ranges import Bounds, LocalRanges, RangeHandle, RangeRead
 from logbroker.errors import Reason
+from logbroker.key_routing import key_slot
 from logbroker.metrics import Metrics
 from logbroker.records import ProducerStamp, Record
 from logbroker.testing import MemoryFileSystem
