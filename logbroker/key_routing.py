@@ -14,13 +14,15 @@ range of the stamp's slot).
 from __future__ import annotations
 
 import bisect
+import struct
 from collections.abc import Callable, Sequence
 
 from crc32c import crc32c
 
-from logbroker.records import Record, WireRecords
+from logbroker.records import ProducerStamp, Record, WireRecords
 from logbroker.wire import decode_wire_records, encode_wire_records
 
+_STAMP = struct.Struct(">QQ")
 _Shares = list[tuple[int, int, bytes, int]]
 _split_native: Callable[[bytes, int, int, Sequence[int], int], _Shares | None] | None
 try:
@@ -38,6 +40,15 @@ def key_hash(key: bytes) -> int:
 def key_slot(key: bytes, bits: int) -> int:
     """The slot of ``key`` in a keyspace of ``2 ** bits`` slots: the hash's top ``bits`` bits."""
     return key_hash(key) >> (32 - bits)
+
+
+def stamp_range(stamp: ProducerStamp, bits: int, starts: Sequence[int]) -> int:
+    """The range number (of ``starts``, as ``split_records`` takes them) that the keyless
+    records of a produce stamped ``stamp`` go to: the range of the slot of the stamp's 16 bytes
+    taken as a key, so that a retry of the produce sends them to the same range as its first
+    try, which knows the stamp."""
+    slot = key_slot(_STAMP.pack(stamp.producer_id, stamp.sequence), bits)
+    return bisect.bisect_right(starts, slot) - 1
 
 
 def split_records(

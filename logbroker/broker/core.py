@@ -16,9 +16,7 @@ range knows its share again by the stamp.
 
 from __future__ import annotations
 
-import bisect
 import itertools
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 
 import attrs
@@ -41,12 +39,11 @@ from logbroker.broker.keyspace import keyspace_bits, split_keyspace, valid_topic
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle
 from logbroker.controlplane import AlreadyExistsError, ControlPlane, Range, RangeState, Topic
 from logbroker.errors import Reason
-from logbroker.key_routing import key_slot, split_records
+from logbroker.key_routing import split_records, stamp_range
 from logbroker.metrics import Metrics
 from logbroker.records import ProducerStamp, Record, Records, WireRecords
 
 log = Logger()
-_STAMP = struct.Struct(">QQ")
 
 DEFAULT_FETCH_MAX = 100
 MAX_FETCH_RECORDS = 1000
@@ -235,8 +232,7 @@ class Broker:
             turn = next(self._keyless_turn.setdefault(topic.name, itertools.count()))
             keyless = turn % len(active)
         else:
-            slot = key_slot(_STAMP.pack(stamp.producer_id, stamp.sequence), bits)
-            keyless = bisect.bisect_right(starts, slot) - 1
+            keyless = stamp_range(stamp, bits, starts)
         shares = split_records(records, bits, starts, keyless)
         return {active[index].range_id: share for index, share in shares}
 
