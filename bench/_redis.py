@@ -68,9 +68,16 @@ def encode_command(*arguments: bytes | str | int) -> bytes:
     return b"".join(parts)
 
 
-def xadd_pipeline(stream: bytes | str, value: bytes, batch: int) -> bytes:
-    """``batch`` ``XADD stream * v value`` commands, back to back, for one write."""
-    return encode_command(b"XADD", stream, b"*", b"v", value) * batch
+def xadd_pipeline(stream: bytes | str, value: bytes, batch: int, keys: int = 0) -> bytes:
+    """``batch`` ``XADD stream * v value`` commands, back to back, for one write; with ``keys``,
+    each entry carries its record's key too (``k key-<i mod keys> v value``), as logbroker's
+    keyed load does."""
+    if not keys:
+        return encode_command(b"XADD", stream, b"*", b"v", value) * batch
+    return b"".join(
+        encode_command(b"XADD", stream, b"*", b"k", f"key-{index % keys}", b"v", value)
+        for index in range(batch)
+    )
 
 
 def is_stream_id(reply: Reply) -> bool:

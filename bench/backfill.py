@@ -47,7 +47,7 @@ each round's cluster under its own cluster id, ``twistd -n logbroker`` processes
 ``test`` on free loopback ports with their data in the temporary directory ``--dir`` names
 (default under ``bench/.work``, the disk of the working tree); each round's directories are
 removed after it. The produce is ``logbroker.benchmark``'s request frame (``produce_frame``
-with ``keyed=True``: keys ``key-0`` to ``key-<batch - 1>``, one per record) sent by a closed
+with ``keys=batch``: keys ``key-0`` to ``key-<batch - 1>``, one per record) sent by a closed
 loop until the requests that make ``--megabytes`` are acknowledged; a refused request is sent
 again. The brokers run with their defaults otherwise. With large segments (``--segment-bytes``
 near the broker's 64 MiB) most of what was written stays in the ranges' active segments, which
@@ -465,7 +465,7 @@ class Run:
         args = self.args
         cluster_id = f"backfill-{number}"
         directory = os.path.join(self.workdir, cluster_id)
-        load = ProduceLoad(topic=TOPIC, batch=args.batch, size=args.record_bytes, keyed=True)
+        load = ProduceLoad(topic=TOPIC, batch=args.batch, size=args.record_bytes, keys=args.batch)
         frame = produce_frame(load)
         records = request_records(frame)
         with contextlib.ExitStack() as stack:

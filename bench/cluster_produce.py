@@ -38,7 +38,7 @@ How:
   and the peer links that request needs are up.
 * The load is ``logbroker.benchmark``'s (the generator behind ``logbroker bench``), driven as
   ``bench/produce_vs_redis.py`` drives it: one request frame of keyed records
-  (``produce_frame`` with ``keyed=True``: keys ``key-0`` to ``key-<batch - 1>``, one per record,
+  (``produce_frame`` with ``keys=batch``: keys ``key-0`` to ``key-<batch - 1>``, one per record,
   the same in every request) reused with fresh correlation ids, a closed loop per node in one
   process and one reactor, latency from the moment a request was due, and only requests answered
   inside the window counted. In the cluster one driver runs per node, all started together.
@@ -156,7 +156,7 @@ class Run:
             batch=args.batch,
             size=args.record_bytes,
             seconds=args.seconds,
-            keyed=True,
+            keys=args.batch,
         )
 
     def nodes(self, setup: str) -> list[Node]:

@@ -32,8 +32,12 @@ How:
   ``test``, listening on a free loopback port, with its data directory next to Redis' on the
   same disk. Two brokers run side by side: one with ``SVC_GROUP_COMMIT=true`` (the spec's
   setting for throughput, which the target is judged on) and one with it off. Each round
-  produces into a fresh topic created with the blocking client (``SVC_TOPIC_RANGES`` ranges,
-  keyless records spread over them); the requests are ``logbroker.benchmark``'s.
+  produces into a fresh topic created with the blocking client (``SVC_TOPIC_RANGES`` ranges);
+  the requests are ``logbroker.benchmark``'s. The records are keyed, as users produce them:
+  ``--keys`` distinct keys (64) taken in turn, spread over the ranges by their hash; Redis'
+  entries carry the same key as a field (``XADD stream * k key-<i> v <value>``). The
+  group-commit-on broker is also measured with keyless records (``logbroker-gc-on-keyless``,
+  spread over the ranges by the broker), the variant; ``--keys 0`` measures keyless only.
 * Both loads run on the same closed-loop driver, ``logbroker.benchmark``'s (the generator behind
   ``logbroker bench``): a request's latency runs from the moment it was due (when the previous
   request in its slot was answered), and only requests answered inside the window count. The
@@ -92,6 +96,7 @@ from _common import (
     emit,
     free_ports,
     loadavg,
+    non_negative_int,
     positive_float,
     produce_line,
     produce_result,
@@ -105,6 +110,7 @@ from twisted.internet import task
 from twisted.internet.defer import Deferred, ensureDeferred
 
 from logbroker.benchmark import (
+    DEFAULT_KEYS,
     ConsumeReport,
     ProduceLoad,
     ProduceReport,
@@ -119,6 +125,8 @@ TARGET_CONSUME_MB_S = 250.0
 REDIS = "redis"
 GC_ON = "logbroker-gc-on"
 GC_OFF = "logbroker-gc-off"
+#: The group-commit-on broker under the same load with keyless records: the variant.
+KEYLESS = "logbroker-gc-on-keyless"
 
 
 # -- servers ------------------------------------------------------------------------------
@@ -254,7 +262,7 @@ async def redis_produce(
     connections = [
         await _redis.connect(reactor, HOST, redis.port, load.batch) for _ in range(load.connections)
     ]
-    pipeline = _redis.xadd_pipeline(stream, os.urandom(load.size), load.batch)
+    pipeline = _redis.xadd_pipeline(stream, os.urandom(load.size), load.batch, load.keys)
     return await _drive(reactor, connections, pipeline, load, redis.process.pid)
 
 
@@ -299,10 +307,12 @@ class Run:
             batch=args.batch,
             size=args.record_bytes,
             seconds=args.seconds,
+            keys=args.keys,
         )
 
     def systems(self) -> list[str]:
-        return [REDIS, *self.brokers]
+        keyless = [KEYLESS] if GC_ON in self.brokers and self.args.keys else []
+        return [REDIS, *self.brokers, *keyless]
 
     async def produce(
         self, reactor: Any, system: str, name: str, seconds: float
@@ -319,8 +329,13 @@ class Run:
             # Each round starts on an empty data set (the append-only file keeps growing).
             self.redis.call("DEL", name)
             return report, cpu
-        broker = self.brokers[system]
-        create_topic(broker, name)
+        if system == KEYLESS:
+            # On the group-commit-on broker, into a topic of its own.
+            broker = self.brokers[GC_ON]
+            load = attrs.evolve(load, topic=f"{name}-keyless", keys=0)
+        else:
+            broker = self.brokers[system]
+        create_topic(broker, load.topic)
         return await broker_produce(reactor, broker, load)
 
     async def produce_rounds(self, reactor: Any) -> None:
@@ -531,6 +546,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     add_work_directory_option(parser)
     add_load_options(
         parser, connections=4, connections_help="connections (4)", warmup=1.0, warmed="system"
+    )
+    parser.add_argument(
+        "--keys",
+        type=non_negative_int,
+        default=DEFAULT_KEYS,
+        help=f"distinct record keys, taken in turn; 0: keyless records only ({DEFAULT_KEYS})",
     )
     parser.add_argument(
         "--group-commit",

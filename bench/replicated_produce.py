@@ -255,7 +255,7 @@ class Run:
             batch=args.batch,
             size=args.record_bytes,
             seconds=args.seconds,
-            keyed=True,
+            keys=args.batch,
         )
 
     async def produce(

@@ -174,7 +174,7 @@ async def _measure(reactor: Any, args: argparse.Namespace) -> None:
         batch=args.batch,
         size=args.record_bytes,
         seconds=args.seconds,
-        keyed=True,
+        keys=args.batch,
     )
     rounds: dict[str, list[dict[str, Any]]] = {"scrub-off": [], "scrub-on": []}
     with work_directory(args.dir, "bench-scrub-") as workdir:

@@ -43,6 +43,10 @@ _CORRELATION = struct.Struct(">I")
 _CORRELATION_AT = 6
 
 
+#: The distinct keys of the standard load's records.
+DEFAULT_KEYS = 64
+
+
 @attrs.frozen
 class ProduceLoad:
     topic: str
@@ -53,8 +57,10 @@ class ProduceLoad:
     seconds: float = 10.0
     #: Requests per second over all connections (open loop); ``None`` for a closed loop.
     rate: float | None = None
-    #: Keyed records (a key per record, spread over the keyspace) or keyless ones.
-    keyed: bool = False
+    #: How many distinct keys the records take, in turn (``key-0``, ``key-1``...: record ``i`` of
+    #: a request takes ``key-<i mod keys>``), spread over the keyspace as users' keys are; 0:
+    #: keyless records. Keyed by default, as users produce.
+    keys: int = attrs.field(default=DEFAULT_KEYS, validator=attrs.validators.ge(0))
 
 
 @attrs.frozen
@@ -87,7 +93,7 @@ def produce_frame(load: ProduceLoad) -> bytes:
     """One produce request frame (correlation id 0, patched per send)."""
     payload = os.urandom(load.size)
     records = tuple(
-        Record(payload, key=f"key-{index}".encode() if load.keyed else None)
+        Record(payload, key=f"key-{index % load.keys}".encode() if load.keys else None)
         for index in range(load.batch)
     )
     return wire.encode_request(0, wire.Produce(load.topic, records))

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import attrs
 
 from logbroker import exitcodes
+from logbroker.benchmark import DEFAULT_KEYS
 from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.controlplane import ControlPlaneError
 from logbroker.controlplane.local import SINGLE_NODE_CONTROL, STATE_FILE, forget_segments
@@ -642,7 +643,7 @@ def _bench_produce(args: argparse.Namespace, client: BlockingClient) -> int:
         size=args.size,
         seconds=args.seconds,
         rate=args.rate,
-        keyed=args.keyed,
+        keys=args.keys,
     )
     live = sys.stderr.isatty()
 
@@ -1050,7 +1051,12 @@ def _add_bench_commands(commands: argparse._SubParsersAction[argparse.ArgumentPa
     produce.add_argument(
         "--rate", type=float, default=None, help="requests/s over all connections (open loop)"
     )
-    produce.add_argument("--keyed", action="store_true", help="give every record a key")
+    produce.add_argument(
+        "--keys",
+        type=_bounded(0, 1_000_000),
+        default=DEFAULT_KEYS,
+        help=f"distinct keys the records take in turn; 0 for keyless records ({DEFAULT_KEYS})",
+    )
     consume = _client_command(
         bench,
         "consume",

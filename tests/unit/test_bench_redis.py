@@ -106,6 +106,14 @@ def test_a_pipeline_is_batch_xadds_of_the_value(value: bytes, batch: int, cuts: 
     assert _feed_in_chunks(pipeline, cuts) == [[b"XADD", b"bench", b"*", b"v", value]] * batch
 
 
+def test_a_keyed_pipeline_gives_each_entry_its_records_key_in_turn() -> None:
+    pipeline = resp.xadd_pipeline("bench", b"v1", 5, keys=2)
+
+    assert _feed_in_chunks(pipeline, []) == [
+        [b"XADD", b"bench", b"*", b"k", b"key-%d" % (index % 2), b"v", b"v1"] for index in range(5)
+    ]
+
+
 @pytest.mark.parametrize(
     ("reply", "expected"),
     [
