@@ -238,7 +238,7 @@ def request_records(frame: bytes) -> tuple[Record, ...]:
     request = wire.decode_request(frame[4:]).request
     if not isinstance(request, wire.Produce):
         raise TypeError(f"not a produce request: {request!r}")
-    return request.records
+    return wire.decode_wire_records(request.records)
 
 
 # -- where the records go -----------------------------------------------------------------
