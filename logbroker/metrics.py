@@ -227,6 +227,12 @@ class Metrics:
             ["topic"],
             registry=r,
         )
+        self._forwarded_records = Counter(
+            "svc_forwarded_records_total",
+            "Records of produces taken here that were appended by another node, the primary"
+            " of their range.",
+            registry=r,
+        )
         self._consumed_records = Counter(
             "svc_consumed_records_total",
             "Records handed out by fetches and subscription pushes, by topic.",
@@ -421,6 +427,11 @@ class Metrics:
         children = self._topic(topic)
         children[0].inc(records)
         children[1].inc(size)
+
+    def forwarded(self, records: int) -> None:
+        """``records`` records taken here were appended by their range's primary, another
+        node, which acknowledged them."""
+        self._forwarded_records.inc(records)
 
     def consumed(self, topic: str, records: int, size: int) -> None:
         """``records`` records with ``size`` bytes of keys and values were handed out."""

@@ -67,10 +67,11 @@ class LeaderMap:
         by_leader: dict[str | None, list[WireRecords]] = {}
         for index, share in split_records(records, self.keyspace_bits, self.starts, keyless):
             by_leader.setdefault(self.leaders[index], []).append(share)
-        return [(leader, _joined(parts)) for leader, parts in by_leader.items()]
+        return [(leader, joined_records(parts)) for leader, parts in by_leader.items()]
 
 
-def _joined(parts: list[WireRecords]) -> WireRecords:
+def joined_records(parts: list[WireRecords]) -> WireRecords:
+    """The records of ``parts``, one after the other."""
     if len(parts) == 1:
         return parts[0]
     return WireRecords(

@@ -26,9 +26,9 @@ import socket
 import ssl
 import time
 from collections.abc import Iterable, Sequence
-from types import TracebackType
 
 from logbroker import wire
+from logbroker.client._closing import ClosedOnExit
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
 from logbroker.client._retry import (
     DEFAULT_PRODUCE_RETRY,
@@ -43,7 +43,7 @@ from logbroker.records import ProducerStamp, Record
 __all__ = ["BlockingClient", "BrokerRefused", "ConnectionClosed", "ProduceRetry"]
 
 
-class BlockingClient:
+class BlockingClient(ClosedOnExit):
     """A client over ``sock`` (``connect`` makes one); ``produce_retry`` says how its produces
     are retried (None: never)."""
 
@@ -102,17 +102,6 @@ class BlockingClient:
             raise
         return client
 
-    def __enter__(self) -> BlockingClient:
-        return self
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        self.close()
-
     def close(self) -> None:
         self._socket.close()
 
@@ -140,7 +129,12 @@ class BlockingClient:
         ``frame_too_large``, a connection limit; the broker closes the connection after it),
         so it fails the request too.
         """
-        correlation_id = self.send(request)
+        return self.answer(self.send(request))
+
+    def answer(self, correlation_id: int) -> bytes:
+        """The ok payload of the request ``send`` sent as ``correlation_id`` (raise
+        ``BrokerRefused`` on an error, as ``call``). Answers read on the way to it are
+        dropped: of requests sent together, read the answers in the order they were sent."""
         while True:
             response = self.receive()
             if response.correlation_id == correlation_id:

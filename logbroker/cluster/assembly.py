@@ -103,17 +103,19 @@ def assemble_ranges(
     on_lead: Callable[[str, int, int, str], None] = ignore_leadership,
     on_commit: Callable[[str, int], None] = ignore_commit,
     control_follows: Callable[[], bool] = lambda: True,
+    on_forwarded: Callable[[int], None] = lambda records: None,
 ) -> RangeParts:
     """``live_nodes`` lists the live members for placement; ``is_live`` answers for one node,
     cheaply (it is asked for every replica of every produce); ``heard_at`` says when the peer
     link last heard from a node; ``control_follows`` whether this node's view of the control
     plane follows etcd now (claims wait for it); ``on_lead`` is told of every leadership this
     node begins, and ``on_commit`` of every move of a commit index it leads;
-    ``repair_metrics`` counts the outcomes of repairs."""
+    ``repair_metrics`` counts the outcomes of repairs; ``on_forwarded`` is told how many
+    records each append forwarded to another node's primary carried, once it is acknowledged."""
     waits = RemoteWaits(peers)
 
     def forward(primary: str, range_id: str) -> RangeHandle:
-        return ForwardedRange(range_id, primary, peers, waits)
+        return ForwardedRange(range_id, primary, peers, waits, on_forwarded)
 
     if replication.replication_factor == 1:
         ranges = ClusterRanges(

@@ -96,11 +96,14 @@ class ForwardedRange:
         primary_node_id: str,
         requester: PeerRequester,
         waits: RemoteWaits | None = None,
+        on_forwarded: Callable[[int], None] = lambda records: None,
     ) -> None:
         self._range_id = range_id
         self._primary = primary_node_id
         self._requester = requester
         self._waits = waits if waits is not None else RemoteWaits(requester)
+        #: Told the record count of each append the primary acknowledged.
+        self._on_forwarded = on_forwarded
 
     @property
     def range_id(self) -> str:
@@ -126,6 +129,7 @@ class ForwardedRange:
             result = decode_append_result(answer)
             if result.count != count:
                 raise MalformedPeerMessage(f"{result.count} records appended of {count} sent")
+            self._on_forwarded(count)
 
         sent = self._requester.request(self._primary, request.op, encode_append_request(request))
         if stamp is not None:

@@ -254,6 +254,7 @@ def build_cluster(
         replace_after_seconds=cluster.replica_replace_after_ms / 1000,
         heard_at=peers.heard_at,
         control_follows=lambda: control.following,
+        on_forwarded=metrics.forwarded,
     )
     chores: list[PeriodicTask] = []
     replication = parts.replication

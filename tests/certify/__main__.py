@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 from tests.certify.drills import DRILLS, conclude, run
-from tests.certify.harness import FULL, SHORT, Certification
+from tests.certify.harness import FULL, SHORT, Certification, tear_down_on_signals
 from tests.certify.network import NetworkUnavailable, require_network_tools
 from tests.certify.report import Report
 
@@ -58,10 +56,6 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _interrupted(number: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
-
-
 def main(argv: list[str] | None = None) -> int:
     arguments = _arguments(argv)
     drills = list(DRILLS)
@@ -79,8 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     except NetworkUnavailable as unavailable:
         print(f"cannot certify here: {unavailable}", file=sys.stderr)
         return 2
-    # A SIGTERM (a CI job cancelled) tears down as Ctrl-C does.
-    signal.signal(signal.SIGTERM, _interrupted)
+    tear_down_on_signals()
     timing = SHORT if arguments.short else FULL
     report = Report()
     print(f"logbroker certification ({'short' if arguments.short else 'full'} form)", flush=True)

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import collections
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from types import FrameType
 
 import attrs
 
@@ -90,6 +92,18 @@ FULL = Timing(
     pace=0.01,
     identical_bound=90.0,
 )
+
+
+def tear_down_on_signals() -> None:
+    """Ctrl-C and SIGTERM (a CI job cancelled) stop a run as an error does, removing what it
+    made: both raise ``KeyboardInterrupt``, also in a run started with SIGINT ignored (as a
+    shell starts its background jobs), where Python would leave Ctrl-C ignored."""
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _interrupted)
+
+
+def _interrupted(number: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
 
 
 def broker_settings(network: Network, node: int, data: Path) -> dict[str, str]:

@@ -19,18 +19,16 @@ import collections
 import os
 import platform
 import random
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 import attrs
 
 from tests.certify.drills import DRILLS, Drill, conclude, run
-from tests.certify.harness import FULL, Certification, Outcome
+from tests.certify.harness import FULL, Certification, Outcome, tear_down_on_signals
 from tests.certify.load import ADMIN, PlainProducer, connect
 from tests.certify.network import NetworkUnavailable, require_network_tools
 from tests.certify.report import GUARANTEES, Report
@@ -80,10 +78,6 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _interrupted(number: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(f"signal {signal.Signals(number).name}")
-
-
 def main(argv: list[str] | None = None) -> int:
     arguments = _arguments(argv)
     try:
@@ -91,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     except NetworkUnavailable as unavailable:
         print(f"cannot soak here: {unavailable}", file=sys.stderr)
         return 2
-    signal.signal(signal.SIGTERM, _interrupted)
+    tear_down_on_signals()
     seed = arguments.seed if arguments.seed is not None else random.SystemRandom().randrange(2**32)
     rng = random.Random(seed)
     report = Report()

@@ -21,10 +21,11 @@ import pytest
 
 from logbroker import wire
 from logbroker.client.blocking import BlockingClient, BrokerRefused
+from logbroker.client.cluster import BlockingClusterClient
 from logbroker.records import ProducerStamp, Record
 from tests.cluster import BrokerCluster, Node, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
-from tests.integration.twistd import broker_env
+from tests.integration.twistd import broker_env, scrape
 
 pytestmark = pytest.mark.integration
 
@@ -358,3 +359,39 @@ def test_one_stamp_produced_through_two_nodes_is_stored_once(cluster: BrokerClus
     assert answers == [24, 24]
     with connect(n3) as client:
         assert sorted(drain(client, "stamped-twice"), key=repr) == sorted(sent, key=repr)
+
+
+def forwarded(cluster: BrokerCluster) -> float:
+    """Records every node forwarded to another node's primary so far, in all."""
+    key = ("svc_forwarded_records_total", ())
+    return sum(scrape(node.dashboard_port)[key] for node in cluster.nodes)
+
+
+def test_a_cluster_client_sends_each_ranges_records_to_its_leader(
+    cluster: BrokerCluster,
+) -> None:
+    with connect(cluster.nodes[0]) as client:
+        client.create_topic("to-leaders")
+    known_everywhere(cluster, "to-leaders")
+    servers = [("127.0.0.1", node.port) for node in cluster.nodes]
+    sent = [Record(b"%03d" % i, key=b"k%d" % (i % 40) if i % 5 else None) for i in range(400)]
+    before = forwarded(cluster)
+
+    with BlockingClusterClient.connect(servers, "app", "app123") as routed:
+        for start in range(0, len(sent), 50):
+            assert routed.produce("to-leaders", sent[start : start + 50]) == 50
+        leaders = routed.node.topic_leaders("to-leaders")
+
+    # The ranges are led by all three nodes, and not one record went through another node.
+    assert {entry.leader for entry in leaders.ranges} == {"n1", "n2", "n3"}
+    assert forwarded(cluster) == before
+    # Through one node only, two thirds of them would have been forwarded: the count is fed.
+    with connect(cluster.nodes[0]) as client:
+        assert client.produce("to-leaders", sent[:50]) == 50
+    assert forwarded(cluster) > before
+    with connect(cluster.nodes[2]) as client:
+        stored = drain(client, "to-leaders")
+    produced = [*sent, *sent[:50]]
+    assert sorted(stored, key=repr) == sorted(produced, key=repr)
+    for key in {record.key for record in sent if record.key is not None}:
+        assert [r for r in stored if r.key == key] == [r for r in produced if r.key == key]

@@ -280,6 +280,19 @@ def test_a_stamped_append_goes_as_a_stamped_append_and_a_plain_one_as_before() -
     ]
 
 
+def test_only_the_records_the_primary_acknowledged_count_as_forwarded() -> None:
+    requester = Recording(
+        encode_append_result(AppendResult(2)), PeerError("no_quorum", "no quorum there")
+    )
+    counted: list[int] = []
+    handle = ForwardedRange(RANGE, "b", requester, on_forwarded=counted.append)
+
+    result_of(handle.append(records(b"a", b"b")))
+    assert reason_of(handle.append(records(b"c"))) is Reason.NO_QUORUM
+
+    assert counted == [2]
+
+
 def test_a_primary_without_stamped_appends_is_sent_the_share_as_a_plain_append() -> None:
     requester = Recording(
         PeerError(PeerReason.UNKNOWN_OP, "op 9 is not known here"),
