@@ -71,8 +71,9 @@ class WireRecords:
     framed for storage, without an object per record
     (docs/decisions/0022-a-produce-stays-in-its-wire-bytes.md).
 
-    Made only by the codecs that check the bytes (``logbroker.wire.read_wire_records``,
-    ``encode_wire_records``) or cut checked ones (``logbroker.broker.keyspace``).
+    Made only by the codecs that check the bytes (``Reader.wire_records``,
+    ``encode_wire_records`` in ``logbroker.wire``) or cut checked ones
+    (``logbroker.key_routing``).
     """
 
     #: How many records ``data`` holds.

@@ -84,9 +84,9 @@ def frame_wire_records_python(base_offset: int, records: WireRecords) -> bytes:
 
 
 @attrs.frozen
-class WireBatch:
-    """A produce's records as the log takes them (``FramedRecords``): framed from their wire
-    bytes once the log gives them their offsets."""
+class WireBatch(FramedRecords):
+    """A produce's records as the log takes them: framed from their wire bytes once the log
+    gives them their offsets."""
 
     records: WireRecords
 

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import abc
 from types import TracebackType
 from typing import Self
 
 
-class ClosedOnExit:
+class ClosedOnExit(abc.ABC):
     """A client that ``with`` closes on the way out, however the block ends."""
 
+    @abc.abstractmethod
     def close(self) -> None:
-        raise NotImplementedError
+        """Close the client's connections."""
 
     def __enter__(self) -> Self:
         return self

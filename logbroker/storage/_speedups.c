@@ -110,33 +110,32 @@ put_u64(uint8_t *out, uint64_t value)
     return put_u32(out, (uint32_t)value);
 }
 
-/* A batch frame's header after its checksum (written last, over the whole frame); returns
- * where the record frames go. */
+/* The fields every frame starts with after its checksum (written last, over the whole frame):
+ * magic "L" + kind, version, flags, length, then the offset of its (first) record. */
 static uint8_t *
-put_batch_header(uint8_t *batch, uint32_t length, uint64_t base_offset, uint32_t count)
-{
-    uint8_t *out = batch + 4;
-    *out++ = 'L';
-    *out++ = 'B';
-    *out++ = FORMAT_VERSION;
-    *out++ = 0;
-    out = put_u32(out, length);
-    out = put_u64(out, base_offset);
-    return put_u32(out, count);
-}
-
-/* A record frame's header after its checksum; returns where the key and value lengths go. */
-static uint8_t *
-put_record_header(uint8_t *frame, uint32_t length, uint64_t offset, uint64_t timestamp_ms)
+put_frame_head(uint8_t *frame, char kind, uint32_t length, uint64_t offset)
 {
     uint8_t *out = frame + 4;
     *out++ = 'L';
-    *out++ = 'R';
+    *out++ = (uint8_t)kind;
     *out++ = FORMAT_VERSION;
     *out++ = 0;
     out = put_u32(out, length);
-    out = put_u64(out, offset);
-    return put_u64(out, timestamp_ms);
+    return put_u64(out, offset);
+}
+
+/* A batch frame's header; returns where the record frames go. */
+static uint8_t *
+put_batch_header(uint8_t *batch, uint32_t length, uint64_t base_offset, uint32_t count)
+{
+    return put_u32(put_frame_head(batch, 'B', length, base_offset), count);
+}
+
+/* A record frame's header; returns where the key and value lengths go. */
+static uint8_t *
+put_record_header(uint8_t *frame, uint32_t length, uint64_t offset, uint64_t timestamp_ms)
+{
+    return put_u64(put_frame_head(frame, 'R', length, offset), timestamp_ms);
 }
 
 static inline uint8_t *
