@@ -2,6 +2,8 @@
 
 - ``BrokerClient`` (``connect``, ``connect_endpoint``): a Twisted protocol; every operation
   returns a Deferred, requests are pipelined, ``subscribe`` acknowledges pushes itself.
+- ``ClusterClient``: given every node of a cluster, sends each produce's shares straight to
+  their ranges' leaders (``logbroker.client._cluster``).
 - ``ReconnectingClient``: a ``ClientService`` that keeps one logged-in ``BrokerClient``
   connected, with backoff, and produces through whichever connection is up.
 - ``logbroker.client.blocking.BlockingClient``: one socket, one request at a time, for scripts.
@@ -18,6 +20,7 @@ Both kinds raise (or fail with) ``BrokerRefused`` carrying the broker's reason, 
 ``ConnectionClosed`` when the connection goes.
 """
 
+from logbroker.client._cluster import ClusterClient
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
 from logbroker.client._protocol import (
     MAX_RESPONSE_SIZE,
@@ -35,6 +38,7 @@ __all__ = [
     "MAX_RESPONSE_SIZE",
     "BrokerClient",
     "BrokerRefused",
+    "ClusterClient",
     "ConnectionClosed",
     "OnRecords",
     "ProduceRetry",

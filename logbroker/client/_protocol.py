@@ -30,18 +30,10 @@ from collections.abc import Callable, Iterable, Sequence
 from enum import Enum, auto
 from typing import Any, TypeVar, cast
 
-from twisted.internet.defer import (
-    Deferred,
-    TimeoutError,
-    ensureDeferred,
-    fail,
-    maybeDeferred,
-    succeed,
-)
+from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
 from twisted.internet.endpoints import HostnameEndpoint
 from twisted.internet.interfaces import (
     IAddress,
-    IDelayedCall,
     IReactorTime,
     IStreamClientEndpoint,
 )
@@ -52,14 +44,8 @@ from twisted.python.failure import Failure
 from logbroker import wire
 from logbroker._tcp import no_delay
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
-from logbroker.client._retry import (
-    DEFAULT_PRODUCE_RETRY,
-    RETRIED_REASONS,
-    ProduceRetry,
-    Retries,
-    SequenceWindow,
-    new_producer_id,
-)
+from logbroker.client._retry import DEFAULT_PRODUCE_RETRY, ProduceRetry
+from logbroker.client._stamped import StampedProducer
 from logbroker.client._tls import secured
 from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
@@ -204,6 +190,11 @@ class BrokerClient(Protocol):
 
     def _open(self) -> bool:
         return self._state is _State.OPEN
+
+    @property
+    def closed(self) -> bool:
+        """Whether the connection has closed (every request fails from now on)."""
+        return self._state is _State.CLOSED
 
     def dataReceived(self, data: bytes) -> None:
         if not self._open():
@@ -547,133 +538,6 @@ class Subscription:
             group=self.group,
             reason=reason,
         )
-
-
-class StampedProducer:
-    """The produces of one producer (a client object) over Twisted: each takes the next
-    sequence once the window lets it go out (produces beyond it wait, in order), and is tried
-    through the client ``connection`` gives, then retried with the same stamp as ``retry`` says,
-    the back-off waited on ``clock`` (``logbroker.client._retry``)."""
-
-    def __init__(self, clock: IReactorTime, retry: ProduceRetry | None) -> None:
-        self.producer_id = new_producer_id()
-        self._clock = clock
-        self._retry = retry
-        self._window = SequenceWindow()
-        #: Produces waiting for the window to let them out, oldest first.
-        self._waiting: deque[Deferred[int]] = deque()
-        self._admitting = False
-        #: Produces waiting to be retried, and the timers that end their wait.
-        self._sleeping: dict[Deferred[None], IDelayedCall] = {}
-
-    def produce(
-        self,
-        topic: str,
-        records: tuple[Record, ...],
-        connection: Callable[[], Deferred[BrokerClient]],
-        *,
-        reconnects: bool = False,
-        give_up_after: float | None = None,
-    ) -> Deferred[int]:
-        """Produce ``records`` through ``connection()``'s client; with ``reconnects``, one whose
-        connection was lost before its answer is retried too (through the next connection)."""
-        return ensureDeferred(self._produce(topic, records, connection, reconnects, give_up_after))
-
-    def interrupt(self, error: Exception) -> None:
-        """Fail with ``error``, now, the produces waiting to be retried: there is no connection
-        to retry them through any more."""
-        sleeping, self._sleeping = self._sleeping, {}
-        for waiting, timer in sleeping.items():
-            timer.cancel()
-            waiting.errback(error)
-
-    async def _produce(
-        self,
-        topic: str,
-        records: tuple[Record, ...],
-        connection: Callable[[], Deferred[BrokerClient]],
-        reconnects: bool,
-        give_up_after: float | None,
-    ) -> int:
-        sequence = await self._sequence()
-        try:
-            stamp = ProducerStamp(self.producer_id, sequence)
-            retries = None
-            if self._retry is not None:
-                retries = Retries(self._retry, self._clock.seconds(), give_up_after)
-            last: Exception | None = None
-            while True:
-                client = await self._connected(connection, retries if reconnects else None, last)
-                try:
-                    return await client._produce_stamped(topic, records, stamp)
-                except (BrokerRefused, ConnectionClosed) as error:
-                    retried = (
-                        error.reason in RETRIED_REASONS
-                        if isinstance(error, BrokerRefused)
-                        else reconnects
-                    )
-                    if retries is None or not retried or client.sends_plain_produce:
-                        raise
-                    delay = retries.next_delay(self._clock.seconds())
-                    if delay is None:
-                        raise
-                    last = error
-                await self._sleep(delay)
-        finally:
-            self._window.finish(sequence)
-            self._admit_waiting()
-
-    async def _connected(
-        self,
-        connection: Callable[[], Deferred[BrokerClient]],
-        retries: Retries | None,
-        last: Exception | None,
-    ) -> BrokerClient:
-        """The client to try through; with ``retries``, waited for no longer than they last."""
-        if retries is None:
-            return await connection()
-        remaining = retries.remaining(self._clock.seconds())
-        try:
-            return await connection().addTimeout(remaining, self._clock)
-        except TimeoutError:
-            if last is not None:
-                raise last from None
-            raise ConnectionClosed(
-                f"no connection to the broker within {remaining:.3g} s"
-            ) from None
-
-    def _sequence(self) -> Deferred[int]:
-        if not self._waiting:
-            sequence = self._window.take()
-            if sequence is not None:
-                return succeed(sequence)
-        waiting: Deferred[int] = Deferred(self._waiting.remove)
-        self._waiting.append(waiting)
-        return waiting
-
-    def _admit_waiting(self) -> None:
-        # Not re-entered: a produce let out here may finish at once (its connection is closed),
-        # and let out the next from inside this loop.
-        if self._admitting:
-            return
-        self._admitting = True
-        try:
-            while self._waiting:
-                sequence = self._window.take()
-                if sequence is None:
-                    return
-                self._waiting.popleft().callback(sequence)
-        finally:
-            self._admitting = False
-
-    def _sleep(self, delay: float) -> Deferred[None]:
-        waiting: Deferred[None] = Deferred(lambda cancelled: self._sleeping.pop(cancelled).cancel())
-        self._sleeping[waiting] = self._clock.callLater(delay, self._woken, waiting)
-        return waiting
-
-    def _woken(self, waiting: Deferred[None]) -> None:
-        del self._sleeping[waiting]
-        waiting.callback(None)
 
 
 class _OneClient(Factory):

@@ -28,8 +28,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.client._errors import ConnectionClosed
-from logbroker.client._protocol import MAX_RESPONSE_SIZE, BrokerClient, StampedProducer
+from logbroker.client._protocol import MAX_RESPONSE_SIZE, BrokerClient
 from logbroker.client._retry import DEFAULT_PRODUCE_RETRY, ProduceRetry
+from logbroker.client._stamped import StampedProducer
 from logbroker.client._tls import secured
 from logbroker.records import Record
 

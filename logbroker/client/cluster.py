@@ -30,33 +30,26 @@ from collections.abc import Callable, Iterable, Sequence
 from logbroker import wire
 from logbroker.client._closing import ClosedOnExit
 from logbroker.client._errors import BrokerRefused, ConnectionClosed
-from logbroker.client._leaders import LeaderMap, joined_records
+from logbroker.client._leaders import (
+    LeaderMap,
+    Routes,
+    ShareFailure,
+    SharesFailed,
+    share_failure,
+)
 from logbroker.client._retry import (
     DEFAULT_PRODUCE_RETRY,
-    RETRIED_REASONS,
     ProduceRetry,
     Retries,
     new_producer_id,
 )
 from logbroker.client.blocking import BlockingClient
-from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record, WireRecords
 
 __all__ = ["BlockingClusterClient"]
 
 #: Makes an authenticated client of the node at ``(host, port)``.
 Connect = Callable[[str, int], BlockingClient]
-
-
-class _SharesFailed(Exception):
-    """Some shares of a produce were not acknowledged: their records, and why."""
-
-    def __init__(self, records: WireRecords, error: Exception, retried: bool) -> None:
-        super().__init__(str(error))
-        self.records = records
-        self.error = error
-        #: Whether every failure is one a retry with the same stamp may cure.
-        self.retried = retried
 
 
 class BlockingClusterClient(ClosedOnExit):
@@ -70,24 +63,15 @@ class BlockingClusterClient(ClosedOnExit):
         connect: Connect,
         produce_retry: ProduceRetry | None = DEFAULT_PRODUCE_RETRY,
     ) -> None:
-        if not servers:
-            raise ValueError("a cluster client needs at least one server")
-        self._servers = list(servers)
+        self._routes = Routes(servers)
         self._connect = connect
         self._produce_retry = produce_retry
         self._node: BlockingClient | None = None
-        #: The server the node connection tries next.
-        self._next_server = 0
         #: Connections to leaders, by node id.
         self._leaders: dict[str, BlockingClient] = {}
-        #: The last ``topic_leaders`` answer of each topic produced to.
-        self._maps: dict[str, LeaderMap] = {}
-        #: False once a broker said it does not know ``topic_leaders``.
-        self._routes = True
         #: This client's producer id (random), which stamps its produces.
         self.producer_id = new_producer_id()
         self._sequences = itertools.count()
-        self._keyless_turns = itertools.count()
 
     @classmethod
     def connect(
@@ -136,14 +120,12 @@ class BlockingClusterClient(ClosedOnExit):
 
     def _first_answering(self) -> BlockingClient:
         failures = []
-        for _ in self._servers:
-            host, port = self._servers[self._next_server]
-            self._next_server = (self._next_server + 1) % len(self._servers)
+        for host, port in self._routes.servers_in_turn():
             try:
                 return self._connect(host, port)
             except (OSError, ConnectionClosed) as error:
                 failures.append(f"{host}:{port}: {error}")
-        raise ConnectionClosed(f"no server of the cluster answered ({'; '.join(failures)})")
+        raise Routes.none_answered(failures)
 
     # -- produce -------------------------------------------------------------------------
 
@@ -156,7 +138,7 @@ class BlockingClusterClient(ClosedOnExit):
         ``produce_retry``'s) after the first try, then the last failure is raised."""
         batch = wire.encode_wire_records(tuple(records))
         stamp = ProducerStamp(self.producer_id, next(self._sequences))
-        turn = next(self._keyless_turns)
+        turn = self._routes.keyless_turn()
         policy = self._produce_retry
         retries = None if policy is None else Retries(policy, time.monotonic(), give_up_after)
         pending = batch
@@ -164,7 +146,7 @@ class BlockingClusterClient(ClosedOnExit):
             try:
                 self._send_shares(topic, pending, stamp, turn)
                 return batch.count
-            except _SharesFailed as failed:
+            except SharesFailed as failed:
                 pending = failed.records
                 if retries is None or not failed.retried:
                     raise failed.error from None
@@ -176,20 +158,16 @@ class BlockingClusterClient(ClosedOnExit):
     def _send_shares(
         self, topic: str, records: WireRecords, stamp: ProducerStamp, turn: int
     ) -> None:
-        """Send every share of ``records`` before reading any answer; raise ``_SharesFailed``
+        """Send every share of ``records`` before reading any answer; raise ``SharesFailed``
         with the records of those not acknowledged."""
         try:
             leader_map = self._leader_map(topic)
         except (OSError, ConnectionClosed) as error:
             self.drop_node()
-            raise _SharesFailed(records, error, True) from None
-        if leader_map is None:
-            shares: list[tuple[str | None, WireRecords]] = [(None, records)]
-        else:
-            shares = leader_map.shares(records, stamp, turn)
+            raise SharesFailed([(records, error, True)]) from None
+        shares = Routes.shares(leader_map, records, stamp, turn)
         sent: list[tuple[str | None, BlockingClient, int, WireRecords]] = []
-        failed: list[WireRecords] = []
-        errors: list[tuple[Exception, bool]] = []
+        failures: list[ShareFailure] = []
         for leader, share in shares:
             client = None
             try:
@@ -198,45 +176,34 @@ class BlockingClusterClient(ClosedOnExit):
                 sent.append((leader, client, client.send(request), share))
             except (OSError, ConnectionClosed) as error:
                 self._lost(client, leader, topic)
-                failed.append(share)
-                errors.append((error, True))
+                failures.append(share_failure(share, error))
         for leader, client, correlation_id, share in sent:
             try:
                 wire.decode_count(client.answer(correlation_id))
             except BrokerRefused as refused:
-                retried = refused.reason in RETRIED_REASONS
-                if retried:
-                    self._maps.pop(topic, None)
-                failed.append(share)
-                errors.append((refused, retried))
+                failures.append(share_failure(share, refused))
+                if failures[-1][2]:
+                    self._routes.forget(topic)
             except (OSError, ConnectionClosed) as error:
                 self._lost(client, leader, topic)
-                failed.append(share)
-                errors.append((error, True))
-        if failed:
-            # A failure no retry cures is the one to raise, if there is one.
-            raised, _ = min(errors, key=lambda found: found[1])
-            retried = all(cured for _, cured in errors)
-            raise _SharesFailed(joined_records(failed), raised, retried)
+                failures.append(share_failure(share, error))
+        if failures:
+            raise SharesFailed(failures)
 
     def _leader_map(self, topic: str) -> LeaderMap | None:
         """The topic's leaders, asked of the node if not known; None once a broker said it
         does not know ``topic_leaders``. A refusal (the topic does not exist...) is raised, as
         is a connection's failure."""
-        if not self._routes:
+        if not self._routes.routes:
             return None
-        known = self._maps.get(topic)
+        known = self._routes.known(topic)
         if known is not None:
             return known
         try:
-            info = self.node.topic_leaders(topic)
+            return self._routes.learned(topic, self.node.topic_leaders(topic))
         except BrokerRefused as refused:
-            if refused.reason != Reason.UNKNOWN_API_KEY:
-                raise
-            self._routes = False
+            self._routes.refused(refused)
             return None
-        leader_map = self._maps[topic] = LeaderMap.of(info)
-        return leader_map
 
     def _client_of(self, leader: str | None, leader_map: LeaderMap | None) -> BlockingClient:
         """The connection to ``leader``, made if needed; the node's for no leader, or for a
@@ -255,7 +222,7 @@ class BlockingClusterClient(ClosedOnExit):
     def _lost(self, client: BlockingClient | None, leader: str | None, topic: str) -> None:
         """``client`` (the one a share to ``leader`` went to; None: no server answered) failed:
         close it, and ask the topic's leaders again."""
-        self._maps.pop(topic, None)
+        self._routes.forget(topic)
         if client is None or client is self._node:
             self.drop_node()
         elif leader is not None and self._leaders.get(leader) is client:

@@ -18,8 +18,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import pytest_twisted
+from twisted.internet.defer import gatherResults
 
 from logbroker import wire
+from logbroker.client import ClusterClient
 from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.client.cluster import BlockingClusterClient
 from logbroker.records import ProducerStamp, Record
@@ -395,3 +398,42 @@ def test_a_cluster_client_sends_each_ranges_records_to_its_leader(
     assert sorted(stored, key=repr) == sorted(produced, key=repr)
     for key in {record.key for record in sent if record.key is not None}:
         assert [r for r in stored if r.key == key] == [r for r in produced if r.key == key]
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_twisted_cluster_client_sends_pipelined_produces_to_the_leaders(
+    cluster: BrokerCluster,
+) -> None:
+    from twisted.internet import reactor
+
+    with connect(cluster.nodes[1]) as client:
+        client.create_topic("to-leaders-twisted")
+    known_everywhere(cluster, "to-leaders-twisted")
+    servers = [("127.0.0.1", node.port) for node in cluster.nodes]
+    sent = [Record(b"%03d" % i, key=b"k%d" % (i % 40) if i % 5 else None) for i in range(400)]
+    before = forwarded(cluster)
+
+    routed = await ClusterClient.connect(reactor, servers, "app", "app123")
+    try:
+        counts = await gatherResults(
+            [routed.produce("to-leaders-twisted", sent[i : i + 50]) for i in range(0, 400, 50)]
+        )
+        node = await routed.node()
+        leaders = await node.topic_leaders("to-leaders-twisted")
+    finally:
+        routed.close()
+
+    assert counts == [50] * 8
+    # More than one node leads the topic's ranges, and not one record was forwarded.
+    assert len({entry.leader for entry in leaders.ranges}) >= 2
+    assert forwarded(cluster) == before
+    with connect(cluster.nodes[0]) as client:
+        stored = drain(client, "to-leaders-twisted")
+    assert sorted(stored, key=repr) == sorted(sent, key=repr)
+    # Produces in flight together keep each key's order only within one produce (as Kafka's
+    # pipelined producers): each produce's records of a key are stored in the order sent.
+    for start in range(0, 400, 50):
+        chunk = sent[start : start + 50]
+        for key in {record.key for record in chunk if record.key is not None}:
+            mine = [r for r in stored if r.key == key and r in chunk]
+            assert mine == [r for r in chunk if r.key == key]
