@@ -44,6 +44,7 @@ from twisted.internet.defer import gatherResults
 from logbroker import wire
 from logbroker.benchmark import ProduceLoad, ProduceReport, _ProduceDriver, connect
 from logbroker.client import BrokerRefused
+from logbroker.client._leaders import LeaderMap
 from logbroker.key_routing import key_slot
 from logbroker.records import Record
 
@@ -252,6 +253,8 @@ class Placement:
     leaders: dict[str, str]
     #: node -> records of one request whose range that node leads
     per_request: dict[str, int]
+    #: each key of a request -> the node leading its range
+    key_leaders: dict[bytes, str] = attrs.field(factory=dict)
 
 
 def read_placement(
@@ -275,11 +278,13 @@ def read_placement(
             raise RuntimeError(f"range {range_id} has {len(active)} active segments in etcd")
         leaders[range_id] = active[0]["replicas"][0]
     per_request = dict.fromkeys(node_names, 0)
+    key_leaders = {}
     for key in keys:
         slot = key_slot(key, bits)
         (range_id,) = (r["range_id"] for r in ranges if r["start"] <= slot < r["end"])
         per_request[leaders[range_id]] += 1
-    return Placement(leaders, per_request)
+        key_leaders[key] = leaders[range_id]
+    return Placement(leaders, per_request, key_leaders)
 
 
 def forwarded_fraction(
@@ -296,6 +301,17 @@ def forwarded_fraction(
         for node, records in acknowledged.items()
     )
     return forwarded / total
+
+
+def shares_forwarded(placement: Placement, shares: LeaderShares) -> float:
+    """The share of a request's records cut by leaders (``leader_shares``) sent to a node
+    that, by the placement read from etcd, does not lead their range: 0 unless
+    ``topic_leaders`` and etcd disagree."""
+    sent = [
+        (leader, record.key) for leader, records in shares.records.items() for record in records
+    ]
+    astray = sum(placement.key_leaders[key] != leader for leader, key in sent if key is not None)
+    return astray / len(sent) if sent else float("nan")
 
 
 # -- load ---------------------------------------------------------------------------------
@@ -356,6 +372,97 @@ async def drive(
         running.append(run)
     reports = await gatherResults(running, consumeErrors=True)
     return dict(zip(drivers, reports, strict=True)), cpu.read()
+
+
+class _SharesConnection:
+    """One producer as the project's cluster clients produce: a connection to every leader of
+    the topic, and each request its records cut into one share per leader
+    (``logbroker.client._leaders.LeaderMap``), all sent at once; answered once every share is
+    (the first error answer, if any), as ``ClusterClient.produce`` fires."""
+
+    def __init__(self, connections: Mapping[str, Any], frames: Mapping[str, bytes]) -> None:
+        self._connections = connections
+        self._frames = frames
+
+    @property
+    def transport(self) -> Any:
+        return self
+
+    def loseConnection(self) -> None:
+        for connection in self._connections.values():
+            connection.transport.loseConnection()
+
+    def send(
+        self, frame: bytes, due: float, answered: Callable[[wire.Response, float], None]
+    ) -> None:
+        waiting = len(self._frames)
+        errors: list[wire.Response] = []
+
+        def share_answered(response: wire.Response, _: float) -> None:
+            nonlocal waiting
+            waiting -= 1
+            if response.reason is not None:
+                errors.append(response)
+            if not waiting:
+                answered(errors[0] if errors else response, due)
+
+        for leader, share in self._frames.items():
+            self._connections[leader].send(share, due, share_answered)
+
+
+@attrs.frozen
+class LeaderShares:
+    """One request's records cut by the topic's leaders as ``topic_leaders`` named them: each
+    leader's client address and the produce frame of its share."""
+
+    addresses: dict[str, tuple[str, int]]
+    frames: dict[str, bytes]
+    #: Each share's records, by leader.
+    records: dict[str, tuple[Record, ...]]
+
+
+def leader_shares(node: Node, topic: str, frame: bytes) -> LeaderShares:
+    """Ask ``node`` who leads ``topic``'s ranges and cut the records of ``frame`` (a produce
+    request) into their shares, with the clients' own code."""
+    with node.client(APP) as client:
+        leader_map = LeaderMap.of(client.topic_leaders(topic))
+    records = request_records(frame)
+    shares = leader_map.shares(wire.encode_wire_records(records), None)
+    addresses = {leader: leader_map.addresses[leader] for leader, _ in shares if leader}
+    if len(addresses) != len(shares):
+        raise RuntimeError(f"a range of {topic} has no leader: {shares}")
+    return LeaderShares(
+        addresses,
+        {leader: wire.encode_request(0, wire.Produce(topic, share)) for leader, share in shares},
+        {leader: wire.decode_wire_records(share) for leader, share in shares},
+    )
+
+
+async def drive_to_leaders(
+    reactor: Any,
+    shares: LeaderShares,
+    load: ProduceLoad,
+    cpu_groups: Mapping[str, Sequence[int]],
+    refusals: Counter[str] | None = None,
+) -> tuple[dict[str, ProduceReport], dict[str, float]]:
+    """``load`` as ``load.connections`` producers of the cluster clients' way
+    (``_SharesConnection``), one closed loop; the report is under ``"leaders"``."""
+    producers: list[Any] = []
+    for _ in range(load.connections):
+        connections = {
+            leader: await connect(reactor, host, port, *APP)
+            for leader, (host, port) in shares.addresses.items()
+        }
+        producer: Any = _SharesConnection(connections, shares.frames)
+        if refusals is not None:
+            producer = _CountingRefusals(producer, refusals)
+        producers.append(producer)
+    driver = _ProduceDriver(reactor, producers, b"", load)
+    cpu = CpuMeter(cpu_groups)
+    run = driver.run()
+    run.addTimeout(load.seconds + RUN_GRACE_SECONDS, reactor)
+    report = await run
+    return {"leaders": report}, cpu.read()
 
 
 def combined(reports: Sequence[ProduceReport]) -> ProduceReport:

@@ -93,11 +93,14 @@ from _cluster import (
     Etcd,
     combined,
     drive,
+    drive_to_leaders,
     forwarded_fraction,
+    leader_shares,
     read_placement,
     request_records,
     running_cluster,
     running_etcd,
+    shares_forwarded,
     wait_until_produces,
 )
 from _common import (
@@ -126,9 +129,15 @@ from logbroker.storage._segment import LOG_SUFFIX, is_segment_file
 SINGLE = "single"
 RF3_GC_OFF = "rf3-gc-off"
 RF3_GC_ON = "rf3-gc-on"
+FORWARDED = "forwarded"
+LEADERS = "leaders"
 REPLICATION_FACTOR = 3
 #: Acknowledged records/s the replication factor 3 setups should reach on a 2-core machine.
 TARGET_RECORDS_PER_S = 100_000.0
+#: The least share of the single node's records/s each way of reaching a replication factor 3
+#: cluster should reach, in the same round: with the project's cluster clients (each share to
+#: its leader), and through forwarding (a client that knows one address).
+TARGET_RATIO = {LEADERS: 0.6, FORWARDED: 0.5}
 #: How long the copies of a round's topic may take to reach the same size on every node.
 _SETTLE_SECONDS = 15.0
 _RANGES_DIR = "ranges"
@@ -239,6 +248,10 @@ class Setup:
     nodes: tuple[Node, ...]
     #: The cluster's id in etcd; None for the single node (its own control plane).
     cluster_id: str | None = None
+    #: How the load reaches a cluster: ``forwarded`` (each connection to one node in turn,
+    #: which forwards the shares other nodes lead) or ``leaders`` (each request cut into one
+    #: share per leader, as the project's cluster clients send it).
+    routing: str = FORWARDED
 
 
 class Run:
@@ -274,17 +287,20 @@ class Run:
         groups: dict[str, Sequence[int]] = {
             "server": [node.process.pid for node in nodes],
             "etcd": self.etcd.pids,
-            "idle": [
-                node.process.pid
-                for other in self.setups
-                if other is not setup
-                for node in other.nodes
-            ],
+            "idle": sorted(
+                {node.process.pid for other in self.setups for node in other.nodes}
+                - {node.process.pid for node in nodes}
+            ),
         }
         if setup.cluster_id is not None:
             groups.update({node.name: [node.process.pid] for node in nodes})
         refusals: Counter[str] = Counter()
-        reports, cpu = await drive(reactor, nodes, frame, load, groups, refusals)
+        shares = None
+        if setup.routing == LEADERS:
+            shares = leader_shares(nodes[0], topic, frame)
+            reports, cpu = await drive_to_leaders(reactor, shares, load, groups, refusals)
+        else:
+            reports, cpu = await drive(reactor, nodes, frame, load, groups, refusals)
         report = combined(list(reports.values()))
         node_cpu = {name: cpu.pop(f"{name}_cpu") for name in groups.keys() - _GROUPS}
         result: dict[str, Any] = {**produce_result(setup.name, report), **cpu}
@@ -307,9 +323,12 @@ class Run:
         names = [node.name for node in nodes]
         result["node_cpu"] = {name: node_cpu[name] for name in names}
         placement = read_placement(self.etcd, setup.cluster_id, names, topic, keys)
-        result["forwarded"] = forwarded_fraction(
-            placement, result["records_by_node"], load.batch, len(keys)
-        )
+        if shares is None:
+            result["forwarded"] = forwarded_fraction(
+                placement, result["records_by_node"], load.batch, len(keys)
+            )
+        else:
+            result["forwarded"] = shares_forwarded(placement, shares)
         result["records_led"] = {
             name: count / len(keys) for name, count in placement.per_request.items()
         }
@@ -376,6 +395,11 @@ class Run:
                 summary["ratio_to_single"] = statistics.median(paired) if paired else float("nan")
                 line += f"  {setup.name}/single={summary['ratio_to_single']:.2f}x"
             if setup.cluster_id is not None:
+                wanted = TARGET_RATIO[setup.routing]
+                summary["target_ratio"] = wanted
+                ratio_met = summary["ratio_to_single"] >= wanted
+                summary["ratio_target"] = "met" if ratio_met else "missed"
+                line += f"  target >= {wanted:.1f}x: {'met' if ratio_met else 'MISSED'}"
                 met = summary["records_per_s"] >= TARGET_RECORDS_PER_S
                 summary["target_records_per_s"] = TARGET_RECORDS_PER_S
                 summary["target"] = "met" if met else "missed"
@@ -467,6 +491,14 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         help="SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS of the clusters (default: the broker's)",
     )
     parser.add_argument(
+        "--routing",
+        choices=("both", FORWARDED, LEADERS),
+        default="both",
+        help="how the load reaches each cluster: forwarded (each connection to one node, "
+        "which forwards what other nodes lead), leaders (each request cut into one share per "
+        "leader, as the project's cluster clients send it; setup <cluster>-leaders), or both",
+    )
+    parser.add_argument(
         "--ranges",
         type=positive_int,
         help="SVC_TOPIC_RANGES of every broker: ranges per topic (default: the broker's)",
@@ -502,6 +534,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "off": [RF3_GC_OFF],
         "on": [RF3_GC_ON],
     }[args.replication_group_commit]
+    routings = [FORWARDED, LEADERS] if args.routing == "both" else [args.routing]
     with contextlib.ExitStack() as stack:
         workdir = stack.enter_context(work_directory(args.dir, "bench-replicated-"))
         if args.profile is not None:
@@ -529,7 +562,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                     profiles=args.profile,
                 )
             )
-            setups.append(Setup(name, tuple(nodes), cluster_id))
+            for routing in routings:
+                setup_name = name if routing == FORWARDED else f"{name}-{LEADERS}"
+                setups.append(Setup(setup_name, tuple(nodes), cluster_id, routing))
         run = Run(args, setups, etcd)
 
         def measure(reactor: Any) -> Deferred[None]:

@@ -65,6 +65,47 @@ def logged() -> Iterator[list[dict[str, Any]]]:
 
 SIMULATION = Path(__file__).parent / "simulation"
 
+#: The modules that test the native extensions themselves, against their Python references:
+#: not collected with ``--without-native`` (there is nothing of theirs to test).
+NATIVE_ONLY = frozenset(
+    {
+        "test_native_encoder.py",
+        "test_native_record_check.py",
+        "test_native_sealed_scan.py",
+        "test_native_produce_path.py",
+        "test_native_decoder.py",
+        "test_transcode.py",
+    }
+)
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--without-native",
+        action="store_true",
+        help="the suite of a tree whose native extensions are not built (as where no compiler "
+        "was): everything runs on the Python paths; refused if the extensions are built",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not config.getoption("--without-native"):
+        return
+    from logbroker.storage import BATCH_ENCODER
+    from logbroker.wire.primitives import RECORD_DECODER
+
+    if "native" in {BATCH_ENCODER, RECORD_DECODER}:
+        raise pytest.UsageError(
+            "--without-native: the native extensions are built in this tree (batch encoder "
+            f"{BATCH_ENCODER}, record decoder {RECORD_DECODER}); run it from a tree without them"
+        )
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    if config.getoption("--without-native") and collection_path.name in NATIVE_ONLY:
+        return True
+    return None
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # The simulation's tests go last: they collect what its seeds' workers found while the

@@ -152,3 +152,56 @@ def test_a_node_leading_everything_forwards_nothing_from_its_producers() -> None
 
     assert cluster.forwarded_fraction(placement, {"n1": 500, "n2": 0}, 100, 100) == 0.0
     assert cluster.forwarded_fraction(placement, {"n1": 0, "n2": 500}, 100, 100) == 1.0
+
+
+def _shares(by_leader: dict[str, list[bytes]]) -> object:
+    return cluster.LeaderShares(
+        addresses={leader: ("127.0.0.1", 1) for leader in by_leader},
+        frames={leader: b"frame-" + leader.encode() for leader in by_leader},
+        records={
+            leader: tuple(Record(b"v", key=key) for key in keys)
+            for leader, keys in by_leader.items()
+        },
+    )
+
+
+def test_shares_cut_by_leaders_that_agree_with_etcd_forward_nothing() -> None:
+    placement = cluster.Placement(
+        leaders={"t.0": "n1", "t.1": "n2"},
+        per_request={"n1": 2, "n2": 1},
+        key_leaders={b"a": "n1", b"b": "n1", b"c": "n2"},
+    )
+
+    agreeing = _shares({"n1": [b"a", b"b"], "n2": [b"c"]})
+    astray = _shares({"n1": [b"a"], "n2": [b"b", b"c"]})
+
+    assert cluster.shares_forwarded(placement, agreeing) == 0.0
+    assert cluster.shares_forwarded(placement, astray) == pytest.approx(1 / 3)
+
+
+class _HeldConnection:
+    """A load connection whose answers the test gives."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, object]] = []
+
+    def send(self, frame: bytes, due: float, answered: object) -> None:
+        self.sent.append((frame, answered))
+
+
+def test_a_request_cut_by_leaders_is_answered_once_every_share_is_with_the_first_error() -> None:
+    from logbroker import wire
+
+    n1, n2 = _HeldConnection(), _HeldConnection()
+    producer = cluster._SharesConnection({"n1": n1, "n2": n2}, {"n1": b"one", "n2": b"two"})
+    answers: list[tuple[wire.Response, float]] = []
+
+    producer.send(b"ignored", 7.0, lambda response, due: answers.append((response, due)))
+
+    assert [frame for frame, _ in n1.sent] == [b"one"]
+    assert [frame for frame, _ in n2.sent] == [b"two"]
+    refused = wire.Response(1, b"", "no_quorum")
+    n2.sent[0][1](refused, 7.0)  # type: ignore[operator]
+    assert answers == []
+    n1.sent[0][1](wire.Response(2, b""), 7.0)  # type: ignore[operator]
+    assert answers == [(refused, 7.0)]

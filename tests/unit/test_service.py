@@ -29,6 +29,7 @@ from logbroker.service import (
     GC_THRESHOLDS,
     GIL_SWITCH_INTERVAL_SECONDS,
     ClientPortService,
+    StorageService,
     build_service,
     listen_tcp,
     log_config_for,
@@ -439,3 +440,34 @@ def test_with_replication_the_boot_log_says_which_group_commit_settings_apply() 
         " SVC_GROUP_COMMIT_INTERVAL_MS=2 do not apply"
     ]
     assert lines == [], "at replication factor 1, SVC_GROUP_COMMIT* apply as set"
+
+
+def test_the_storage_says_at_boot_which_encoder_and_decoder_it_runs_and_warns_without_native(
+    tmp_path: Path, logged: list[dict[str, Any]]
+) -> None:
+    from logbroker.storage import BATCH_ENCODER, LogConfig
+    from logbroker.wire.primitives import RECORD_DECODER
+
+    reactor = MemoryReactorClock()
+    fs = OsFileSystem()
+    data_dir = DataDirectory.open(str(tmp_path / "data"), fs)
+    storage = StorageService(reactor, data_dir, fs, LogConfig(), Metrics(Clock()))
+    storage.startService()
+    try:
+        for hook, args, kwargs in reactor.whenRunningHooks:
+            hook(*args, **kwargs)
+    finally:
+        result_of(storage.stopService())
+
+    texts = [formatEvent(event) for event in logged]
+    ready = [text for text in texts if text.startswith("Storage ready")]
+    assert len(ready) == 1
+    assert f"{BATCH_ENCODER} batch encoder, {RECORD_DECODER} record decoder" in ready[0]
+    warned = [text for text in texts if "is not built" in text]
+    # Built (the default suite), no warning; not built (the suite's --without-native pass,
+    # scripts/check), the Python paths run and the broker says why produce is slower.
+    if BATCH_ENCODER == RECORD_DECODER == "native":
+        assert warned == []
+    else:
+        assert len(warned) == 1
+        assert "python encoder and the python decoder" in warned[0]

@@ -27,7 +27,7 @@ import pytest
 from crc32c import crc32c
 
 from logbroker.records import ProducerStamp, Record, StoredRecord
-from logbroker.storage import _speedups
+from logbroker.storage import _format
 from logbroker.storage._format import (
     FORMAT_VERSION,
     STAMPED_BATCH_VERSION,
@@ -69,12 +69,13 @@ def _from_wire_bytes(base_offset: int, records: Sequence[Record]) -> bytes:
     return frame_wire_records(base_offset, encode_wire_records(records))
 
 
-#: Every batch encoder must write the pinned bytes: the native one, the Python one it falls back
-#: to, and the produce path's, which frames records from their wire bytes.
+#: Every batch encoder must write the pinned bytes: the broker's (the native one where it is
+#: built, ``tests/unit/storage/test_native_encoder.py``), the Python one it falls back to, and the
+#: produce path's, which frames records from their wire bytes.
 BATCH_ENCODERS = pytest.mark.parametrize(
     "encode_batch",
-    [_speedups.encode_batch, encode_batch_python, _from_wire_bytes],
-    ids=["native", "python", "from-wire-bytes"],
+    [_format.encode_batch, encode_batch_python, _from_wire_bytes],
+    ids=["broker", "python", "from-wire-bytes"],
 )
 
 ONE_RECORD = [Record(b"hello, logbroker", key=None, timestamp_ms=1_700_000_000_000)]
