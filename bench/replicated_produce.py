@@ -12,7 +12,16 @@ each setup in turn:
   logs' group commit at replication factor above 1, which replaces ``SVC_GROUP_COMMIT`` there;
   ``--replication-group-commit-interval-ms`` sets its period, else the broker's default), the
   connections split evenly over the three nodes (``--connections`` must be a multiple of 3;
-  the default 6 x 8 in flight is ``cluster_produce.py``'s load, two connections per node).
+  the default 6 x 8 in flight is ``cluster_produce.py``'s load, two connections per node);
+* ``rf3-gc-off-leaders`` and ``rf3-gc-on-leaders``: the same clusters driven as the project's
+  cluster clients (``ClusterClient``, ``BlockingClusterClient``) produce: ``--connections``
+  producers, each with a connection to every leader of the topic, each request's records cut
+  into one share per leader with the clients' own ``LeaderMap`` (from ``topic_leaders``) and
+  the shares sent together, the request answered once every share is (``--routing`` picks
+  ``forwarded``, ``leaders`` or both).
+
+Targets, as ratios to the single node in the same round: at least 0.6x with the project's
+clients (``-leaders``) and 0.5x through forwarding (``TARGET_RATIO``).
 
 At replication factor 3 on three nodes every segment has a copy on every node: its primary
 (the first replica) assigns offsets, appends, fsyncs and streams the stored bytes to the other
@@ -40,7 +49,9 @@ short of the acknowledged records is printed as such and flagged ``complete: fal
 per node) and the requests still in flight when the window closed. For the cluster, as in
 ``cluster_produce.py``, the **forwarded fraction** (acknowledged records whose range another node
 leads than the one their producer is connected to) and the share of each request's records each
-node leads are computed from the topic's ranges and their primaries read from etcd.
+node leads are computed from the topic's ranges and their primaries read from etcd; with
+``-leaders``, the forwarded fraction is that of the records sent to a node that by etcd does not
+lead their range (0 unless ``topic_leaders`` and etcd disagree).
 
 How: everything is ``cluster_produce.py``'s machinery (``bench/_cluster.py``): a three-member
 etcd (the ``etcd`` on ``PATH``; its data in ``/dev/shm`` when there is one), shared by both
