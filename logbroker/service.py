@@ -648,7 +648,7 @@ def build_service(
         reactor,
         data_dir,
         fs,
-        log_config_for(config),
+        log_config_for(config, shared_flush),
         metrics,
         file_limit=file_limit,
         shared_flush=shared_flush,
@@ -899,12 +899,16 @@ def _replicated(config: BrokerConfig) -> bool:
     return config.cluster.replication_factor > 1
 
 
-def log_config_for(config: BrokerConfig) -> LogConfig:
+def log_config_for(config: BrokerConfig, shared_flush: bool = False) -> LogConfig:
     """The range logs' settings: with replication, a log is a replica (its readers see only
     what a quorum holds, its primary decides when it rolls) and the replication group commit
     settings apply (``SVC_REPLICATION_GROUP_COMMIT*``) in place of ``SVC_GROUP_COMMIT`` and
-    ``SVC_GROUP_COMMIT_INTERVAL_MS``, which it logs."""
+    ``SVC_GROUP_COMMIT_INTERVAL_MS``, which it logs. With ``shared_flush`` (one sync for every
+    range's writes) no log parks its appends: the sync's rounds are the group commit, and the
+    settings of parking do not apply, which it logs (decision 0023)."""
     log_config = config.storage.log
+    if shared_flush:
+        return _no_parking(config, log_config)
     if not _replicated(config):
         return log_config
     cluster = config.cluster
@@ -927,6 +931,31 @@ def log_config_for(config: BrokerConfig) -> LogConfig:
         group_commit=cluster.replication_group_commit,
         group_commit_interval_ms=cluster.replication_group_commit_interval_ms,
     )
+
+
+def _no_parking(config: BrokerConfig, log_config: LogConfig) -> LogConfig:
+    replicated = _replicated(config)
+    prefix = "SVC_REPLICATION_GROUP_COMMIT" if replicated else "SVC_GROUP_COMMIT"
+    group_commit, interval_ms = (
+        (
+            config.cluster.replication_group_commit,
+            config.cluster.replication_group_commit_interval_ms,
+        )
+        if replicated
+        else (log_config.group_commit, log_config.group_commit_interval_ms)
+    )
+    log.info(
+        "Group commit is the shared sync's rounds (SVC_FSYNC_SCOPE=filesystem): an append goes"
+        " into the next round at once, and every append that arrives while a round runs goes"
+        " into the one after it, so no append is parked; {prefix}={group_commit} and"
+        " {prefix}_INTERVAL_MS={interval_ms} do not apply (they do with SVC_FSYNC_SCOPE=file)",
+        prefix=prefix,
+        group_commit=_flag(group_commit),
+        interval_ms=interval_ms,
+    )
+    if replicated:
+        return attrs.evolve(log_config, replicated=True, auto_roll=False, group_commit=False)
+    return attrs.evolve(log_config, group_commit=False)
 
 
 def _shared_flush(scope: FsyncScope) -> bool:

@@ -53,9 +53,14 @@ VARIABLES: tuple[Variable, ...] = (
         (
             "SVC_GROUP_COMMIT",
             "false",
-            "park appends (replication factor 1) for up to the interval so one fsync covers them",
+            "park appends (replication factor 1) for up to the interval so one fsync covers"
+            " them; only with `SVC_FSYNC_SCOPE=file`",
         ),
-        ("SVC_GROUP_COMMIT_INTERVAL_MS", "5", "how long an append may be parked"),
+        (
+            "SVC_GROUP_COMMIT_INTERVAL_MS",
+            "5",
+            "how long an append may be parked; only with `SVC_FSYNC_SCOPE=file`",
+        ),
         ("SVC_GROUP_COMMIT_FLUSH_MAX_RECORDS", "8000", "parked records that flush at once"),
         (
             "SVC_GROUP_COMMIT_MAX_INFLIGHT",
@@ -296,12 +301,13 @@ VARIABLES: tuple[Variable, ...] = (
         (
             "SVC_REPLICATION_GROUP_COMMIT",
             "false",
-            "group commit for replication factor above 1; only for hot, fsync-bound ranges",
+            "group commit for replication factor above 1; only for hot, fsync-bound ranges;"
+            " only with `SVC_FSYNC_SCOPE=file`",
         ),
         (
             "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS",
             "10",
-            "flush period of replicated group commit",
+            "flush period of replicated group commit; only with `SVC_FSYNC_SCOPE=file`",
         ),
     ),
     *_section(

@@ -442,6 +442,42 @@ def test_with_replication_the_boot_log_says_which_group_commit_settings_apply() 
     assert lines == [], "at replication factor 1, SVC_GROUP_COMMIT* apply as set"
 
 
+def test_with_one_sync_for_every_range_no_log_parks_and_the_boot_log_says_so() -> None:
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_namespace") == "logbroker.service":
+            lines.append(formatEvent(event))
+
+    single_env = {"SVC_GROUP_COMMIT": "true", "SVC_GROUP_COMMIT_INTERVAL_MS": "4"}
+    replicated_env = {
+        "SVC_CONTROL_PLANE": "etcd://e1:2379",
+        "SVC_LOG_REPLICATION_FACTOR": "3",
+        "SVC_REPLICATION_GROUP_COMMIT": "true",
+        "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS": "7",
+    }
+    globalLogPublisher.addObserver(observe)
+    try:
+        single = log_config_for(BrokerConfig.from_env(single_env)[0], shared_flush=True)
+        replicated = log_config_for(BrokerConfig.from_env(replicated_env)[0], shared_flush=True)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+
+    assert not single.group_commit
+    assert single.auto_roll
+    assert not single.replicated
+    assert not replicated.group_commit
+    assert replicated.replicated
+    assert not replicated.auto_roll
+    assert len(lines) == 2
+    assert lines[0].startswith("Group commit is the shared sync's rounds")
+    assert "SVC_GROUP_COMMIT=true and SVC_GROUP_COMMIT_INTERVAL_MS=4 do not apply" in lines[0]
+    assert (
+        "SVC_REPLICATION_GROUP_COMMIT=true and SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS=7 do not"
+        " apply" in lines[1]
+    )
+
+
 def test_the_storage_says_at_boot_which_encoder_and_decoder_it_runs_and_warns_without_native(
     tmp_path: Path, logged: list[dict[str, Any]]
 ) -> None:
