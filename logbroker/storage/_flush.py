@@ -27,7 +27,7 @@ a failed fsync of its own.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import cast
 
 from twisted.internet.defer import Deferred
@@ -50,6 +50,8 @@ class SharedFlush:
         self._executor = executor
         self._clock = clock
         self._asked: list[_Asked] = []
+        #: Called when the next round starts (``write``).
+        self._taken: list[Callable[[], object]] = []
         self._running = False
         #: Rounds started so far: each one ``sync_files`` call.
         self.rounds = 0
@@ -65,12 +67,18 @@ class SharedFlush:
             self._start_round()
         return done
 
-    def write(self, file: AppendFile, data: bytes) -> Deferred[float]:
+    def write(
+        self, file: AppendFile, data: bytes, taken: Callable[[], object] | None = None
+    ) -> Deferred[float]:
         """Append ``data`` to ``file`` in the next round, before its sync; fire, with the
         seconds the round's writes and sync took, once it is durable (with everything written
         to ``file`` before); fail with the ``OSError`` of its write or sync. The asks of one
-        file are written in the order they came."""
+        file are written in the order they came. ``taken`` is called when the round that
+        writes it starts (before it runs): a write asked for from then on goes in a later
+        round, so a range that waits for it gathers what comes meanwhile into one write."""
         done = self._ask(file, False, data)
+        if taken is not None:
+            self._taken.append(taken)
         if not self._running:
             self._start_round()
         return done
@@ -91,8 +99,12 @@ class SharedFlush:
 
     def _start_round(self) -> None:
         asked, self._asked = self._asked, []
+        taken, self._taken = self._taken, []
         self._running = True
         self.rounds += 1
+        for tell in taken:
+            # What it asks for now goes in the next round.
+            tell()
         files = [file for file, _, _, _, _ in asked]
         closing = [file for file, _, _, close, _ in asked if close]
         writes: dict[int, tuple[AppendFile, list[bytes]]] = {}

@@ -7,7 +7,8 @@ only after the fsync that covers it, in offset order.
 
 With a ``SharedFlush`` (one sync for every range's writes), a write to the active segment is
 written ahead: it is handed to the flush, whose next round writes and syncs it, and its job ends
-at once, so the next write may follow it into that round or a later one while it waits. Rounds
+when that round starts, so that the next write (what came meanwhile) goes into the round after
+it while it waits. Rounds
 end in the order they ran and write a file's bytes in the order they were handed over, so the
 acknowledgements stay in offset order. Anything that changes the segment itself (a roll, a new
 segment, a seal, trim or fence) waits until every write ahead of it is durable (decision 0023).
@@ -76,6 +77,19 @@ class Append:
         self.deferred: Deferred[Appended] = Deferred()
 
 
+class _Ahead:
+    """A write handed to the shared flush: where it goes, and its flush's outcome once known
+    (the seconds its round took, or the failure)."""
+
+    __slots__ = ("outcome", "target", "write", "writer")
+
+    def __init__(self, write: Write[Append], target: Segment, writer: AppendFile) -> None:
+        self.write = write
+        self.target = target
+        self.writer = writer
+        self.outcome: float | Failure | None = None
+
+
 class _Control:
     """A roll, trim, fence or other operation, run in queue order between appends."""
 
@@ -121,7 +135,7 @@ class WritePipeline:
         state.files.writer_in_use = lambda: not self._planner.idle or bool(self._ahead)
         #: Writes written ahead (their job ended) whose flush has not ended yet, oldest first,
         #: and their bytes, which the active segment holds past ``readable_end``.
-        self._ahead: deque[Write[Append]] = deque()
+        self._ahead: deque[_Ahead] = deque()
         self._ahead_bytes = 0
         #: A control operation the planner let run while writes were ahead: it runs once
         #: they are durable.
@@ -217,7 +231,7 @@ class WritePipeline:
             else:
                 self._run_control(step.control)
         elif not self._ahead or self._may_write_ahead():
-            # Else the write goes once the writes ahead are durable (``_ahead_ended``).
+            # Else the write goes once the writes ahead are durable (``_after_ahead``).
             self._start_write()
 
     def _run_control(self, control: _Control) -> None:
@@ -328,42 +342,34 @@ class WritePipeline:
         flush: SharedFlush,
     ) -> None:
         """Hand a write to the active segment to the shared flush, whose next round writes and
-        syncs it; the job ends at once, so the next write may follow it into that round or a
-        later one while it waits."""
-        self._ahead.append(write)
+        syncs it; the job ends when that round starts, so that the appends that come until then
+        go together in the next write, into the round after it, while it waits."""
+        ahead = _Ahead(write, target, writer)
+        self._ahead.append(ahead)
         self._ahead_bytes += write.size
-        flush.write(writer, data).addCallbacks(
-            self._flushed_ahead,
-            self._flush_failed_ahead,
-            callbackArgs=(write, target, writer),
-            errbackArgs=(write,),
-        )
-        self._job_finished()
+        flush.write(writer, data, taken=self._job_finished).addBoth(self._flush_ended, ahead)
 
-    def _flushed_ahead(
-        self, seconds: float, write: Write[Append], target: Segment, writer: AppendFile
-    ) -> None:
-        self._ahead_ended(write)
-        if self.failure is not None:
-            self._fail_ahead(write)
-        else:
-            self._complete((writer, seconds, None), write, target, None)
-            self._settle()
+    def _flush_ended(self, outcome: float | Failure, ahead: _Ahead) -> None:
+        """A write ahead is durable (the seconds its round took) or failed. Its outcome waits
+        for those of the writes before it: they are settled in the order they were written."""
+        ahead.outcome = outcome
+        while self._ahead and self._ahead[0].outcome is not None:
+            ended = self._ahead.popleft()
+            self._ahead_bytes -= ended.write.size
+            self._settle_ahead(ended)
         self._after_ahead()
 
-    def _flush_failed_ahead(self, failure: Failure, write: Write[Append]) -> None:
-        self._ahead_ended(write)
+    def _settle_ahead(self, ahead: _Ahead) -> None:
+        outcome, write = ahead.outcome, ahead.write
         if self.failure is not None:
             self._fail_ahead(write)
-        else:
+        elif isinstance(outcome, Failure):
             self._planner.written(write.records)
-            self.take_out_of_service(failure, write.appends)
-        self._after_ahead()
-
-    def _ahead_ended(self, write: Write[Append]) -> None:
-        ended = self._ahead.popleft()
-        assert ended is write, "flushes end in the order they were asked for"
-        self._ahead_bytes -= write.size
+            self.take_out_of_service(outcome, write.appends)
+        else:
+            assert outcome is not None
+            self._complete((ahead.writer, outcome, None), write, ahead.target, None)
+            self._settle()
 
     def _fail_ahead(self, write: Write[Append]) -> None:
         """``write`` was written after a write, fsync or seal failed: it fails with them."""
