@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from twisted.internet.defer import Deferred, TimeoutError, ensureDeferred, succeed
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -26,8 +26,17 @@ from logbroker.client._retry import (
 )
 from logbroker.records import ProducerStamp, Record
 
-if TYPE_CHECKING:
-    from logbroker.client._protocol import BrokerClient
+
+class StampedClient(Protocol):
+    """What a produce is tried through: a connection that sends one produce with a stamp
+    (``BrokerClient``)."""
+
+    #: Set once the broker said it does not know ``produce_idempotent``: not retried then.
+    sends_plain_produce: bool
+
+    def _produce_stamped(
+        self, topic: str, records: tuple[Record, ...], stamp: ProducerStamp
+    ) -> Deferred[int]: ...
 
 
 class TryFailed(Exception):
@@ -39,6 +48,8 @@ class TryFailed(Exception):
         self.error = error
         self.retried = retried
 
+
+_Client = TypeVar("_Client", bound=StampedClient)
 
 #: One try of a produce with a stamp, given the produce's retries (None: not retried) and the
 #: last try's error: fires with the count appended, or fails (``TryFailed`` to be retried).
@@ -66,7 +77,7 @@ class StampedProducer:
         self,
         topic: str,
         records: tuple[Record, ...],
-        connection: Callable[[], Deferred[BrokerClient]],
+        connection: Callable[[], Deferred[_Client]],
         *,
         reconnects: bool = False,
         give_up_after: float | None = None,
@@ -127,10 +138,10 @@ class StampedProducer:
 
     async def _connected(
         self,
-        connection: Callable[[], Deferred[BrokerClient]],
+        connection: Callable[[], Deferred[_Client]],
         retries: Retries | None,
         last: Exception | None,
-    ) -> BrokerClient:
+    ) -> _Client:
         """The client to try through; with ``retries``, waited for no longer than they last."""
         if retries is None:
             return await connection()
