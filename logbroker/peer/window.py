@@ -155,7 +155,9 @@ class RequestWindow:
             lane.waiting = 0
         self._held_bytes = 0
         for request in [*sent.values(), *held]:
-            request.answer.errback(error)
+            # An earlier one's callbacks may have given up on (cancelled) this one already.
+            if not request.answer.called:
+                request.answer.errback(error)
 
     def _send(self, request: _Request) -> None:
         request.correlation_id = correlation_id = self._next_correlation_id()
@@ -174,8 +176,10 @@ class RequestWindow:
         is ignored, and its room goes to the next held back."""
         lane = request.lane
         if request.correlation_id is None:
-            lane.held.remove(request)
-            self._held_bytes -= len(request.payload)
+            # Not held any more once the connection ended (``fail_all``).
+            if request in lane.held:
+                lane.held.remove(request)
+                self._held_bytes -= len(request.payload)
             return
         if self._sent.pop(request.correlation_id, None) is not None:
             lane.waiting -= 1
