@@ -9,7 +9,9 @@ from tests.certify.harness import Certification, Outcome
 from tests.certify.view import CheckFailed
 
 #: At replication factor 3 the group-commit interval in effect is this one (with
-#: ``SVC_REPLICATION_GROUP_COMMIT`` on); ``SVC_GROUP_COMMIT_INTERVAL_MS`` is the factor-1 knob.
+#: ``SVC_REPLICATION_GROUP_COMMIT`` on, and an fsync per range's file: with one sync for every
+#: range no append is parked, decision 0023); ``SVC_GROUP_COMMIT_INTERVAL_MS`` is the factor-1
+#: knob.
 REPLICATED_INTERVAL = "SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS"
 #: A value every node refuses at boot (exit status 2, naming the variable).
 BAD_SETTING = ("SVC_SEGMENT_MAX_BYTES", "sixty-four megabytes")
@@ -22,9 +24,13 @@ def rolling_config(cert: Certification) -> Outcome:
     keep being acknowledged, and each node's boot log states the new value in effect.
 
     ``SVC_GROUP_COMMIT_INTERVAL_MS`` is changed as well; at replication factor 3 the node logs
-    that it does not apply, and the interval it does apply is changed with it."""
+    that it does not apply, and the interval it does apply is changed with it. The first roll
+    also moves each node from one sync for every range to an fsync per range's file
+    (``SVC_FSYNC_SCOPE=file``), where the interval parks appends: the cluster runs mixed
+    while it rolls, and in the other mode from then on."""
     interval = "3" if cert.brokers[0].settings.get(REPLICATED_INTERVAL) == "7" else "7"
     change = {
+        "SVC_FSYNC_SCOPE": "file",
         "SVC_REPLICATION_GROUP_COMMIT": "true",
         REPLICATED_INTERVAL: interval,
         "SVC_GROUP_COMMIT_INTERVAL_MS": interval,
