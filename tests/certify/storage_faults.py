@@ -100,7 +100,13 @@ def _damage(cert: Certification, follower: Broker) -> list[str]:
     followed = [
         s for s in segments if follower.node_id in s["replicas"][1:] and s["record_count"] != 0
     ]
-    active = [s for s in followed if s["state"] == "active" and _copy(follower, s, ".log").exists()]
+    # Copies active here when the node stopped: also those whose segment the others have sealed
+    # since (a segment with a dead replica rolls onto the live nodes), which this copy has not.
+    active = [
+        s
+        for s in followed
+        if _copy(follower, s, ".log").exists() and not _copy(follower, s, ".sealed").exists()
+    ]
     sealed = _sealed_followed(cert, follower)
     done: list[str] = []
 
