@@ -903,59 +903,48 @@ def log_config_for(config: BrokerConfig, shared_flush: bool = False) -> LogConfi
     """The range logs' settings: with replication, a log is a replica (its readers see only
     what a quorum holds, its primary decides when it rolls) and the replication group commit
     settings apply (``SVC_REPLICATION_GROUP_COMMIT*``) in place of ``SVC_GROUP_COMMIT`` and
-    ``SVC_GROUP_COMMIT_INTERVAL_MS``, which it logs. With ``shared_flush`` (one sync for every
-    range's writes) no log parks its appends: the sync's rounds are the group commit, and the
-    settings of parking do not apply, which it logs (decision 0023)."""
-    log_config = config.storage.log
-    if shared_flush:
-        return _no_parking(config, log_config)
-    if not _replicated(config):
-        return log_config
-    cluster = config.cluster
-    log.info(
-        "Replication factor {factor}: group commit follows"
-        " SVC_REPLICATION_GROUP_COMMIT={group_commit} and"
-        " SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS={interval_ms};"
-        " SVC_GROUP_COMMIT={unused_group_commit} and"
-        " SVC_GROUP_COMMIT_INTERVAL_MS={unused_interval_ms} do not apply",
-        factor=cluster.replication_factor,
-        group_commit=_flag(cluster.replication_group_commit),
-        interval_ms=cluster.replication_group_commit_interval_ms,
-        unused_group_commit=_flag(log_config.group_commit),
-        unused_interval_ms=log_config.group_commit_interval_ms,
-    )
-    return attrs.evolve(
-        log_config,
-        replicated=True,
-        auto_roll=False,
-        group_commit=cluster.replication_group_commit,
-        group_commit_interval_ms=cluster.replication_group_commit_interval_ms,
-    )
-
-
-def _no_parking(config: BrokerConfig, log_config: LogConfig) -> LogConfig:
+    ``SVC_GROUP_COMMIT_INTERVAL_MS``. With ``shared_flush`` (one sync for every range's
+    writes) no log parks its appends: the sync's rounds are the group commit (decision 0023).
+    It logs which settings do not apply."""
+    given = config.storage.log
     replicated = _replicated(config)
-    prefix = "SVC_REPLICATION_GROUP_COMMIT" if replicated else "SVC_GROUP_COMMIT"
-    group_commit, interval_ms = (
-        (
-            config.cluster.replication_group_commit,
-            config.cluster.replication_group_commit_interval_ms,
-        )
-        if replicated
-        else (log_config.group_commit, log_config.group_commit_interval_ms)
-    )
-    log.info(
-        "Group commit is the shared sync's rounds (SVC_FSYNC_SCOPE=filesystem): an append goes"
-        " into the next round at once, and every append that arrives while a round runs goes"
-        " into the one after it, so no append is parked; {prefix}={group_commit} and"
-        " {prefix}_INTERVAL_MS={interval_ms} do not apply (they do with SVC_FSYNC_SCOPE=file)",
-        prefix=prefix,
-        group_commit=_flag(group_commit),
-        interval_ms=interval_ms,
-    )
+    log_config = given
     if replicated:
-        return attrs.evolve(log_config, replicated=True, auto_roll=False, group_commit=False)
-    return attrs.evolve(log_config, group_commit=False)
+        cluster = config.cluster
+        log_config = attrs.evolve(
+            given,
+            replicated=True,
+            auto_roll=False,
+            group_commit=cluster.replication_group_commit,
+            group_commit_interval_ms=cluster.replication_group_commit_interval_ms,
+        )
+    if shared_flush:
+        prefix = "SVC_REPLICATION_GROUP_COMMIT" if replicated else "SVC_GROUP_COMMIT"
+        log.info(
+            "Group commit is the shared sync's rounds (SVC_FSYNC_SCOPE=filesystem): a range's"
+            " appends that arrive while its write and sync run go together in its next write,"
+            " and every range's writes share each sync, so no append is parked;"
+            " {prefix}={group_commit} and {prefix}_INTERVAL_MS={interval_ms} do not apply"
+            " (they do with SVC_FSYNC_SCOPE=file)",
+            prefix=prefix,
+            group_commit=_flag(log_config.group_commit),
+            interval_ms=log_config.group_commit_interval_ms,
+        )
+        return attrs.evolve(log_config, group_commit=False)
+    if replicated:
+        log.info(
+            "Replication factor {factor}: group commit follows"
+            " SVC_REPLICATION_GROUP_COMMIT={group_commit} and"
+            " SVC_REPLICATION_GROUP_COMMIT_INTERVAL_MS={interval_ms};"
+            " SVC_GROUP_COMMIT={unused_group_commit} and"
+            " SVC_GROUP_COMMIT_INTERVAL_MS={unused_interval_ms} do not apply",
+            factor=config.cluster.replication_factor,
+            group_commit=_flag(log_config.group_commit),
+            interval_ms=log_config.group_commit_interval_ms,
+            unused_group_commit=_flag(given.group_commit),
+            unused_interval_ms=given.group_commit_interval_ms,
+        )
+    return log_config
 
 
 def _shared_flush(scope: FsyncScope) -> bool:
