@@ -271,6 +271,28 @@ def _reopen_job(fs: FileSystem, directory: str, path: str, base_offset: int) -> 
     return segment
 
 
+def _finish_start_job(
+    fs: FileSystem, directory: str, path: str, marker: EpochMarker
+) -> AppendFile | None:
+    """After ``start_segment`` of the segment at ``path`` failed midway (its marker or its
+    file could not be made durable), the same start again once a probe succeeds: the marker
+    written (a replace, so a marker the failed start published is simply written again), then
+    the file made or, if the failed start made it, opened, its directory entry durable. The
+    result is what a start that had succeeded leaves, so appends go on from ``marker``'s base.
+    ``None`` when more is in doubt: a newer segment file, or bytes in this one (nothing can
+    have been appended to a segment whose start never finished)."""
+    if any(e > posixpath.basename(path) for e in fs.list_dir(directory) if e.endswith(LOG_SUFFIX)):
+        return None
+    _probe(fs, directory)
+    if fs.exists(path) and fs.size(path) > 0:
+        return None
+    fs.write_atomic(path.removesuffix(LOG_SUFFIX) + EPOCH_SUFFIX, encode_epoch(marker))
+    if not fs.exists(path):
+        return create_segment(fs, directory, path)
+    fs.sync_dir(directory)
+    return fs.open_append(path)
+
+
 def _alone_at_the_end(fs: FileSystem, directory: str, path: str) -> bool:
     """Whether the segment at ``path`` has no seal marker and no newer segment beside it."""
     if fs.exists(path.removesuffix(LOG_SUFFIX) + SEAL_SUFFIX):

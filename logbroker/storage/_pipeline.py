@@ -24,12 +24,13 @@ from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
-from logbroker.storage._format import BatchInfo
+from logbroker.storage._format import BatchInfo, EpochMarker
 from logbroker.storage._fs import AppendFile, FileSystem
 from logbroker.storage._jobs import (
     Rolled,
     SealPlan,
     _back_in_service_job,
+    _finish_start_job,
     _reopen_job,
     _write_job,
     plan_seal,
@@ -402,9 +403,10 @@ class WritePipeline:
         """After a failed write or fsync: once a probe write and fsync succeed, cut the active
         segment back to what was durable and take appends again (``True``). After a seal or
         trim of the last segment that failed midway, the segment is taken as its file now holds
-        it (whatever the cut reached was never committed). ``False`` (still out of service,
-        until a restart) when the failure left more in doubt: a new segment under way, a seal
-        marker written, or rot in the segment. A replicated copy is then brought back in step
+        it (whatever the cut reached was never committed). After a segment start that failed
+        midway, the start is made again (``_finish_start``). ``False`` (still out of service,
+        until a restart) when the failure left more in doubt: a seal marker written, a newer
+        segment file, or rot in the segment. A replicated copy is then brought back in step
         by its primary (a claim fences it and completes it), as after any gap."""
         state = self._state
         if self.failure is None:
@@ -416,14 +418,15 @@ class WritePipeline:
         )
         if cut:
             target = state.segments[-1]
-        if (
-            self._closing
-            or state.starting is not None
-            or target is None
-            or target.damage is not None
-            or target.has_marker
-            or not self._planner.idle
-        ):
+        if self._closing or not self._planner.idle:
+            return succeed(False)
+        if state.starting is not None:
+            if state.active is None:
+                return self._finish_start(state.starting)
+            # The start was still queued behind the write that failed: it never touched the
+            # disk, and its caller was told it failed, so it is forgotten.
+            state.forget_start()
+        if target is None or target.damage is not None or target.has_marker:
             return succeed(False)
         if cut:
             return self._reopen(target)
@@ -441,6 +444,32 @@ class WritePipeline:
             return self._back_in_service(target)
 
         return checking.addCallbacks(checked, self._still_failing)
+
+    def _finish_start(self, base_offset: int) -> Deferred[bool]:
+        """``start_segment`` failed midway (the previous segment is closed, the new one's
+        marker or file not durable): once a probe succeeds, the same start again, so that the
+        log is as that start would have left it (``_finish_start_job``)."""
+        state = self._state
+        epoch = state.epochs.get(base_offset)
+        if epoch is None:
+            return succeed(False)
+        marker = EpochMarker(base_offset, epoch, state.data_epochs.get(base_offset, epoch))
+        finishing = self._executor.run(
+            _finish_start_job, self._fs, state.directory, state.segment_path(base_offset), marker
+        )
+
+        def finished(writer: AppendFile | None) -> bool:
+            if writer is None:
+                return False
+            if self.failure is None or state.starting != base_offset or state.active is not None:
+                writer.close()
+                return False
+            segment = state.add_active(base_offset, writer)
+            state.next_offset = state.durable_offset = base_offset
+            state.starting = None
+            return self._back_in_service(segment)
+
+        return finishing.addCallbacks(finished, self._still_failing)
 
     def _reopen(self, target: Segment) -> Deferred[bool]:
         state = self._state

@@ -157,6 +157,14 @@ class LogState:
 
     # -- changes -----------------------------------------------------------------------------
 
+    def forget_start(self) -> None:
+        """The segment ``start_segment`` was creating will not be: appends go on in the
+        active segment (its offsets are set again by whoever takes it back)."""
+        if self.starting is not None:
+            self.epochs.pop(self.starting, None)
+            self.data_epochs.pop(self.starting, None)
+            self.starting = None
+
     def add_active(self, base_offset: int, writer: AppendFile) -> Segment:
         """A new segment's file exists: it becomes the last segment and takes the appends."""
         segment = Segment(

@@ -3,6 +3,7 @@ gaps, the roll policy, sealing to a given length, installing sealed segments, th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,6 +19,7 @@ from logbroker.storage import (
     InvalidBatchError,
     LogClosedError,
     LogConfig,
+    LogFailedError,
     NotContiguousError,
     OverloadedError,
     RangeLog,
@@ -759,4 +761,114 @@ def test_a_copy_whose_seal_failed_on_a_full_disk_returns_to_service_and_seals_ag
     assert (info.state, info.record_count, info.byte_size) == (CopyState.SEALED, 2, size)
     assert result_of(log.start_segment(2, 1)).base_offset == 2
     result_of(log.append_raw(2, batch(2, 1), epoch=1))
+    assert log.durable_offset == 3
+
+
+def _fail_at_directory_sync(number: int) -> Callable[[str, str], None]:
+    """An ``on_atomic_step`` that fails the ``number``th directory sync it sees."""
+    seen = 0
+
+    def step(name: str, path: str) -> None:
+        nonlocal seen
+        if name == "sync-dir":
+            seen += 1
+            if seen == number:
+                raise OSError(28, "No space left on device (injected)", path)
+
+    return step
+
+
+@pytest.mark.parametrize(
+    ("failing", "shared_flush"),
+    [
+        ("marker-staged", False),
+        ("marker-staged", True),
+        ("marker-renamed", False),
+        ("marker-renamed", True),
+        # Only the shared flush syncs a new file's directory through a handle a test can fail.
+        ("file-made", True),
+    ],
+)
+def test_a_copy_whose_segment_start_failed_on_a_full_disk_returns_to_service_started(
+    shared_flush: bool, failing: str, logged_errors: list[dict[str, Any]]
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, REPLICA, shared_flush=shared_flush)
+    result_of(log.start_segment(0, 1))
+    result_of(log.append_raw(0, batch(0, 2), epoch=1))
+    size = log.active_bytes
+    result_of(log.seal_copy(0, 2, size, epoch=1))
+    if failing == "marker-staged":
+        fs.failing_atomic_writes = 1
+    else:
+        fs.on_atomic_step = _fail_at_directory_sync(1 if failing == "marker-renamed" else 2)
+
+    assert failure_of(log.start_segment(2, 3, data_epoch=2)).check(OSError)
+    assert log.failed
+    assert fs.exists(segment_path(2)) is (failing == "file-made")
+    assert failure_of(log.append_raw(2, batch(2), epoch=3)).check(LogFailedError)
+    fs.on_atomic_step = None
+    logged_errors.clear()
+
+    assert result_of(log.return_to_service()) is True
+
+    assert [s.base_offset for s in log.segments()] == [0, 2]
+    assert (log.segment_epoch(2), log.segment_data_epoch(2)) == (3, 2)
+    result_of(log.append_raw(2, batch(2, 3), epoch=3))
+    assert log.durable_offset == 5
+    result_of(log.close())
+    reopened = open_log(fs.crash(), REPLICA)
+    assert [(s.base_offset, s.state) for s in reopened.segments()] == [
+        (0, CopyState.SEALED),
+        (2, CopyState.ACTIVE),
+    ]
+    assert (reopened.segment_epoch(2), reopened.segment_data_epoch(2)) == (3, 2)
+    assert reopened.next_offset == reopened.durable_offset == 5
+
+
+def test_a_segment_start_that_failed_while_the_disk_is_still_full_is_tried_again_later(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = started(fs)
+    result_of(log.append_raw(0, batch(0, 2), epoch=1))
+    result_of(log.seal_copy(0, 2, log.active_bytes, epoch=1))
+    fs.failing_atomic_writes = 2  # the start's marker, then the first probe
+
+    assert failure_of(log.start_segment(2, 1)).check(OSError)
+    logged_errors.clear()
+    assert result_of(log.return_to_service()) is False
+    assert log.failed
+    assert not fs.exists(segment_path(2)), "a failed probe touches nothing"
+
+    assert result_of(log.return_to_service()) is True
+    result_of(log.append_raw(2, batch(2), epoch=1))
+    assert log.durable_offset == 3
+
+
+def test_a_segment_start_queued_behind_a_failed_write_is_forgotten_when_the_copy_returns(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor, config=REPLICA),
+        executor,
+    )
+    result_of_running(log.start_segment(0, 1), executor)
+    result_of_running(log.append_raw(0, batch(0, 2), epoch=1), executor)
+    fs.failing_syncs = 1
+    failed_append = log.append_raw(2, batch(2), epoch=1)
+    queued_start = log.start_segment(3, 2)
+    executor.run_all()
+
+    assert failure_of(failed_append).check(LogFailedError)
+    assert failure_of(queued_start).check(LogFailedError)
+    logged_errors.clear()
+    assert result_of_running(log.return_to_service(), executor) is True
+
+    assert [s.base_offset for s in log.segments()] == [0]
+    assert log.next_offset == log.durable_offset == 2, "the failed append is cut back"
+    assert result_of_running(log.start_segment(2, 2), executor).base_offset == 2
+    result_of_running(log.append_raw(2, batch(2), epoch=2), executor)
     assert log.durable_offset == 3
