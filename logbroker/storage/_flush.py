@@ -13,25 +13,33 @@ flush of its file; every flush asked for while one runs goes out together in the
 own, so that a round never waits behind a long storage job); one ``syncfs`` per file system on
 the real one, see ``OsFileSystem``. One round runs at a time.
 
-Why a write is durable when its flush fires: its bytes were in the page cache before it asked,
-and the round that covers it started after it asked. A flush that fails fails the write it
-covered, and that log takes itself out of service, as after a failed fsync of its own.
+A range log's plain appends to its active segment go further: ``write`` hands the round the bytes
+themselves, which the round's thread writes (one write per file, the bytes of every ask for it
+joined in order) just before its sync. An append then costs no writer thread and no hop back to
+the reactor between its write and its sync; what arrives while a round runs goes in the next.
+
+Why a write is durable when its flush fires: its bytes were in the page cache before it asked
+(or the round wrote them before its sync), and the round that covers it started after it asked.
+A flush that fails fails the write it covered, and that log takes itself out of service, as after
+a failed fsync of its own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
+from typing import cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
-from logbroker.storage._fs import FileSystem, Syncable, close_each
+from logbroker.storage._fs import AppendFile, FileSystem, Syncable, close_each
 
-#: A file to flush, the flush's Deferred, when it was asked for, and whether to close the
-#: file once flushed.
-_Asked = tuple[Syncable, Deferred[float], float, bool]
+#: A file to flush, the flush's Deferred, when it was asked for, whether to close the file once
+#: flushed, and the bytes the round writes to it first (``write``; None for ``flush``).
+_Asked = tuple[Syncable, Deferred[float], float, bool, bytes | None]
 
 
 class SharedFlush:
@@ -42,6 +50,8 @@ class SharedFlush:
         self._executor = executor
         self._clock = clock
         self._asked: list[_Asked] = []
+        #: Called when the next round starts (``write``).
+        self._taken: list[Callable[[], object]] = []
         self._running = False
         #: Rounds started so far: each one ``sync_files`` call.
         self.rounds = 0
@@ -57,6 +67,22 @@ class SharedFlush:
             self._start_round()
         return done
 
+    def write(
+        self, file: AppendFile, data: bytes, taken: Callable[[], object] | None = None
+    ) -> Deferred[float]:
+        """Append ``data`` to ``file`` in the next round, before its sync; fire, with the
+        seconds the round's writes and sync took, once it is durable (with everything written
+        to ``file`` before); fail with the ``OSError`` of its write or sync. The asks of one
+        file are written in the order they came. ``taken`` is called when the round that
+        writes it starts (before it runs): a write asked for from then on goes in a later
+        round, so a range that waits for it gathers what comes meanwhile into one write."""
+        done = self._ask(file, False, data)
+        if taken is not None:
+            self._taken.append(taken)
+        if not self._running:
+            self._start_round()
+        return done
+
     def flush_each(
         self, files: Sequence[Syncable], *, close: bool = False
     ) -> list[Deferred[float]]:
@@ -66,31 +92,41 @@ class SharedFlush:
             self._start_round()
         return asked
 
-    def _ask(self, file: Syncable, close: bool) -> Deferred[float]:
+    def _ask(self, file: Syncable, close: bool, data: bytes | None = None) -> Deferred[float]:
         done: Deferred[float] = Deferred()
-        self._asked.append((file, done, self._clock.seconds(), close))
+        self._asked.append((file, done, self._clock.seconds(), close, data))
         return done
 
     def _start_round(self) -> None:
         asked, self._asked = self._asked, []
+        taken, self._taken = self._taken, []
         self._running = True
         self.rounds += 1
-        files = [file for file, _, _, _ in asked]
-        closing = [file for file, _, _, close in asked if close]
-        if closing:
-            syncing = self._executor.run(_sync_then_close, self._fs, files, closing)
-        else:
-            syncing = self._executor.run(self._fs.sync_files, files)
+        for tell in taken:
+            # What it asks for now goes in the next round.
+            tell()
+        files = [file for file, _, _, _, _ in asked]
+        closing = [file for file, _, _, close, _ in asked if close]
+        writes: dict[int, tuple[AppendFile, list[bytes]]] = {}
+        for file, _, _, _, data in asked:
+            if data is not None:
+                writes.setdefault(id(file), (cast(AppendFile, file), []))[1].append(data)
+        syncing = self._executor.run(_round, self._fs, list(writes.values()), files, closing)
         syncing.addBoth(self._round_done, asked)
 
-    def _round_done(self, result: list[OSError | None] | Failure, asked: list[_Asked]) -> None:
+    def _round_done(
+        self, result: tuple[list[OSError | None], float] | Failure, asked: list[_Asked]
+    ) -> None:
         self._running = False
         now = self._clock.seconds()
         outcomes: list[OSError | None] | list[Failure]
-        outcomes = [result] * len(asked) if isinstance(result, Failure) else result
-        for (_, done, since, _), outcome in zip(asked, outcomes, strict=True):
+        if isinstance(result, Failure):
+            outcomes, took = [result] * len(asked), 0.0
+        else:
+            outcomes, took = result
+        for (_, done, since, _, data), outcome in zip(asked, outcomes, strict=True):
             if outcome is None:
-                done.callback(now - since)
+                done.callback(now - since if data is None else took)
             else:
                 done.errback(outcome)
         # Flushes asked for meanwhile (or by these callbacks) go out together, at once.
@@ -98,10 +134,27 @@ class SharedFlush:
             self._start_round()
 
 
-def _sync_then_close(
-    fs: FileSystem, files: list[Syncable], closing: list[Syncable]
-) -> list[OSError | None]:
+def _round(
+    fs: FileSystem,
+    writes: list[tuple[AppendFile, list[bytes]]],
+    files: list[Syncable],
+    closing: list[Syncable],
+) -> tuple[list[OSError | None], float]:
+    """One round, on its thread: the writes asked for, then one ``sync_files`` of every file,
+    then the closes asked for; each file's outcome (a failed write is its file's, whatever the
+    sync says) and the seconds the writes and the sync took."""
+    started = time.monotonic()
+    failed: dict[int, OSError] = {}
     try:
-        return fs.sync_files(files)
+        for file, parts in writes:
+            try:
+                file.write(parts[0] if len(parts) == 1 else b"".join(parts))
+            except OSError as error:
+                failed[id(file)] = error
+        synced = fs.sync_files(files)
+        outcomes = [
+            failed.get(id(file), outcome) for file, outcome in zip(files, synced, strict=True)
+        ]
+        return outcomes, time.monotonic() - started
     finally:
         close_each(closing)

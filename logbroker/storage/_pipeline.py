@@ -5,6 +5,14 @@ cover all of them. When to write and what each write takes is the ``CommitPlanne
 this module carries it out with the injected clock and executor, and acknowledges each append
 only after the fsync that covers it, in offset order.
 
+With a ``SharedFlush`` (one sync for every range's writes), a write to the active segment is
+written ahead: it is handed to the flush, whose next round writes and syncs it, and its job ends
+when that round starts, so that the next write (what came meanwhile) goes into the round after
+it while it waits. Rounds
+end in the order they ran and write a file's bytes in the order they were handed over, so the
+acknowledgements stay in offset order. Anything that changes the segment itself (a roll, a new
+segment, a seal, trim or fence) waits until every write ahead of it is durable (decision 0023).
+
 A failed write, fsync or seal fails every append it covered and every append and operation
 queued behind it, and takes the log out of service (``LogFailedError``): after a failed fsync the
 kernel may already have dropped the dirty pages, so nothing more is trusted until recovery
@@ -70,6 +78,19 @@ class Append:
         self.deferred: Deferred[Appended] = Deferred()
 
 
+class _Ahead:
+    """A write handed to the shared flush: where it goes, and its flush's outcome once known
+    (the seconds its round took, or the failure)."""
+
+    __slots__ = ("outcome", "target", "write", "writer")
+
+    def __init__(self, write: Write[Append], target: Segment, writer: AppendFile) -> None:
+        self.write = write
+        self.target = target
+        self.writer = writer
+        self.outcome: float | Failure | None = None
+
+
 class _Control:
     """A roll, trim, fence or other operation, run in queue order between appends."""
 
@@ -112,7 +133,14 @@ class WritePipeline:
         self._timer: IDelayedCall | None = None
         # A job in flight, or appends queued for the next one, may use the writer: the node's
         # open-file budget closes it only while neither is so.
-        state.files.writer_in_use = lambda: not self._planner.idle
+        state.files.writer_in_use = lambda: not self._planner.idle or bool(self._ahead)
+        #: Writes written ahead (their job ended) whose flush has not ended yet, oldest first,
+        #: and their bytes, which the active segment holds past ``readable_end``.
+        self._ahead: deque[_Ahead] = deque()
+        self._ahead_bytes = 0
+        #: A control operation the planner let run while writes were ahead: it runs once
+        #: they are durable.
+        self._held: _Control | None = None
         #: Append outcomes to deliver, in offset order (see ``_settle``).
         self._outcomes: deque[tuple[Deferred[Any], Appended | Exception]] = deque()
         self._settling = False
@@ -199,10 +227,29 @@ class WritePipeline:
         if isinstance(step, ArmTimer):
             self._timer = self._clock.callLater(step.delay, self._timer_expired)
         elif isinstance(step, RunControl):
-            control = step.control
-            maybeDeferred(control.start).addBoth(self._control_done, control)
-        else:
+            if self._ahead:
+                self._held = step.control
+            else:
+                self._run_control(step.control)
+        elif not self._ahead or self._may_write_ahead():
+            # Else the write goes once the writes ahead are durable (``_after_ahead``).
             self._start_write()
+
+    def _run_control(self, control: _Control) -> None:
+        maybeDeferred(control.start).addBoth(self._control_done, control)
+
+    def _may_write_ahead(self) -> bool:
+        """Whether the next write may go out with writes ahead of it not yet durable: it only
+        appends to the active segment, as they did."""
+        target = self._state.active
+        return (
+            self._shared_flush is not None
+            and self.failure is None
+            and target is not None
+            and target.damage is None
+            and target.writer is not None
+            and not self._planner.would_roll(target.readable_end + self._ahead_bytes)
+        )
 
     def _timer_expired(self) -> None:
         self._timer = None
@@ -214,7 +261,7 @@ class WritePipeline:
             self._timer = None
 
     def _after_job(self, step: Step[_Control]) -> None:
-        if self._closing and self._planner.idle:
+        if self._closing and self._planner.idle and not self._ahead:
             if not self._closed:
                 self._finish_close()
         else:
@@ -230,7 +277,9 @@ class WritePipeline:
             # Rot was found in the active segment: it takes no more appends.
             state.close_active()
             target = None
-        write = self._planner.take(target.readable_end if target is not None else None)
+        write = self._planner.take(
+            target.readable_end + self._ahead_bytes if target is not None else None
+        )
         self._cancel_timer()
         if state.replicated and (target is None or write.roll):
             # A replicated log starts segments only through start_segment.
@@ -245,6 +294,9 @@ class WritePipeline:
         path = target.path if target is not None else state.segment_path(taken[0].base_offset)
         data = taken[0].data if len(taken) == 1 else b"".join(item.data for item in taken)
         writer = target.writer if target is not None else None
+        if self._shared_flush is not None and target is not None and writer is not None:
+            self._write_ahead(write, target, writer, data, self._shared_flush)
+            return
         job = self._executor.run(
             _write_job,
             self._fs,
@@ -282,6 +334,73 @@ class WritePipeline:
 
         return flush.flush(writer).addCallbacks(flushed, failed)
 
+    def _write_ahead(
+        self,
+        write: Write[Append],
+        target: Segment,
+        writer: AppendFile,
+        data: bytes,
+        flush: SharedFlush,
+    ) -> None:
+        """Hand a write to the active segment to the shared flush, whose next round writes and
+        syncs it; the job ends when that round starts, so that the appends that come until then
+        go together in the next write, into the round after it, while it waits."""
+        ahead = _Ahead(write, target, writer)
+        self._ahead.append(ahead)
+        self._ahead_bytes += write.size
+        flush.write(writer, data, taken=self._job_finished).addBoth(self._flush_ended, ahead)
+
+    def _flush_ended(self, outcome: float | Failure, ahead: _Ahead) -> None:
+        """A write ahead is durable (the seconds its round took) or failed. Its outcome waits
+        for those of the writes before it: they are settled in the order they were written."""
+        ahead.outcome = outcome
+        while self._ahead and self._ahead[0].outcome is not None:
+            ended = self._ahead.popleft()
+            self._ahead_bytes -= ended.write.size
+            self._settle_ahead(ended)
+        self._after_ahead()
+
+    def _settle_ahead(self, ahead: _Ahead) -> None:
+        outcome, write = ahead.outcome, ahead.write
+        if self.failure is not None:
+            self._fail_ahead(write)
+        elif isinstance(outcome, Failure):
+            self._planner.written(write.records)
+            self.take_out_of_service(outcome, write.appends)
+        else:
+            assert outcome is not None
+            self._complete((ahead.writer, outcome, None), write, ahead.target, None)
+            self._settle()
+
+    def _fail_ahead(self, write: Write[Append]) -> None:
+        """``write`` was written after a write, fsync or seal failed: it fails with them."""
+        assert self.failure is not None
+        self._planner.written(write.records)
+        error = self._failed_error(self.failure)
+        self._outcomes.extend((item.deferred, error) for item in write.appends)
+        self._settle()
+
+    def _failed_error(self, failure: Failure) -> LogFailedError:
+        return LogFailedError(
+            f"a write, fsync or seal failed in {self._state.directory}: {failure.getErrorMessage()}"
+        )
+
+    def _after_ahead(self) -> None:
+        """Once no write is ahead, what waited for that goes: a held control operation, a
+        write that rolls or starts a segment, or the close."""
+        if self._ahead:
+            return
+        held, self._held = self._held, None
+        if held is not None and self.failure is not None:
+            # It was queued behind the write that failed: it fails with it, as it would have
+            # had it still been queued.
+            held.deferred.errback(self._failed_error(self.failure))
+            self._job_finished()
+        elif held is not None:
+            self._run_control(held)
+        elif not self._planner.running:
+            self._after_job(self._planner.step(self._clock.seconds()))
+
     def _refuse_write(self, write: Write[Append], target: Segment | None) -> None:
         directory = self._state.directory
         if target is None:
@@ -304,6 +423,29 @@ class WritePipeline:
         target: Segment | None,
         sealing: tuple[SealPlan, Segment] | None,
     ) -> None:
+        self._complete(written, write, target, sealing)
+        # With a full job's worth of appends already queued, the next write starts before the
+        # acknowledgements run, so the disk is not idle while their callbacks (often new
+        # appends, each encoded on this thread) run. Otherwise acknowledge while the writer
+        # still counts as busy: appends that callbacks issue all queue up and go out together
+        # in the next job, instead of the first one going alone.
+        if self._planner.full_write_waiting():
+            try:
+                self._job_finished()
+            finally:
+                self._settle()
+        else:
+            self._settle()
+            self._job_finished()
+
+    def _complete(
+        self,
+        written: tuple[AppendFile, float, Rolled | None],
+        write: Write[Append],
+        target: Segment | None,
+        sealing: tuple[SealPlan, Segment] | None,
+    ) -> None:
+        """``write`` is durable: the segment takes its appends, whose outcomes are queued."""
         state = self._state
         writer, seconds, rolled = written
         taken = write.appends
@@ -339,23 +481,9 @@ class WritePipeline:
                 "append was being written after it; the append was not stored readably, retry it"
             )
             outcomes = [error] * len(taken)
-        # With a full job's worth of appends already queued, the next write starts before the
-        # acknowledgements run, so the disk is not idle while their callbacks (often new
-        # appends, each encoded on this thread) run. Otherwise acknowledge while the writer
-        # still counts as busy: appends that callbacks issue all queue up and go out together
-        # in the next job, instead of the first one going alone.
-        next_job_full = self._planner.full_write_waiting()
         self._outcomes.extend(
             (item.deferred, outcome) for item, outcome in zip(taken, outcomes, strict=True)
         )
-        if next_job_full:
-            try:
-                self._job_finished()
-            finally:
-                self._settle()
-        else:
-            self._settle()
-            self._job_finished()
 
     def _settle(self) -> None:
         """Fire queued append outcomes in order. Outcomes queued by a job that finished while
@@ -393,9 +521,7 @@ class WritePipeline:
             directory=state.directory,
             count=len(covered) + sum(isinstance(item, Append) for item in queued),
         )
-        error = LogFailedError(
-            f"a write, fsync or seal failed in {state.directory}: {failure.getErrorMessage()}"
-        )
+        error = self._failed_error(failure)
         self._outcomes.extend((item.deferred, error) for item in [*covered, *queued])
         self._settle()
 
@@ -418,7 +544,7 @@ class WritePipeline:
         )
         if cut:
             target = state.segments[-1]
-        if self._closing or not self._planner.idle:
+        if self._closing or not self._planner.idle or self._ahead:
             return succeed(False)
         if state.starting is not None:
             if state.active is None:

@@ -130,9 +130,21 @@ class CommitPlanner(Generic[_A, _C]):
         return waiting + records > self._max_inflight_records
 
     @property
+    def running(self) -> bool:
+        """A job runs (a write or a control operation)."""
+        return self._running
+
+    @property
     def idle(self) -> bool:
         """Nothing queued and no job running."""
         return not self._queue and not self._running
+
+    def would_roll(self, active_bytes: int) -> bool:
+        """Whether the write ``take(active_bytes)`` would give now rolls the active segment
+        (the queue's head is an append)."""
+        head = self._queue[0]
+        assert not isinstance(head, _Control), "would_roll() follows FLUSH_NOW"
+        return active_bytes > 0 and active_bytes + head[2] > self._roll_bytes
 
     def full_write_waiting(self) -> bool:
         """Whether the appends at the head of the queue already fill a write."""

@@ -14,6 +14,7 @@ from twisted.logger import formatEvent
 
 from logbroker.storage import (
     Appended,
+    CopyState,
     LogConfig,
     LogFailedError,
     OsFileSystem,
@@ -79,7 +80,7 @@ def test_writes_asked_for_while_a_flush_runs_go_out_together_in_the_next_one() -
     node.executor.run_next()
 
     assert [entry.operation for entry in node.fs.journal if entry.operation == "sync"] == []
-    assert node.job_names() == ["sync_files"]
+    assert node.job_names() == ["_round"]
     assert acks == [[], [], []]
     assert [node.durable_records(node.fs.crash(), index) for index in range(3)] == [0, 0, 0]
 
@@ -87,7 +88,7 @@ def test_writes_asked_for_while_a_flush_runs_go_out_together_in_the_next_one() -
 
     assert [len(ack) for ack in acks] == [1, 0, 0]
     assert [node.durable_records(node.fs.crash(), index) for index in range(3)] == [1, 0, 0]
-    assert node.job_names() == ["sync_files"]
+    assert node.job_names() == ["_round"]
 
     node.executor.run_next()  # one flush for both
 
@@ -132,7 +133,7 @@ def test_a_fence_is_not_done_before_its_marker_and_its_name_are_durable() -> Non
             # Not done yet: a crash now may leave either epoch, and nothing else.
             assert epoch_after_recovery(image, DIRECTORIES[0]) in (1, 7)
 
-    assert steps == ["_stage_each", "_sync_then_close", "_publish", "_sync_then_close"]
+    assert steps == ["_stage_each", "_round", "_publish", "_round"]
     assert [fenced.epoch for fenced in fence] == [7]  # type: ignore[attr-defined]
     assert epoch_after_recovery(node.fs.crash(), DIRECTORIES[0]) == 7
 
@@ -188,7 +189,7 @@ def test_a_failed_flush_fails_only_the_writes_whose_sync_failed_and_takes_that_l
     # Log 2 writes, and its flush starts; then logs 0 and 1 write, and wait for the next.
     for _ in range(4):
         node.executor.run_next()
-    assert node.job_names() == ["sync_files"]
+    assert node.job_names() == ["_round"]
     node.fs.failing_syncs = 1  # the flush syncs log 0's file first: that one fails
 
     node.executor.run_next()
@@ -336,3 +337,121 @@ def test_a_flush_asked_to_close_closes_its_file_after_the_sync_in_the_rounds_job
         assert closed_by_round == kept_open == [0.0]
     else:
         assert [result.value for result in closed_by_round + kept_open] == [failure] * 2  # type: ignore[attr-defined]
+
+
+# -- writes ahead: the round writes a log's appends to its active segment ------------------
+
+
+def _started(node: Node) -> None:
+    """Each log's first append: it creates the segment file on a writer thread."""
+    for log in node.logs:
+        log.append([Record(b"first")])
+    node.executor.run_all()
+
+
+def test_a_later_append_is_written_by_the_round_itself_and_acknowledged_once_it_ends() -> None:
+    node = Node()
+    _started(node)
+
+    ack = fired(node.logs[0].append([Record(b"second")]))
+
+    # No writer thread: the round writes the bytes, then syncs them.
+    assert node.job_names() == ["_round"]
+    assert node.durable_records(node.fs.crash(), 0) == 1
+    assert ack == []
+    node.executor.run_next()
+    assert ack == [Appended(1, 1)]
+    assert node.durable_records(node.fs.crash(), 0) == 2
+
+
+def test_appends_arriving_while_a_write_waits_for_its_round_go_together_into_the_one_after() -> (
+    None
+):
+    node = Node()
+    _started(node)
+    log = node.logs[0]
+    rounds = node.flush.rounds
+
+    first = fired(log.append([Record(b"a")]))
+    # The round for "a" started at once. "b" comes while it runs: it is handed over for the
+    # next round. "c" and "d" come while "b" waits for that round to start: they wait, and go
+    # together in one write once it has.
+    second = fired(log.append([Record(b"b")]))
+    third = fired(log.append([Record(b"c")]))
+    fourth = fired(log.append([Record(b"d")]))
+    assert node.job_names() == ["_round"]
+
+    node.executor.run_next()
+    assert first == [Appended(1, 1)]
+    assert second == third == fourth == []
+    assert node.durable_records(node.fs.crash(), 0) == 2
+
+    node.executor.run_next()
+    assert second == [Appended(2, 1)]
+    assert third == fourth == []
+    assert node.durable_records(node.fs.crash(), 0) == 3
+
+    node.executor.run_next()
+    assert third == [Appended(3, 1)]
+    assert fourth == [Appended(4, 1)]
+    assert node.durable_records(node.fs.crash(), 0) == 5
+    assert [stored.record.value for stored in log.read(0)] == [b"first", b"a", b"b", b"c", b"d"]
+    assert node.flush.rounds == rounds + 3
+    assert node.executor.pending == []
+
+
+def test_a_roll_waits_until_the_writes_ahead_of_it_are_durable() -> None:
+    node = Node()
+    _started(node)
+    log = node.logs[0]
+    ack = fired(log.append([Record(b"a")]))
+
+    rolled = fired(log.roll())
+
+    # The seal would read the segment's length: it does not start while "a" is in flight.
+    assert node.job_names() == ["_round"]
+    node.executor.run_next()
+    assert ack == [Appended(1, 1)]
+    node.executor.run_all()
+    assert len(rolled) == 1
+    assert rolled[0].record_count == 2  # type: ignore[attr-defined]
+
+
+def test_a_failed_round_fails_its_append_and_the_appends_written_ahead_after_it(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    node = Node()
+    _started(node)
+    log = node.logs[0]
+    first = fired(log.append([Record(b"a")]))
+    second = fired(log.append([Record(b"b")]))  # in the next round, whose sync will succeed
+    node.fs.failing_syncs = 1
+
+    node.executor.run_next()
+    node.executor.run_all()
+
+    assert isinstance(first[0].value, LogFailedError)  # type: ignore[attr-defined]
+    assert isinstance(second[0].value, LogFailedError)  # type: ignore[attr-defined]
+    assert log.failed
+    assert log.end_offset == 1, "nothing after the failure was acknowledged"
+    assert len(logged_errors) == 1
+    logged_errors.clear()
+
+
+def test_a_roll_held_behind_a_write_that_fails_fails_with_it(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    node = Node()
+    _started(node)
+    log = node.logs[0]
+    ack = fired(log.append([Record(b"a")]))
+    rolled = fired(log.roll())
+    node.fs.failing_syncs = 1
+
+    node.executor.run_all()
+
+    assert isinstance(ack[0].value, LogFailedError)  # type: ignore[attr-defined]
+    assert isinstance(rolled[0].value, LogFailedError)  # type: ignore[attr-defined]
+    assert [entry.operation for entry in node.fs.journal].count("sync-failed") == 1
+    assert log.segments()[-1].state is not CopyState.SEALED
+    logged_errors.clear()
