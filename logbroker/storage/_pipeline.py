@@ -30,16 +30,14 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from logbroker.storage._comeback import Comeback
 from logbroker.storage._executor import Executor
 from logbroker.storage._flush import SharedFlush
-from logbroker.storage._format import BatchInfo, EpochMarker
+from logbroker.storage._format import BatchInfo
 from logbroker.storage._fs import AppendFile, FileSystem
 from logbroker.storage._jobs import (
     Rolled,
     SealPlan,
-    _back_in_service_job,
-    _finish_start_job,
-    _reopen_job,
     _write_job,
     plan_seal,
 )
@@ -148,6 +146,7 @@ class WritePipeline:
         self._closed = False
         self._close_waiters: list[Deferred[None]] = []
         self.failure: Failure | None = None
+        self._comeback = Comeback(state, fs, executor, lambda: self.failure is not None)
         #: Trims and seals that cut back the segment appends go to, asked for and not finished:
         #: appends wait for none of them, they are refused.
         self.pending_cuts = 0
@@ -526,103 +525,19 @@ class WritePipeline:
         self._settle()
 
     def return_to_service(self) -> Deferred[bool]:
-        """After a failed write or fsync: once a probe write and fsync succeed, cut the active
-        segment back to what was durable and take appends again (``True``). After a seal or
-        trim of the last segment that failed midway, the segment is taken as its file now holds
-        it (whatever the cut reached was never committed). After a segment start that failed
-        midway, the start is made again (``_finish_start``). ``False`` (still out of service,
-        until a restart) when the failure left more in doubt: a seal marker written, a newer
-        segment file, or rot in the segment. A replicated copy is then brought back in step
-        by its primary (a claim fences it and completes it), as after any gap."""
-        state = self._state
+        """After a failed write, fsync, seal or segment start: once a probe write and fsync
+        succeed, put right what the failure left in doubt and take appends again (``True``);
+        ``False`` while the disk still fails, or (until a restart) when more is in doubt than
+        a return can settle (``Comeback.attempt``)."""
         if self.failure is None:
             return succeed(True)
-        target = state.active
-        # A seal or trim of the last segment closes it while it runs (``_cut_back``).
-        cut = (
-            target is None and bool(state.segments) and state.segments[-1].state is CopyState.CLOSED
-        )
-        if cut:
-            target = state.segments[-1]
         if self._closing or not self._planner.idle or self._ahead:
             return succeed(False)
-        if state.starting is not None:
-            if state.active is None:
-                return self._finish_start(state.starting)
-            # The start was still queued behind the write that failed: it never touched the
-            # disk, and its caller was told it failed, so it is forgotten.
-            state.forget_start()
-        if target is None or target.damage is not None or target.has_marker:
-            return succeed(False)
-        if cut:
-            return self._reopen(target)
-        state.files.close_writer(target)
-        checking = self._executor.run(
-            _back_in_service_job, self._fs, state.directory, target.path, target.readable_end
-        )
+        return self._comeback.attempt().addCallbacks(self._back_in_service, self._still_failing)
 
-        def checked(back: bool) -> bool:
-            if not back or self.failure is None or state.active is not target:
-                return False
-            target.state = CopyState.ACTIVE
-            target.end_offset = target.next_offset
-            state.next_offset = state.durable_offset = target.next_offset
-            return self._back_in_service(target)
-
-        return checking.addCallbacks(checked, self._still_failing)
-
-    def _finish_start(self, base_offset: int) -> Deferred[bool]:
-        """``start_segment`` failed midway (the previous segment is closed, the new one's
-        marker or file not durable): once a probe succeeds, the same start again, so that the
-        log is as that start would have left it (``_finish_start_job``)."""
-        state = self._state
-        epoch = state.epochs.get(base_offset)
-        if epoch is None:
-            return succeed(False)
-        marker = EpochMarker(base_offset, epoch, state.data_epochs.get(base_offset, epoch))
-        finishing = self._executor.run(
-            _finish_start_job, self._fs, state.directory, state.segment_path(base_offset), marker
-        )
-
-        def finished(writer: AppendFile | None) -> bool:
-            if writer is None:
-                return False
-            if self.failure is None or state.starting != base_offset or state.active is not None:
-                writer.close()
-                return False
-            segment = state.add_active(base_offset, writer)
-            state.next_offset = state.durable_offset = base_offset
-            state.starting = None
-            return self._back_in_service(segment)
-
-        return finishing.addCallbacks(finished, self._still_failing)
-
-    def _reopen(self, target: Segment) -> Deferred[bool]:
-        state = self._state
-        reopening = self._executor.run(
-            _reopen_job, self._fs, state.directory, target.path, target.base_offset
-        )
-
-        def reopened(found: Segment | None) -> bool:
-            if (
-                found is None
-                or self.failure is None
-                or state.active is not None
-                or state.segments[-1] is not target
-            ):
-                return False
-            target.state = CopyState.ACTIVE
-            target.readable_end = found.readable_end
-            target.next_offset = target.end_offset = found.next_offset
-            target.index = found.index
-            target.generation += 1
-            state.active = target
-            state.next_offset = state.durable_offset = found.next_offset
-            return self._back_in_service(target)
-
-        return reopening.addCallbacks(reopened, self._still_failing)
-
-    def _back_in_service(self, target: Segment) -> bool:
+    def _back_in_service(self, target: Segment | None) -> bool:
+        if target is None:
+            return False
         self.failure = None
         log.info(
             "{directory} is back in service: a probe write and fsync succeeded, and its"
