@@ -42,7 +42,8 @@ class Comeback:
         a newer segment file, rot in the segment): the log then waits for a restart. Fails
         while the disk still fails the probe.
 
-        - After a failed write or fsync, the active segment is cut back to what was durable.
+        - After a failed write or fsync, the active segment is cut back to what was durable
+          (and the file of the segment a failed roll was making is removed).
         - After a seal or trim of the last segment that failed midway, the segment is taken as
           its file now holds it (whatever the cut reached was never committed).
         - After a segment start that failed midway, the start is made again.
@@ -72,13 +73,20 @@ class Comeback:
     def _cut_back(self, target: Segment) -> Deferred[Segment | None]:
         state = self._state
         state.files.close_writer(target)
+        rolling_to = state.rolling_to
         checking = self._executor.run(
-            _back_in_service_job, self._fs, state.directory, target.path, target.readable_end
+            _back_in_service_job,
+            self._fs,
+            state.directory,
+            target.path,
+            target.readable_end,
+            None if rolling_to is None else state.segment_path(rolling_to),
         )
 
         def checked(back: bool) -> Segment | None:
             if not back or not self._still_failed() or state.active is not target:
                 return None
+            state.rolling_to = None
             target.state = CopyState.ACTIVE
             target.end_offset = target.next_offset
             state.next_offset = state.durable_offset = target.next_offset

@@ -193,24 +193,19 @@ def _roll_job(
 def _write_job(
     fs: FileSystem,
     directory: str,
-    seal_plan: SealPlan | None,
     path: str,
     writer: AppendFile | None,
     new_segment: bool,
     data: bytes,
     sync: bool = True,
-) -> tuple[AppendFile, float, Rolled | None]:
-    """Append ``data`` to the segment at ``path`` (sealing the previous one first, if planned)
-    and fsync it (unless ``sync`` is false: the caller has it flushed, see ``_flush``); return
-    the file, the seconds it all took and what the seal wrote. ``writer`` is the segment's open
-    file; without one, a new segment's file is created (never an existing one reused) and a
-    recovered segment's file is opened."""
+) -> tuple[AppendFile, float]:
+    """Append ``data`` to the segment at ``path`` and fsync it (unless ``sync`` is false: the
+    caller has it flushed, see ``_flush``); return the file and the seconds it all took.
+    ``writer`` is the segment's open file; without one, a new segment's file is created (never
+    an existing one reused) and a recovered segment's file is opened."""
     started = time.monotonic()
     opened = writer is None
-    rolled = None
-    if seal_plan is not None:
-        writer, rolled = _roll_job(fs, directory, seal_plan, path)
-    elif writer is None:
+    if writer is None:
         writer = create_segment(fs, directory, path) if new_segment else fs.open_append(path)
     try:
         writer.write(data)
@@ -220,7 +215,7 @@ def _write_job(
         if opened:
             writer.close()
         raise
-    return writer, time.monotonic() - started, rolled
+    return writer, time.monotonic() - started
 
 
 #: What the probe of a storage failure writes and syncs before a range takes appends again.
@@ -228,19 +223,27 @@ PROBE_BYTES = 64 * 1024
 PROBE_FILE = ".probe"
 
 
-def _back_in_service_job(fs: FileSystem, directory: str, path: str, size: int) -> bool:
+def _back_in_service_job(
+    fs: FileSystem, directory: str, path: str, size: int, rolled_to: str | None
+) -> bool:
     """After a failed write or fsync to the active segment at ``path``: whether it can take
     appends again, with what was acknowledged (its first ``size`` bytes) all it holds.
 
     A probe of ``PROBE_BYTES`` is written and synced beside it, then removed (the disk has room
     and syncs again); the segment is cut back to ``size`` (bytes written past it were never
     acknowledged, and after a failed fsync the kernel may have dropped them unwritten) and
-    synced. ``False`` if the failure left more than that segment in doubt: a roll under way
-    (a seal marker or index beside it, or a newer segment file)."""
+    synced. When the failed write was rolling over to a new segment, ``rolled_to``, that file
+    is removed first: nothing in it was acknowledged. ``False`` if the failure left more than
+    that segment in doubt: a seal marker or index beside it, or another newer segment file."""
     stem = path.removesuffix(LOG_SUFFIX)
-    if fs.exists(stem + INDEX_SUFFIX) or not _alone_at_the_end(fs, directory, path):
+    if fs.exists(stem + INDEX_SUFFIX):
         return False
     _probe(fs, directory)
+    if rolled_to is not None and fs.exists(rolled_to):
+        fs.remove(rolled_to)
+        fs.sync_dir(directory)
+    if not _alone_at_the_end(fs, directory, path):
+        return False
     if fs.size(path) > size:
         fs.truncate(path, size)
     _sync(fs, path)

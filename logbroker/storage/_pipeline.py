@@ -36,10 +36,7 @@ from logbroker.storage._flush import SharedFlush
 from logbroker.storage._format import BatchInfo
 from logbroker.storage._fs import AppendFile, FileSystem
 from logbroker.storage._jobs import (
-    Rolled,
-    SealPlan,
     _write_job,
-    plan_seal,
 )
 from logbroker.storage._planner import (
     WAIT,
@@ -49,6 +46,7 @@ from logbroker.storage._planner import (
     Step,
     Write,
 )
+from logbroker.storage._seals_behind import SealsBehind
 from logbroker.storage._segment import CopyState, Segment, build_index
 from logbroker.storage._state import LogState, call_hook
 from logbroker.storage._values import MAX_SEGMENT_BYTES, Appended, Flush, LogConfig
@@ -147,6 +145,8 @@ class WritePipeline:
         self._close_waiters: list[Deferred[None]] = []
         self.failure: Failure | None = None
         self._comeback = Comeback(state, fs, executor, lambda: self.failure is not None)
+        self._seals = SealsBehind(state, fs, executor)
+        self._seals_closing: Deferred[None] | None = None
         #: Trims and seals that cut back the segment appends go to, asked for and not finished:
         #: appends wait for none of them, they are refused.
         self.pending_cuts = 0
@@ -284,12 +284,14 @@ class WritePipeline:
             # A replicated log starts segments only through start_segment.
             self._refuse_write(write, target)
             return
-        sealing: tuple[SealPlan, Segment] | None = None
-        if write.roll:
-            assert target is not None
-            sealing = (plan_seal(target), target)
-            target = None
         taken = write.appends
+        rolled_from: Segment | None = None
+        if write.roll:
+            # The full segment is sealed behind the appends, once this write is durable in
+            # the next one (``SealsBehind``).
+            assert target is not None
+            rolled_from, target = target, None
+            state.rolling_to = taken[0].base_offset
         path = target.path if target is not None else state.segment_path(taken[0].base_offset)
         data = taken[0].data if len(taken) == 1 else b"".join(item.data for item in taken)
         writer = target.writer if target is not None else None
@@ -300,7 +302,6 @@ class WritePipeline:
             _write_job,
             self._fs,
             state.directory,
-            sealing[0] if sealing is not None else None,
             path,
             writer,
             target is None,
@@ -312,18 +313,18 @@ class WritePipeline:
         job.addCallbacks(
             self._write_done,
             self._write_failed,
-            callbackArgs=(write, target, sealing),
+            callbackArgs=(write, target, rolled_from),
             errbackArgs=(write,),
         )
 
     @staticmethod
     def _flush_written(
-        written: tuple[AppendFile, float, Rolled | None], flush: SharedFlush, opened: bool
-    ) -> Deferred[tuple[AppendFile, float, Rolled | None]]:
-        writer, seconds, rolled = written
+        written: tuple[AppendFile, float], flush: SharedFlush, opened: bool
+    ) -> Deferred[tuple[AppendFile, float]]:
+        writer, seconds = written
 
-        def flushed(waited: float) -> tuple[AppendFile, float, Rolled | None]:
-            return writer, seconds + waited, rolled
+        def flushed(waited: float) -> tuple[AppendFile, float]:
+            return writer, seconds + waited
 
         def failed(failure: Failure) -> Failure:
             if opened:
@@ -368,7 +369,7 @@ class WritePipeline:
             self.take_out_of_service(outcome, write.appends)
         else:
             assert outcome is not None
-            self._complete((ahead.writer, outcome, None), write, ahead.target, None)
+            self._complete((ahead.writer, outcome), write, ahead.target, None)
             self._settle()
 
     def _fail_ahead(self, write: Write[Append]) -> None:
@@ -417,12 +418,14 @@ class WritePipeline:
 
     def _write_done(
         self,
-        written: tuple[AppendFile, float, Rolled | None],
+        written: tuple[AppendFile, float],
         write: Write[Append],
         target: Segment | None,
-        sealing: tuple[SealPlan, Segment] | None,
+        rolled_from: Segment | None,
     ) -> None:
-        self._complete(written, write, target, sealing)
+        self._complete(written, write, target, rolled_from)
+        if rolled_from is not None:
+            self._seals.start()
         # With a full job's worth of appends already queued, the next write starts before the
         # acknowledgements run, so the disk is not idle while their callbacks (often new
         # appends, each encoded on this thread) run. Otherwise acknowledge while the writer
@@ -439,22 +442,19 @@ class WritePipeline:
 
     def _complete(
         self,
-        written: tuple[AppendFile, float, Rolled | None],
+        written: tuple[AppendFile, float],
         write: Write[Append],
         target: Segment | None,
-        sealing: tuple[SealPlan, Segment] | None,
+        rolled_from: Segment | None,
     ) -> None:
         """``write`` is durable: the segment takes its appends, whose outcomes are queued."""
         state = self._state
-        writer, seconds, rolled = written
+        writer, seconds = written
         taken = write.appends
         call_hook(state.directory, self._on_flushed, Flush(write.records, seconds))
-        if sealing is not None:
-            assert rolled is not None
-            state.apply_seal(sealing[1], rolled.sealed, rolled.damage, writer)
-            # The roll started the segment these appends went to.
-            target = state.active
-        if target is None:
+        if rolled_from is not None:
+            target = state.roll_over(rolled_from, writer)
+        elif target is None:
             target = state.add_active(taken[0].base_offset, writer)
         else:
             state.files.attach_writer(target, writer)
@@ -539,6 +539,7 @@ class WritePipeline:
         if target is None:
             return False
         self.failure = None
+        self._seals.start()
         log.info(
             "{directory} is back in service: a probe write and fsync succeeded, and its"
             " active segment holds exactly what was acknowledged ({offset} records)",
@@ -577,7 +578,16 @@ class WritePipeline:
             self._after_job(self._planner.step(self._clock.seconds()))
         return waiter
 
+    def seal_behind(self) -> None:
+        """Seal the segments that rolled over and are not sealed yet (after recovery)."""
+        self._seals.start()
+
     def _finish_close(self) -> None:
+        # A seal behind the appends reads its segment and writes its sidecars: it ends first.
+        if self._seals_closing is None:
+            self._seals_closing = self._seals.close().addCallback(self._close_files)
+
+    def _close_files(self, _: object) -> None:
         for segment in self._state.segments:
             self._state.files.close_all(segment)
         self._closed = True

@@ -96,6 +96,8 @@ class LogState:
         self.data_epochs: dict[int, int] = dict(recovered.data_epochs)
         #: The base of a segment ``start_segment`` is creating: appends made meanwhile go there.
         self.starting: int | None = None
+        #: The base of the segment a write that rolls is creating (the active one is full).
+        self.rolling_to: int | None = None
 
     # -- positions ---------------------------------------------------------------------------
 
@@ -203,20 +205,41 @@ class LogState:
         self.files.close_writer(active)
         self.active = None
 
+    def roll_over(self, segment: Segment, next_writer: AppendFile) -> Segment:
+        """A write that rolls is durable in the next segment's new file: ``segment``, full,
+        takes no more appends and waits for its seal (``mark_sealed``); the next one becomes
+        the active segment."""
+        self.files.close_writer(segment)
+        segment.state = CopyState.CLOSED
+        self.rolling_to = None
+        return self.add_active(segment.next_offset, next_writer)
+
     def apply_seal(
         self, segment: Segment, sealed: Sealed, damage: Damage | None, next_writer: AppendFile
     ) -> SegmentInfo:
         """A roll is durable and the next segment's file exists: switch to it. ``damage`` is
         rot the roll found reading the segment back."""
         self.files.close_writer(segment)
-        seal = sealed.seal
+        self._take_seal(segment, sealed, damage)
+        self.add_active(sealed.seal.next_offset, next_writer)
+        return self._announce_seal(segment)
+
+    def mark_sealed(self, segment: Segment, sealed: Sealed, damage: Damage | None) -> SegmentInfo:
+        """The seal of a segment that rolled over (``roll_over``) is durable."""
+        self._take_seal(segment, sealed, damage)
+        return self._announce_seal(segment)
+
+    def _take_seal(self, segment: Segment, sealed: Sealed, damage: Damage | None) -> None:
         segment.state = CopyState.SEALED
-        segment.seal = seal
+        segment.seal = sealed.seal
         segment.index = sealed.index
         segment.has_marker = True
         if damage is not None:
             self.found_damage(segment, damage)
-        self.add_active(seal.next_offset, next_writer)
+
+    def _announce_seal(self, segment: Segment) -> SegmentInfo:
+        seal = segment.seal
+        assert seal is not None
         log.info(
             "Sealed segment {path}: {records} records, {size} bytes",
             path=segment.path,

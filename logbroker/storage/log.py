@@ -162,6 +162,8 @@ class RangeLog:
                 dropped=old_size - new_size,
                 position=new_size,
             )
+        # A crash may have come before the seal of a segment that rolled over was durable.
+        self._pipeline.seal_behind()
 
     @classmethod
     def open(

@@ -57,21 +57,54 @@ def test_a_failed_seal_takes_the_range_out_of_service_and_never_writes_through_a
     assert result_of(reopened.append([record(2)])).base_offset == 2
 
 
-def test_an_automatic_roll_that_fails_fails_the_appends_it_carried(
+def test_a_seal_behind_the_appends_that_fails_leaves_the_segment_closed_until_a_later_roll(
     logged_errors: list[dict[str, Any]],
 ) -> None:
     fs = MemoryFileSystem()
     log = open_log(fs, LogConfig(roll_bytes=200))
     append_each(log, 0, 2)
-    fs.failing_atomic_writes = 1
+    fs.failing_atomic_writes = 1  # the full segment's index cannot be written
 
-    failed = log.append([record(2), record(3)])
+    rolled = log.append([record(2), record(3)])
 
-    assert failure_of(failed).check(LogFailedError)
-    assert log.failed
+    assert result_of(rolled).base_offset == 2, "the appends go on in the next segment"
+    assert not log.failed
     assert len(logged_errors) == 1
+    assert "Sealing" in logged_errors[0]["log_format"]
     logged_errors.clear()
+    assert [(s.base_offset, s.state) for s in log.segments()] == [
+        (0, CopyState.CLOSED),
+        (2, CopyState.ACTIVE),
+    ]
+    assert offsets(log) == [0, 1, 2, 3], "a closed segment stays readable"
+    assert not fs.exists(segment_path(0).removesuffix(".log") + ".seal")
+
+    append_each(log, 4, 2)  # the next roll seals both, in order
+
+    states = [(s.base_offset, s.state) for s in log.segments()]
+    assert states[:2] == [(0, CopyState.SEALED), (2, CopyState.SEALED)]
+    assert offsets(log) == [0, 1, 2, 3, 4, 5]
     result_of(log.close())
+
+
+def test_a_segment_that_rolled_over_unsealed_before_a_crash_is_sealed_at_open(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, LogConfig(roll_bytes=200))
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1  # as if the power went before the seal was durable
+    result_of(log.append([record(2)]))
+    assert log.segments()[0].state is CopyState.CLOSED
+    logged_errors.clear()
+
+    reopened = open_log(fs.crash(), LogConfig(roll_bytes=200))
+
+    assert [(s.base_offset, s.state) for s in reopened.segments()] == [
+        (0, CopyState.SEALED),
+        (2, CopyState.ACTIVE),
+    ]
+    assert offsets(reopened) == [0, 1, 2]
 
 
 def test_every_seal_is_reported_with_its_count_and_size() -> None:
@@ -161,13 +194,13 @@ def test_trim_to_nothing_removes_a_copy_that_is_not_the_last() -> None:
     fs.make_dirs(RANGE_DIR)
     fs.write_atomic(segment_path(0), encode_batch(0, [record(0)]))  # a replica copy, no marker
     fs.write_atomic(segment_path(1), encode_batch(1, [record(1)]))
-    log = open_log(fs)
+    log = open_log(fs, LogConfig(replicated=True, auto_roll=False))
 
     result_of(log.trim(0, 0))
 
     assert fs.files() == [segment_path(1)]
     assert [s.base_offset for s in log.segments()] == [1]
-    assert offsets(log, 1) == [1]
+    assert log.next_offset == 2
 
 
 def test_a_refused_trim_changes_nothing() -> None:
