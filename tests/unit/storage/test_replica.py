@@ -55,6 +55,16 @@ def replica(fs: MemoryFileSystem, events: list[IntegrityEvent] | None = None) ->
     return open_log(fs, REPLICA, events)
 
 
+def stepped_replica(fs: MemoryFileSystem) -> tuple[RangeLog, ManualExecutor]:
+    """A replica log whose jobs run only when the test runs them, and their executor."""
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor, config=REPLICA),
+        executor,
+    )
+    return log, executor
+
+
 def started(fs: MemoryFileSystem, base: int = 0, epoch: int = 1) -> RangeLog:
     log = replica(fs)
     result_of(log.start_segment(base, epoch))
@@ -131,11 +141,7 @@ def test_a_segment_without_an_epoch_marker_is_at_epoch_0() -> None:
 
 def test_fence_refuses_older_epochs_at_once_and_answers_where_the_copy_ends() -> None:
     fs = MemoryFileSystem()
-    executor = ManualExecutor()
-    log = result_of_running(
-        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor, config=REPLICA),
-        executor,
-    )
+    log, executor = stepped_replica(fs)
     result_of_running(log.start_segment(0, 3), executor)
     in_flight = log.append_raw(0, batch(0, 2), epoch=3)
 
@@ -410,11 +416,7 @@ def test_appends_queued_when_rot_closes_a_replicas_active_copy_fail_without_a_ne
     logged_errors: list[dict[str, Any]],
 ) -> None:
     fs = MemoryFileSystem()
-    executor = ManualExecutor()
-    log = result_of_running(
-        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor, config=REPLICA),
-        executor,
-    )
+    log, executor = stepped_replica(fs)
     result_of_running(log.start_segment(0, 1), executor)
     result_of_running(log.append_raw(0, batch(0), epoch=1), executor)
     fs.corrupt(segment_path(0), 30)
@@ -561,11 +563,7 @@ def test_seal_copy_cuts_rot_past_the_sealed_length_and_refuses_rot_before_it(
 
 def test_seal_copy_of_an_older_copy_does_not_stop_appends_to_the_active_one() -> None:
     fs = MemoryFileSystem()
-    executor = ManualExecutor()
-    log = result_of_running(
-        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor, config=REPLICA),
-        executor,
-    )
+    log, executor = stepped_replica(fs)
     result_of_running(log.start_segment(0, 1), executor)
     result_of_running(log.append_raw(0, batch(0, 2), epoch=1), executor)
     size = log.active_bytes
@@ -850,11 +848,7 @@ def test_a_segment_start_queued_behind_a_failed_write_is_forgotten_when_the_copy
     logged_errors: list[dict[str, Any]],
 ) -> None:
     fs = MemoryFileSystem()
-    executor = ManualExecutor()
-    log = result_of_running(
-        RangeLog.open(RANGE_DIR, fs=fs, clock=Clock(), executor=executor, config=REPLICA),
-        executor,
-    )
+    log, executor = stepped_replica(fs)
     result_of_running(log.start_segment(0, 1), executor)
     result_of_running(log.append_raw(0, batch(0, 2), epoch=1), executor)
     fs.failing_syncs = 1
