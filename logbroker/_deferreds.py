@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from twisted.internet.defer import Deferred, FirstError, gatherResults
+from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 _T = TypeVar("_T")
@@ -29,10 +29,35 @@ def detached(source: Deferred[_T]) -> Deferred[_T]:
 
 def gather(deferreds: list[Deferred[_T]]) -> Deferred[list[_T]]:
     """All the results, in order, or the first failure itself (not wrapped in a
-    ``FirstError``); the other failures are consumed."""
-    return gatherResults(deferreds, consumeErrors=True).addErrback(_first_failure)
+    ``FirstError``); the other failures are consumed. Cancelling it cancels every one of
+    ``deferreds`` still waiting.
 
+    What ``gatherResults(deferreds, consumeErrors=True)`` does, with one callback on each of
+    ``deferreds`` and no ``DeferredList``: a produce gathers its range shares on every request,
+    and at one record a request that machinery was a visible part of the reactor's time."""
 
-def _first_failure(failure: Failure) -> Failure:
-    error = failure.value
-    return error.subFailure if isinstance(error, FirstError) else failure
+    def cancel(_: Deferred[list[_T]]) -> None:
+        for deferred in deferreds:
+            deferred.cancel()
+
+    gathered: Deferred[list[_T]] = Deferred(cancel)
+    results: list[Any] = [None] * len(deferreds)
+    waiting = len(deferreds)
+
+    def settle(outcome: Any, index: int) -> Any:
+        nonlocal waiting
+        if isinstance(outcome, Failure):
+            if not gathered.called:
+                gathered.errback(outcome)
+            return None
+        results[index] = outcome
+        waiting -= 1
+        if not waiting and not gathered.called:
+            gathered.callback(results)
+        return outcome
+
+    if not deferreds:
+        gathered.callback(results)
+    for index, deferred in enumerate(deferreds):
+        deferred.addBoth(settle, index)
+    return gathered
