@@ -5,7 +5,6 @@ themselves when etcd returns."""
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ from logbroker.client.blocking import BlockingClient, BrokerRefused
 from logbroker.records import Record
 from tests.cluster import BrokerCluster, Node, read_all, running_cluster
 from tests.etcd import EtcdCluster, running_etcd
+from tests.integration.twistd import wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -43,14 +43,6 @@ def ready(node: Node) -> tuple[int, dict[str, str]]:
             return answer.status, json.load(answer)
     except urllib.error.HTTPError as error:
         return error.code, json.load(error)
-
-
-def wait_until(check: object, seconds: float) -> None:
-    assert callable(check)
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_losing_one_etcd_member_of_three_changes_nothing(

@@ -67,6 +67,15 @@ def run_twistd(
     )
 
 
+def wait_until(check: object, seconds: float) -> None:
+    """Call ``check`` every 0.1 s until it returns true; fail after ``seconds``."""
+    assert callable(check)
+    deadline = time.monotonic() + seconds
+    while not check():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.1)
+
+
 def wait_for_line(process: subprocess.Popen[str], needle: str, seconds: float = 30) -> list[str]:
     assert process.stdout is not None
     seen = []
