@@ -61,6 +61,7 @@ import attrs
 from immutables import MapMutation
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import deferLater
 from twisted.logger import Logger
 
 from logbroker.controlplane import _format
@@ -112,6 +113,12 @@ _V = TypeVar("_V")
 
 #: How often a change is tried when other nodes keep changing what it depends on.
 MAX_ATTEMPTS = 5
+#: How often a transaction whose answer was lost is sent again to find out whether it took
+#: effect, while no member answers (a member that died with the answer may have been the
+#: leader: the others answer only once they have elected another, within a few election
+#: timeouts), and how long apart.
+RESOLVE_ATTEMPTS = 6
+RESOLVE_RETRY_SECONDS = 0.5
 #: The most keys one transaction compares: etcd takes at most 128 compares, and as many writes
 #: (``--max-txn-ops``). A group commit or a new segment's record compares two keys (its own and
 #: its topic's or range's) and writes one; a change to a segment that exists compares one.
@@ -409,6 +416,7 @@ class EtcdControlPlane(StateControlPlane):
             prefix += "/"
         self.prefix = prefix
         self._store = store
+        self._clock = clock
         self._keys = _Keys(prefix)
         #: What reads see: the store's state under the prefix at ``_revision``.
         self._state: ControlState | None = None
@@ -709,17 +717,28 @@ class EtcdControlPlane(StateControlPlane):
     ) -> TxnResult:
         """Find out whether a transaction whose answer was lost took effect, by sending it
         again (to another member): its compares make that safe. If the first one took effect,
-        the second fails its compares and finds this change's writes in place."""
+        the second fails its compares and finds this change's writes in place. While no member
+        answers (or an answer is lost again) it is sent again ``RESOLVE_RETRY_SECONDS`` later,
+        ``RESOLVE_ATTEMPTS`` times in all: the member that died with the answer may have led,
+        and the others answer only once they elected another."""
         log.warn(
             "Lost the answer to a control plane transaction under {prefix} ({error}); "
             "sending it again to find out whether it took effect",
             prefix=self.prefix,
             error=str(unknown),
         )
-        try:
-            again = await self._store.txn(compares, operations, gets)
-        except ControlPlaneUnavailableError:
-            raise unknown from None
+        again = None
+        for attempt in range(RESOLVE_ATTEMPTS):
+            if attempt:
+                await deferLater(self._clock, RESOLVE_RETRY_SECONDS, lambda: None)
+            try:
+                again = await self._store.txn(compares, operations, gets)
+                break
+            except ControlPlaneUnavailableError:
+                # No member answers yet: a killed leader's successor is being elected.
+                continue
+        if again is None:
+            raise unknown
         if again.succeeded:
             return again
         found = dict(zip((compare.key for compare in compares), again.gets, strict=True))

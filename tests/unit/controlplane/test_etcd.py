@@ -30,7 +30,12 @@ from logbroker.controlplane import (
     UserNotFoundError,
 )
 from logbroker.controlplane._kv import Compare, DeletePrefix, Put, Result, Target
-from logbroker.controlplane.etcd import CATCH_UP_SECONDS, MAX_ATTEMPTS
+from logbroker.controlplane.etcd import (
+    CATCH_UP_SECONDS,
+    MAX_ATTEMPTS,
+    RESOLVE_ATTEMPTS,
+    RESOLVE_RETRY_SECONDS,
+)
 from logbroker.controlplane.follower import RESUME_DELAY
 from logbroker.testing import MemoryKeyValueStore
 from tests.unit.controlplane.helpers import active, make_topic, make_user, sealed
@@ -465,11 +470,19 @@ def test_a_lost_answer_is_resolved_by_asking_again(cluster: Cluster) -> None:
     assert a.group_position("orders", "billing") == "AQ"
 
 
+def wait_out_the_resolution(cluster: Cluster) -> None:
+    for _ in range(RESOLVE_ATTEMPTS):
+        cluster.clock.advance(RESOLVE_RETRY_SECONDS)
+
+
 def test_a_lost_answer_that_cannot_be_resolved_says_so(cluster: Cluster) -> None:
     a = cluster.node()
-    cluster.store.lost_answers = 2
+    cluster.store.lost_answers = 1 + RESOLVE_ATTEMPTS  # every answer to the resolution too
 
-    error = failure_of(a.create_user(make_user("alice"))).value
+    creating = a.create_user(make_user("alice"))
+    wait_out_the_resolution(cluster)
+
+    error = failure_of(creating).value
 
     assert isinstance(error, OutcomeUnknownError)
     assert error.reason == "unreachable"
@@ -487,9 +500,30 @@ def test_a_lost_answer_then_no_member_says_the_outcome_is_unknown(cluster: Clust
     cluster.store.release(1)
     cluster.store.unavailable = True
     cluster.store.release()
+    assert not creating.called, "asked again while no member answers"
+    wait_out_the_resolution(cluster)
 
     error = failure_of(creating).value
     assert isinstance(error, OutcomeUnknownError)
+
+
+def test_a_lost_answer_is_resolved_once_a_member_answers_again(cluster: Cluster) -> None:
+    # A member died with the answer, and it led: the others answer once they elected another.
+    a = cluster.node()
+    cluster.store.hold()
+    creating = a.create_user(make_user("alice"))
+    cluster.store.lost_answers = 1
+    cluster.store.release(1)
+    cluster.store.unavailable = True
+    cluster.store.release()
+    cluster.clock.advance(RESOLVE_RETRY_SECONDS)
+    assert not creating.called
+
+    cluster.store.unavailable = False
+    cluster.clock.advance(RESOLVE_RETRY_SECONDS)
+
+    result_of(creating)
+    assert a.user("alice") == make_user("alice")
 
 
 def test_start_fails_when_no_member_answers(cluster: Cluster) -> None:
