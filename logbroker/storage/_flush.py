@@ -32,10 +32,13 @@ from typing import cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
 from logbroker.storage._fs import AppendFile, FileSystem, Syncable, close_each
+
+log = Logger()
 
 #: A file to flush, the flush's Deferred, when it was asked for, whether to close the file once
 #: flushed, and the bytes the round writes to it first (``write``; None for ``flush``).
@@ -103,8 +106,12 @@ class SharedFlush:
         self._running = True
         self.rounds += 1
         for tell in taken:
-            # What it asks for now goes in the next round.
-            tell()
+            # What it asks for now goes in the next round. One that raises must not keep the
+            # round (so every range's writes) from starting.
+            try:
+                tell()
+            except Exception:
+                log.failure("A range's notice that its write was taken by a flush round failed")
         files = [file for file, _, _, _, _ in asked]
         closing = [file for file, _, _, close, _ in asked if close]
         writes: dict[int, tuple[AppendFile, list[bytes]]] = {}

@@ -43,6 +43,7 @@ from logbroker.storage._jobs import (
     plan_seal,
 )
 from logbroker.storage._pipeline import WritePipeline
+from logbroker.storage._seals_behind import awaits_seal
 from logbroker.storage._segment import (
     EPOCH_SUFFIX,
     INDEX_SUFFIX,
@@ -135,6 +136,12 @@ class SegmentOperations:
             if segment is state.segments[-1]:
                 raise SegmentStateError(
                     f"{segment.path} is the last segment of its range; it cannot be deleted"
+                )
+            if awaits_seal(state, segment):
+                # Its records are acknowledged and nothing else holds them yet.
+                raise SegmentStateError(
+                    f"{segment.path} rolled over and waits for its seal; it cannot be deleted"
+                    " before it is sealed"
                 )
             if segment.reader is not None:
                 segment.reader.close()

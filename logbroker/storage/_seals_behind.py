@@ -20,19 +20,36 @@ that rolls its own segments has any: a replica's end with ``seal_copy``.
 
 from __future__ import annotations
 
-import itertools
-
+import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.storage._executor import Executor
 from logbroker.storage._fs import FileSystem
-from logbroker.storage._jobs import Rolled, _seal_rolled, plan_seal
+from logbroker.storage._jobs import Rolled, SealPlan, _seal_rolled, plan_seal
 from logbroker.storage._segment import CopyState, Segment
 from logbroker.storage._state import LogState
 
 log = Logger()
+
+
+def awaits_seal(state: LogState, segment: Segment) -> bool:
+    """Whether ``segment`` rolled over and waits for its seal behind the appends: a closed,
+    unsealed segment of a log that rolls its own, before the last one and ending where the
+    next begins, as a roll leaves it (a segment before a gap is a copy some replication left,
+    which only its primary seals). One found damaged after it rolled is sealed too, as a roll
+    that found the rot would have sealed it."""
+    if state.replicated or segment.state is not CopyState.CLOSED or segment.has_marker:
+        return False
+    following = state.following(segment)
+    return following is not None and segment.next_offset == following.base_offset
+
+
+def _seal_whole_file(fs: FileSystem, plan: SealPlan) -> Rolled:
+    """``_seal_rolled`` of the segment's file as it is on disk: every byte of it was durable
+    when it rolled (or recovery kept), even where rot found since narrowed what reads reach."""
+    return _seal_rolled(fs, attrs.evolve(plan, byte_size=fs.size(plan.path)))
 
 
 class SealsBehind:
@@ -55,7 +72,7 @@ class SealsBehind:
         if segment is None:
             return
         self._running = True
-        sealing = self._executor.run(_seal_rolled, self._fs, plan_seal(segment))
+        sealing = self._executor.run(_seal_whole_file, self._fs, plan_seal(segment))
         sealing.addCallbacks(
             self._sealed, self._failed, callbackArgs=(segment,), errbackArgs=(segment,)
         )
@@ -70,19 +87,11 @@ class SealsBehind:
         return waiter
 
     def _unsealed(self) -> Segment | None:
-        """The first closed, unsealed, undamaged segment that ends where the next begins, as
-        a roll leaves it (a segment before a gap is a copy some replication left, never one
-        this log rolled)."""
-        segments = self._state.segments
-        for segment, following in itertools.pairwise(segments):
-            if (
-                segment.state is CopyState.CLOSED
-                and not segment.has_marker
-                and segment.damage is None
-                and segment.next_offset == following.base_offset
-            ):
-                return segment
-        return None
+        """The first segment that waits for its seal (``awaits_seal``)."""
+        state = self._state
+        if state.replicated:
+            return None
+        return next((s for s in state.segments[:-1] if awaits_seal(state, s)), None)
 
     def _sealed(self, rolled: Rolled, segment: Segment) -> None:
         state = self._state

@@ -126,6 +126,11 @@ class LogState:
         slot = bisect.bisect_left(self.segments, segment.base_offset, key=_base)
         return slot < len(self.segments) and self.segments[slot] is segment
 
+    def following(self, segment: Segment) -> Segment | None:
+        """The segment after ``segment`` (one of this log's), if any."""
+        slot = bisect.bisect_right(self.segments, segment.base_offset, key=_base)
+        return self.segments[slot] if slot < len(self.segments) else None
+
     def segment_path(self, base_offset: int) -> str:
         return f"{self.directory}/{segment_stem(base_offset)}{LOG_SUFFIX}"
 

@@ -107,6 +107,78 @@ def test_a_segment_that_rolled_over_unsealed_before_a_crash_is_sealed_at_open(
     assert offsets(reopened) == [0, 1, 2]
 
 
+def test_a_rolling_write_that_fails_leaves_a_range_that_returns_without_its_new_file(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, LogConfig(roll_bytes=200))
+    append_each(log, 0, 2)
+    fs.failing_syncs = 1  # the rolling write's sync, in the next segment's new file
+
+    assert failure_of(log.append([record(2)])).check(LogFailedError)
+    assert fs.exists(segment_path(2)), "the failed write made the next segment's file"
+    logged_errors.clear()
+
+    assert result_of(log.return_to_service()) is True
+
+    assert not fs.exists(segment_path(2)), "nothing in it was acknowledged"
+    assert [(s.base_offset, s.state) for s in log.segments()] == [(0, CopyState.ACTIVE)]
+    assert result_of(log.append([record(2)])).base_offset == 2
+    assert [(s.base_offset, s.state) for s in log.segments()] == [
+        (0, CopyState.SEALED),
+        (2, CopyState.ACTIVE),
+    ]
+    assert offsets(log) == [0, 1, 2]
+
+
+def test_a_segment_waiting_for_its_seal_is_never_deleted(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, LogConfig(roll_bytes=200))
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1  # its seal fails: it stays closed, waiting
+    result_of(log.append([record(2)]))
+    logged_errors.clear()
+
+    refused = failure_of(log.delete_segment(0))
+
+    assert refused.check(SegmentStateError)
+    assert "waits for its seal" in str(refused.value)
+    assert offsets(log) == [0, 1, 2]
+
+
+def test_a_rolled_segment_found_damaged_before_its_seal_is_sealed_first_with_its_damage(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    sealed: list[SegmentInfo] = []
+    fs = MemoryFileSystem()
+    log = result_of(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=fs,
+            clock=Clock(),
+            executor=ImmediateExecutor(),
+            config=LogConfig(roll_bytes=200),
+            on_sealed=sealed.append,
+        )
+    )
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1
+    result_of(log.append([record(2)]))  # segment 0 rolls over; its seal fails
+    fs.corrupt(segment_path(0), 30)
+    result_of(log.verify_segment(0))  # finds the rot: reads of segment 0 stop before it
+    logged_errors.clear()
+
+    append_each(log, 3, 2)  # the next roll seals segment 0, then segment 2, in order
+
+    assert [info.base_offset for info in sealed][:2] == [0, 2]
+    first = log.segments()[0]
+    assert first.state is CopyState.SEALED
+    assert first.record_count == 2, "sealed as it rolled, not cut at the rot"
+    logged_errors.clear()
+
+
 def test_every_seal_is_reported_with_its_count_and_size() -> None:
     sealed: list[SegmentInfo] = []
     log = result_of(

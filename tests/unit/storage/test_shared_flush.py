@@ -339,6 +339,28 @@ def test_a_flush_asked_to_close_closes_its_file_after_the_sync_in_the_rounds_job
         assert [result.value for result in closed_by_round + kept_open] == [failure] * 2  # type: ignore[attr-defined]
 
 
+def test_a_notice_of_a_taken_write_that_raises_is_logged_and_the_round_runs(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    fs.make_dirs("/d")
+    executor = ManualExecutor()
+    flush = SharedFlush(fs, executor, Clock())
+    file = fs.create_append("/d/log")
+
+    def broken() -> None:
+        raise RuntimeError("broken notice")
+
+    written = fired(flush.write(file, b"abc", taken=broken))
+    executor.run_all()
+
+    assert len(written) == 1
+    assert isinstance(written[0], float), "the write is durable"
+    assert fs.read_file("/d/log") == b"abc"
+    assert [event["log_failure"].value.args[0] for event in logged_errors] == ["broken notice"]
+    logged_errors.clear()
+
+
 # -- writes ahead: the round writes a log's appends to its active segment ------------------
 
 
@@ -453,5 +475,6 @@ def test_a_roll_held_behind_a_write_that_fails_fails_with_it(
     assert isinstance(ack[0].value, LogFailedError)  # type: ignore[attr-defined]
     assert isinstance(rolled[0].value, LogFailedError)  # type: ignore[attr-defined]
     assert [entry.operation for entry in node.fs.journal].count("sync-failed") == 1
-    assert log.segments()[-1].state is not CopyState.SEALED
+    assert len(log.segments()) == 1, "the held roll never ran"
+    assert log.segments()[0].state is not CopyState.SEALED
     logged_errors.clear()
