@@ -116,13 +116,6 @@ class SegmentOperations:
             active = state.active
             if active is None or active.readable_end == 0 or active.damage is not None:
                 return succeed(None)
-            waiting = next((s for s in state.segments[:-1] if awaits_seal(state, s)), None)
-            if waiting is not None:
-                # Seals are recorded in order: this one would overtake it.
-                raise SegmentStateError(
-                    f"{waiting.path} rolled over and waits for its seal; roll again once it is"
-                    " sealed"
-                )
             plan = plan_seal(active)
             next_path = state.segment_path(active.next_offset)
             job = self._executor.run(_roll_job, self._fs, state.directory, plan, next_path)

@@ -148,24 +148,6 @@ def test_a_segment_waiting_for_its_seal_is_never_deleted(
     assert offsets(log) == [0, 1, 2]
 
 
-def test_an_explicit_roll_is_refused_while_an_earlier_segment_waits_for_its_seal(
-    logged_errors: list[dict[str, Any]],
-) -> None:
-    fs = MemoryFileSystem()
-    log = open_log(fs, LogConfig(roll_bytes=200))
-    append_each(log, 0, 2)
-    fs.failing_atomic_writes = 1
-    result_of(log.append([record(2)]))
-    logged_errors.clear()
-
-    refused = failure_of(log.roll())
-
-    assert refused.check(SegmentStateError)
-    assert "waits for its seal" in str(refused.value)
-    assert not log.failed
-    assert [s.state for s in log.segments()] == [CopyState.CLOSED, CopyState.ACTIVE]
-
-
 def test_a_rolled_segment_found_damaged_before_its_seal_is_sealed_first_with_its_damage(
     logged_errors: list[dict[str, Any]],
 ) -> None:
