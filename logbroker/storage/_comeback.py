@@ -59,10 +59,10 @@ class Comeback:
         if cut:
             target = state.segments[-1]
         if state.starting is not None:
-            if state.active is None:
+            if state.start_on_disk:
                 return self._finish_start(state.starting)
-            # The start was still queued behind the write that failed: it never touched the
-            # disk, and its caller was told it failed, so it is forgotten.
+            # The start was still queued behind the operation that failed: it never touched
+            # the disk, and its caller was told it failed, so it is forgotten.
             state.forget_start()
         if target is None or target.damage is not None or target.has_marker:
             return succeed(None)
@@ -116,6 +116,7 @@ class Comeback:
             segment = state.add_active(base_offset, writer)
             state.next_offset = state.durable_offset = base_offset
             state.starting = None
+            state.start_on_disk = False
             return segment
 
         return finishing.addCallback(finished)

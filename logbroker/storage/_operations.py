@@ -546,6 +546,7 @@ class SegmentOperations:
             # log, which recovery removes, so the segment either does not exist or exists at
             # its epoch.
             state.close_active()
+            state.start_on_disk = True
             stem = path.removesuffix(LOG_SUFFIX)
             writing = self._atomic.replace([(stem + EPOCH_SUFFIX, marker)])
             return writing.addCallback(lambda _: self._atomic.create(path))
@@ -555,6 +556,7 @@ class SegmentOperations:
             state.durable_offset = base_offset
             if state.starting == base_offset:
                 state.starting = None
+                state.start_on_disk = False
             return segment.info()
 
         def start() -> Deferred[SegmentInfo]:

@@ -96,6 +96,9 @@ class LogState:
         self.data_epochs: dict[int, int] = dict(recovered.data_epochs)
         #: The base of a segment ``start_segment`` is creating: appends made meanwhile go there.
         self.starting: int | None = None
+        #: Whether that start has begun its changes on disk (it closed the active segment):
+        #: one that failed before, queued behind a failure, never did.
+        self.start_on_disk = False
         #: The base of the segment a write that rolls is creating (the active one is full).
         self.rolling_to: int | None = None
 
@@ -171,6 +174,7 @@ class LogState:
             self.epochs.pop(self.starting, None)
             self.data_epochs.pop(self.starting, None)
             self.starting = None
+            self.start_on_disk = False
 
     def add_active(self, base_offset: int, writer: AppendFile) -> Segment:
         """A new segment's file exists: it becomes the last segment and takes the appends."""

@@ -866,3 +866,28 @@ def test_a_segment_start_queued_behind_a_failed_write_is_forgotten_when_the_copy
     assert result_of_running(log.start_segment(2, 2), executor).base_offset == 2
     result_of_running(log.append_raw(2, batch(2), epoch=2), executor)
     assert log.durable_offset == 3
+
+
+def test_a_segment_start_queued_behind_a_failed_seal_is_forgotten_not_made(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log, executor = stepped_replica(fs)
+    result_of_running(log.start_segment(0, 1), executor)
+    result_of_running(log.append_raw(0, batch(0, 2), epoch=1), executor)
+    size = log.active_bytes
+    fs.failing_atomic_writes = 1  # the seal's sidecars
+    sealing = log.seal_copy(0, 2, size, epoch=1)
+    queued_start = log.start_segment(2, 1)
+    executor.run_all()
+
+    assert failure_of(sealing).check(OSError)
+    assert failure_of(queued_start).check(LogFailedError)
+    logged_errors.clear()
+    assert result_of_running(log.return_to_service(), executor) is True
+
+    assert not fs.exists(segment_path(2)), "the start that never ran is not made"
+    assert [(s.base_offset, s.state) for s in log.segments()] == [(0, CopyState.ACTIVE)]
+    info = result_of_running(log.seal_copy(0, 2, size, epoch=1), executor)
+    assert info.state is CopyState.SEALED
+    assert result_of_running(log.start_segment(2, 1), executor).base_offset == 2
