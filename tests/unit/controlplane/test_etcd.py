@@ -9,6 +9,7 @@ from typing import Any
 
 import attrs
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
@@ -491,15 +492,21 @@ def test_a_lost_answer_that_cannot_be_resolved_says_so(cluster: Cluster) -> None
     assert a.user("alice") == make_user("alice")
 
 
-def test_a_lost_answer_then_no_member_says_the_outcome_is_unknown(cluster: Cluster) -> None:
-    a = cluster.node()
+def lost_then_no_member(cluster: Cluster, a: EtcdControlPlane) -> Deferred[None]:
+    """Create a user whose first attempt takes effect and loses its answer; then no member
+    answers."""
     cluster.store.hold()
     creating = a.create_user(make_user("alice"))
     cluster.store.lost_answers = 1
-    # The first attempt takes effect, its answer is lost; the second finds no member.
     cluster.store.release(1)
     cluster.store.unavailable = True
     cluster.store.release()
+    return creating
+
+
+def test_a_lost_answer_then_no_member_says_the_outcome_is_unknown(cluster: Cluster) -> None:
+    a = cluster.node()
+    creating = lost_then_no_member(cluster, a)
     assert not creating.called, "asked again while no member answers"
     wait_out_the_resolution(cluster)
 
@@ -510,12 +517,7 @@ def test_a_lost_answer_then_no_member_says_the_outcome_is_unknown(cluster: Clust
 def test_a_lost_answer_is_resolved_once_a_member_answers_again(cluster: Cluster) -> None:
     # A member died with the answer, and it led: the others answer once they elected another.
     a = cluster.node()
-    cluster.store.hold()
-    creating = a.create_user(make_user("alice"))
-    cluster.store.lost_answers = 1
-    cluster.store.release(1)
-    cluster.store.unavailable = True
-    cluster.store.release()
+    creating = lost_then_no_member(cluster, a)
     cluster.clock.advance(RESOLVE_RETRY_SECONDS)
     assert not creating.called
 

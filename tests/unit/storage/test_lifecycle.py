@@ -37,6 +37,14 @@ from tests.unit.storage.helpers import (
 )
 
 
+def roll_with_a_failing_seal(fs: MemoryFileSystem, log: RangeLog) -> None:
+    """Records 0 and 1 fill segment 0 (``roll_bytes=200``); record 2 rolls it over into
+    segment 2, and its seal behind the appends fails on a full disk (logged)."""
+    append_each(log, 0, 2)
+    fs.failing_atomic_writes = 1
+    result_of(log.append([record(2)]))
+
+
 def test_a_failed_seal_takes_the_range_out_of_service_and_never_writes_through_a_closed_file(
     logged_errors: list[dict[str, Any]],
 ) -> None:
@@ -92,9 +100,7 @@ def test_a_segment_that_rolled_over_unsealed_before_a_crash_is_sealed_at_open(
 ) -> None:
     fs = MemoryFileSystem()
     log = open_log(fs, LogConfig(roll_bytes=200))
-    append_each(log, 0, 2)
-    fs.failing_atomic_writes = 1  # as if the power went before the seal was durable
-    result_of(log.append([record(2)]))
+    roll_with_a_failing_seal(fs, log)  # as if the power went before the seal was durable
     assert log.segments()[0].state is CopyState.CLOSED
     logged_errors.clear()
 
@@ -136,9 +142,7 @@ def test_a_segment_waiting_for_its_seal_is_never_deleted(
 ) -> None:
     fs = MemoryFileSystem()
     log = open_log(fs, LogConfig(roll_bytes=200))
-    append_each(log, 0, 2)
-    fs.failing_atomic_writes = 1  # its seal fails: it stays closed, waiting
-    result_of(log.append([record(2)]))
+    roll_with_a_failing_seal(fs, log)  # segment 0 stays closed, waiting
     logged_errors.clear()
 
     refused = failure_of(log.delete_segment(0))
@@ -163,9 +167,7 @@ def test_a_rolled_segment_found_damaged_before_its_seal_is_sealed_first_with_its
             on_sealed=sealed.append,
         )
     )
-    append_each(log, 0, 2)
-    fs.failing_atomic_writes = 1
-    result_of(log.append([record(2)]))  # segment 0 rolls over; its seal fails
+    roll_with_a_failing_seal(fs, log)
     fs.corrupt(segment_path(0), 30)
     result_of(log.verify_segment(0))  # finds the rot: reads of segment 0 stop before it
     logged_errors.clear()
