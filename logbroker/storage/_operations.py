@@ -113,9 +113,19 @@ class SegmentOperations:
             )
 
         def start() -> Deferred[SegmentInfo | None]:
+            # A segment that rolled over is sealed first: seals are recorded in order.
+            return self._pipeline.seals_settled().addCallback(lambda _: roll_now())
+
+        def roll_now() -> Deferred[SegmentInfo | None]:
             active = state.active
             if active is None or active.readable_end == 0 or active.damage is not None:
                 return succeed(None)
+            waiting = next((s for s in state.segments[:-1] if awaits_seal(state, s)), None)
+            if waiting is not None:
+                raise SegmentStateError(
+                    f"the seal of {waiting.path}, which rolled over before, failed; it is tried"
+                    " again at the next roll or return to service: roll again once it is sealed"
+                )
             plan = plan_seal(active)
             next_path = state.segment_path(active.next_offset)
             job = self._executor.run(_roll_job, self._fs, state.directory, plan, next_path)

@@ -582,6 +582,10 @@ class WritePipeline:
         """Seal the segments that rolled over and are not sealed yet (after recovery)."""
         self._seals.start()
 
+    def seals_settled(self) -> Deferred[None]:
+        """Fire once no seal behind the appends runs or will start (``SealsBehind.settled``)."""
+        return self._seals.settled()
+
     def _finish_close(self) -> None:
         # A seal behind the appends reads its segment and writes its sidecars: it ends first.
         if self._seals_closing is None:

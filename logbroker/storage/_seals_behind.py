@@ -77,9 +77,19 @@ class SealsBehind:
             self._sealed, self._failed, callbackArgs=(segment,), errbackArgs=(segment,)
         )
 
+    def settled(self) -> Deferred[None]:
+        """Fire once no seal runs and none starts by itself: every segment that rolled over is
+        sealed, or the last seal tried failed (an explicit roll waits for this, so that seals
+        are recorded in order)."""
+        self.start()
+        return self._when_idle()
+
     def close(self) -> Deferred[None]:
         """Start no more seals; fire once the one running, if any, has ended."""
         self._closing = True
+        return self._when_idle()
+
+    def _when_idle(self) -> Deferred[None]:
         if not self._running:
             return succeed(None)
         waiter: Deferred[None] = Deferred()
@@ -97,8 +107,10 @@ class SealsBehind:
         state = self._state
         if state.holds(segment) and segment.state is CopyState.CLOSED:
             state.mark_sealed(segment, rolled.sealed, rolled.damage)
-        self._ended()
+        self._running = False
         self.start()
+        if not self._running:
+            self._wake()
 
     def _failed(self, failure: Failure, segment: Segment) -> None:
         log.failure(
@@ -107,10 +119,10 @@ class SealsBehind:
             failure,
             path=segment.path,
         )
-        self._ended()
-
-    def _ended(self) -> None:
         self._running = False
+        self._wake()
+
+    def _wake(self) -> None:
         waiters, self._idle_waiters = self._idle_waiters, []
         for waiter in waiters:
             waiter.callback(None)

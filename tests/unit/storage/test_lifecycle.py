@@ -152,6 +152,57 @@ def test_a_segment_waiting_for_its_seal_is_never_deleted(
     assert offsets(log) == [0, 1, 2]
 
 
+def test_an_explicit_roll_waits_for_the_seal_behind_the_appends_and_seals_after_it() -> None:
+    sealed: list[SegmentInfo] = []
+    fs = MemoryFileSystem()
+    executor = ManualExecutor()
+    log = result_of_running(
+        RangeLog.open(
+            RANGE_DIR,
+            fs=fs,
+            clock=Clock(),
+            executor=executor,
+            config=LogConfig(roll_bytes=200, group_commit=False),
+            on_sealed=sealed.append,
+        ),
+        executor,
+    )
+    for n in range(2):
+        result_of_running(log.append([record(n)]), executor)
+    appended = log.append([record(2)])  # rolls over: segment 0's seal runs behind it
+    executor.run_next()
+    assert result_of(appended).base_offset == 2
+    assert executor.pending, "segment 0's seal has not run yet"
+
+    rolled = log.roll()
+    assert len(executor.pending) == 1, "the roll's own job waits for segment 0's seal"
+    executor.run_all()
+
+    assert result_of(rolled).base_offset == 2
+    assert [info.base_offset for info in sealed] == [0, 2], "recorded in order"
+
+
+def test_an_explicit_roll_is_refused_while_a_failed_seal_behind_the_appends_fails_again(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    log = open_log(fs, LogConfig(roll_bytes=200))
+    roll_with_a_failing_seal(fs, log)
+    fs.failing_atomic_writes = 1  # it is tried again first, and fails again
+
+    refused = failure_of(log.roll())
+
+    assert refused.check(SegmentStateError)
+    assert "roll again once it is sealed" in str(refused.value)
+    assert not log.failed
+    assert len(logged_errors) == 2
+    logged_errors.clear()
+    rolled = result_of(log.roll())  # the disk has room again
+    assert rolled is not None
+    assert rolled.base_offset == 2
+    assert [s.state for s in log.segments()][:2] == [CopyState.SEALED, CopyState.SEALED]
+
+
 def test_a_rolled_segment_found_damaged_before_its_seal_is_sealed_first_with_its_damage(
     logged_errors: list[dict[str, Any]],
 ) -> None:
