@@ -68,14 +68,31 @@ class SealsBehind:
         then the next, until none is left (or one fails)."""
         if self._running or self._closing or self._state.replicated:
             return
-        segment = self._unsealed()
-        if segment is None:
-            return
         self._running = True
-        sealing = self._executor.run(_seal_whole_file, self._fs, plan_seal(segment))
-        sealing.addCallbacks(
-            self._sealed, self._failed, callbackArgs=(segment,), errbackArgs=(segment,)
-        )
+        self._seal_next()
+
+    def _seal_next(self) -> None:
+        # A loop, not a callback chain: an executor that runs jobs at once (and a log opened
+        # after a crash with hundreds of segments to seal) would otherwise recurse once per
+        # segment, past Python's limit.
+        while True:
+            segment = None if self._closing else self._unsealed()
+            if segment is None:
+                self._stop()
+                return
+            going_on: list[bool] = []
+            sealing = self._executor.run(_seal_whole_file, self._fs, plan_seal(segment))
+            outcome: Deferred[bool] = sealing.addCallbacks(
+                self._sealed, self._failed, callbackArgs=(segment,), errbackArgs=(segment,)
+            )
+            outcome.addCallback(going_on.append)
+            if not going_on:
+                # A writer thread seals it: go on from its outcome.
+                outcome.addCallback(self._resume, going_on)
+                return
+            if not going_on[0]:
+                self._stop()
+                return
 
     def settled(self) -> Deferred[None]:
         """Fire once no seal runs and none starts by itself: every segment that rolled over is
@@ -103,22 +120,28 @@ class SealsBehind:
             return None
         return next((s for s in state.segments[:-1] if awaits_seal(state, s)), None)
 
-    def _sealed(self, rolled: Rolled, segment: Segment) -> None:
+    def _sealed(self, rolled: Rolled, segment: Segment) -> bool:
         state = self._state
         if state.holds(segment) and segment.state is CopyState.CLOSED:
             state.mark_sealed(segment, rolled.sealed, rolled.damage)
-        self._running = False
-        self.start()
-        if not self._running:
-            self._wake()
+        return True
 
-    def _failed(self, failure: Failure, segment: Segment) -> None:
+    def _failed(self, failure: Failure, segment: Segment) -> bool:
         log.failure(
             "Sealing {path} failed; it stays closed (readable, taking no appends) and its seal"
             " is tried again at the range's next roll, return to service or start",
             failure,
             path=segment.path,
         )
+        return False
+
+    def _resume(self, _: object, going_on: list[bool]) -> None:
+        if going_on[0]:
+            self._seal_next()
+        else:
+            self._stop()
+
+    def _stop(self) -> None:
         self._running = False
         self._wake()
 

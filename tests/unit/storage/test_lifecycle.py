@@ -652,3 +652,19 @@ def test_a_range_whose_seal_failed_returns_to_service_and_seals_on_a_later_try(
     assert result_of(log.append([record(2)])).base_offset == 2
     assert offsets(log) == [0, 1, 2]
     assert fs.exists(segment_path(0)[:-4] + ".sealed")
+
+
+def test_hundreds_of_segments_left_unsealed_by_a_crash_are_all_sealed_at_open() -> None:
+    # As a writer killed while its seals lagged behind fast rolls leaves them. An executor
+    # that runs each job at once must not turn them into one deep chain of callbacks.
+    fs = MemoryFileSystem()
+    fs.make_dirs(RANGE_DIR)
+    for offset in range(600):
+        fs.write_atomic(segment_path(offset), encode_batch(offset, [record(offset)]))
+
+    log = open_log(fs)
+
+    states = [s.state for s in log.segments()]
+    assert states == [CopyState.SEALED] * 599 + [CopyState.ACTIVE]
+    assert offsets(log)[-3:] == [597, 598, 599]
+    result_of(log.close())
