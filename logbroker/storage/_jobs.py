@@ -284,7 +284,7 @@ def _finish_start_job(
     result is what a start that had succeeded leaves, so appends go on from ``marker``'s base.
     ``None`` when more is in doubt: a newer segment file, or bytes in this one (nothing can
     have been appended to a segment whose start never finished)."""
-    if any(e > posixpath.basename(path) for e in fs.list_dir(directory) if e.endswith(LOG_SUFFIX)):
+    if _newer_segment_beside(fs, directory, path):
         return None
     _probe(fs, directory)
     if fs.exists(path) and fs.size(path) > 0:
@@ -300,8 +300,13 @@ def _alone_at_the_end(fs: FileSystem, directory: str, path: str) -> bool:
     """Whether the segment at ``path`` has no seal marker and no newer segment beside it."""
     if fs.exists(path.removesuffix(LOG_SUFFIX) + SEAL_SUFFIX):
         return False
-    name = path.rsplit("/", 1)[1]
-    return not any(e > name for e in fs.list_dir(directory) if e.endswith(LOG_SUFFIX))
+    return not _newer_segment_beside(fs, directory, path)
+
+
+def _newer_segment_beside(fs: FileSystem, directory: str, path: str) -> bool:
+    """Whether a segment file newer than the one at ``path`` is in ``directory``."""
+    name = posixpath.basename(path)
+    return any(e > name for e in fs.list_dir(directory) if e.endswith(LOG_SUFFIX))
 
 
 def _probe(fs: FileSystem, directory: str) -> None:

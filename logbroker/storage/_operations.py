@@ -43,7 +43,7 @@ from logbroker.storage._jobs import (
     plan_seal,
 )
 from logbroker.storage._pipeline import WritePipeline
-from logbroker.storage._seals_behind import awaits_seal
+from logbroker.storage._seals_behind import awaits_seal, first_awaiting_seal
 from logbroker.storage._segment import (
     EPOCH_SUFFIX,
     INDEX_SUFFIX,
@@ -120,7 +120,7 @@ class SegmentOperations:
             active = state.active
             if active is None or active.readable_end == 0 or active.damage is not None:
                 return succeed(None)
-            waiting = next((s for s in state.segments[:-1] if awaits_seal(state, s)), None)
+            waiting = first_awaiting_seal(state)
             if waiting is not None:
                 raise SegmentStateError(
                     f"the seal of {waiting.path}, which rolled over before, failed; it is tried"

@@ -20,6 +20,8 @@ that rolls its own segments has any: a replica's end with ``seal_copy``.
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
 from twisted.internet.defer import Deferred, succeed
 from twisted.logger import Logger
@@ -35,15 +37,30 @@ log = Logger()
 
 
 def awaits_seal(state: LogState, segment: Segment) -> bool:
-    """Whether ``segment`` rolled over and waits for its seal behind the appends: a closed,
-    unsealed segment of a log that rolls its own, before the last one and ending where the
-    next begins, as a roll leaves it (a segment before a gap is a copy some replication left,
-    which only its primary seals). One found damaged after it rolled is sealed too, as a roll
-    that found the rot would have sealed it."""
-    if state.replicated or segment.state is not CopyState.CLOSED or segment.has_marker:
-        return False
-    following = state.following(segment)
-    return following is not None and segment.next_offset == following.base_offset
+    """Whether ``segment`` rolled over and waits for its seal behind the appends
+    (``_rolled_unsealed``)."""
+    return not state.replicated and _rolled_unsealed(segment, state.following(segment))
+
+
+def first_awaiting_seal(state: LogState) -> Segment | None:
+    """The first segment that waits for its seal behind the appends, in one pass."""
+    if state.replicated:
+        return None
+    pairs = itertools.pairwise(state.segments)
+    return next((segment for segment, after in pairs if _rolled_unsealed(segment, after)), None)
+
+
+def _rolled_unsealed(segment: Segment, following: Segment | None) -> bool:
+    """A closed, unsealed segment of a log that rolls its own, before another and ending
+    where it begins, as a roll leaves it (a segment before a gap is a copy some replication
+    left, which only its primary seals). One found damaged after it rolled counts too: it is
+    sealed as a roll that found the rot would have sealed it."""
+    return (
+        segment.state is CopyState.CLOSED
+        and not segment.has_marker
+        and following is not None
+        and segment.next_offset == following.base_offset
+    )
 
 
 def _seal_whole_file(fs: FileSystem, plan: SealPlan) -> Rolled:
@@ -76,7 +93,7 @@ class SealsBehind:
         # after a crash with hundreds of segments to seal) would otherwise recurse once per
         # segment, past Python's limit.
         while True:
-            segment = None if self._closing else self._unsealed()
+            segment = None if self._closing else first_awaiting_seal(self._state)
             if segment is None:
                 self._stop()
                 return
@@ -112,13 +129,6 @@ class SealsBehind:
         waiter: Deferred[None] = Deferred()
         self._idle_waiters.append(waiter)
         return waiter
-
-    def _unsealed(self) -> Segment | None:
-        """The first segment that waits for its seal (``awaits_seal``)."""
-        state = self._state
-        if state.replicated:
-            return None
-        return next((s for s in state.segments[:-1] if awaits_seal(state, s)), None)
 
     def _sealed(self, rolled: Rolled, segment: Segment) -> bool:
         state = self._state

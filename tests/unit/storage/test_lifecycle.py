@@ -37,6 +37,28 @@ from tests.unit.storage.helpers import (
 )
 
 
+def recording_seals(
+    fs: MemoryFileSystem,
+    sealed: list[SegmentInfo],
+    executor: ImmediateExecutor | ManualExecutor | None = None,
+    config: LogConfig | None = None,
+) -> RangeLog:
+    """A log of ``fs`` that rolls at 200 bytes (unless ``config`` says otherwise) and adds
+    every seal it decides to ``sealed``."""
+    executor = executor or ImmediateExecutor()
+    opening = RangeLog.open(
+        RANGE_DIR,
+        fs=fs,
+        clock=Clock(),
+        executor=executor,
+        config=config or LogConfig(roll_bytes=200),
+        on_sealed=sealed.append,
+    )
+    if isinstance(executor, ManualExecutor):
+        executor.run_all()
+    return result_of(opening)
+
+
 def roll_with_a_failing_seal(fs: MemoryFileSystem, log: RangeLog) -> None:
     """Records 0 and 1 fill segment 0 (``roll_bytes=200``); record 2 rolls it over into
     segment 2, and its seal behind the appends fails on a full disk (logged)."""
@@ -156,17 +178,7 @@ def test_an_explicit_roll_waits_for_the_seal_behind_the_appends_and_seals_after_
     sealed: list[SegmentInfo] = []
     fs = MemoryFileSystem()
     executor = ManualExecutor()
-    log = result_of_running(
-        RangeLog.open(
-            RANGE_DIR,
-            fs=fs,
-            clock=Clock(),
-            executor=executor,
-            config=LogConfig(roll_bytes=200, group_commit=False),
-            on_sealed=sealed.append,
-        ),
-        executor,
-    )
+    log = recording_seals(fs, sealed, executor, LogConfig(roll_bytes=200, group_commit=False))
     for n in range(2):
         result_of_running(log.append([record(n)]), executor)
     appended = log.append([record(2)])  # rolls over: segment 0's seal runs behind it
@@ -208,16 +220,7 @@ def test_a_rolled_segment_found_damaged_before_its_seal_is_sealed_first_with_its
 ) -> None:
     sealed: list[SegmentInfo] = []
     fs = MemoryFileSystem()
-    log = result_of(
-        RangeLog.open(
-            RANGE_DIR,
-            fs=fs,
-            clock=Clock(),
-            executor=ImmediateExecutor(),
-            config=LogConfig(roll_bytes=200),
-            on_sealed=sealed.append,
-        )
-    )
+    log = recording_seals(fs, sealed)
     roll_with_a_failing_seal(fs, log)
     fs.corrupt(segment_path(0), 30)
     result_of(log.verify_segment(0))  # finds the rot: reads of segment 0 stop before it
@@ -234,16 +237,7 @@ def test_a_rolled_segment_found_damaged_before_its_seal_is_sealed_first_with_its
 
 def test_every_seal_is_reported_with_its_count_and_size() -> None:
     sealed: list[SegmentInfo] = []
-    log = result_of(
-        RangeLog.open(
-            RANGE_DIR,
-            fs=MemoryFileSystem(),
-            clock=Clock(),
-            executor=ImmediateExecutor(),
-            config=LogConfig(roll_bytes=200),
-            on_sealed=sealed.append,
-        )
-    )
+    log = recording_seals(MemoryFileSystem(), sealed)
     append_each(log, 0, 4)  # size-triggered rolls
     manual = result_of(log.roll())
 
