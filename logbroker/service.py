@@ -12,8 +12,9 @@ range the control plane knows is opened, and only then are clients accepted (``s
 
 Stop order is the reverse: the client port stops accepting (``svc_ready`` 0, ``/ready`` 503) and
 its connections drain (requests in flight are answered, or failed after a grace period), the
-dashboard port stops, the periodic tasks end their runs in progress, then the control plane
-flushes, and the store closes last, after every queued append has been flushed and fsynced.
+dashboard port stops, the periodic tasks end their runs in progress, the seals behind the
+appends end (so that the control plane records each), then the control plane flushes, and the
+store closes last, after every queued append has been flushed and fsynced.
 
 A cluster member (``logbroker.node_modes``) adds its part at three places: its membership, peer
 links and chores start right after the control plane and stop right before it (the node leaves
@@ -35,7 +36,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import attrs
@@ -271,6 +272,22 @@ class StorageService(Service):
             log.info("Storage closed: every range flushed and fsynced")
 
         return closing.addCallback(stop_threads)
+
+
+class SealsSettleService(Service):
+    """On stop, waits for the seals behind the appends of every range log (``RangeLog.
+    seals_settled``). It stops after the client port has drained, so no append rolls a segment
+    meanwhile, and right before the control plane closes, so that each seal is recorded there
+    (``SegmentRecorder``); otherwise a stop during a seal left the segment unsealed and its
+    successor unrecorded until the next start."""
+
+    def __init__(self, logs: Callable[[], Iterable[RangeLog]]) -> None:
+        self._logs = logs
+
+    def stopService(self) -> Deferred[None]:
+        super().stopService()
+        settling = [range_log.seals_settled() for range_log in self._logs()]
+        return DeferredList(settling, consumeErrors=True).addCallback(lambda _: None)
 
 
 class ControlPlaneService(Service):
@@ -684,6 +701,7 @@ def build_service(
     recorder = SegmentRecorder(control, node_id) if not _replicated(config) else None
     if recorder is not None:
         storage.on_sealed = recorder.sealed
+        _add(root, SealsSettleService(storage.logs.values), "seals-settle")
 
     lag = PeriodicTask(
         "reactor_lag",

@@ -468,6 +468,12 @@ class RangeLog:
         """
         return self._operations.roll()
 
+    def seals_settled(self) -> Deferred[None]:
+        """Fire once every segment that rolled over is sealed (its ``on_sealed`` hook called),
+        or the last seal tried failed: what a stopping node waits for before its control plane
+        closes, so that a clean stop leaves every rolled segment sealed and recorded."""
+        return self._pipeline.seals_settled()
+
     def delete_segment(self, base_offset: int) -> Deferred[None]:
         """Delete a segment that is no longer appended to (retention, or repair of a copy).
 

@@ -29,15 +29,16 @@ from logbroker.service import (
     GC_THRESHOLDS,
     GIL_SWITCH_INTERVAL_SECONDS,
     ClientPortService,
+    SealsSettleService,
     StorageService,
     build_service,
     listen_tcp,
     log_config_for,
 )
-from logbroker.storage import DataDirectory, OsFileSystem, RangeLog
-from logbroker.testing import ImmediateExecutor
+from logbroker.storage import DataDirectory, LogConfig, OsFileSystem, RangeLog, SegmentInfo
+from logbroker.testing import ImmediateExecutor, ManualExecutor, MemoryFileSystem
 from tests.certificates import issue, make_ca, serving
-from tests.unit.storage.helpers import append_each, result_of
+from tests.unit.storage.helpers import append_each, record, result_of, result_of_running
 
 
 @pytest.fixture
@@ -163,6 +164,35 @@ def test_storage_recovery_reports_to_the_metrics_the_tree_exposes(
         "scrub": 0,
         "rate_limit_cleanup": 0,
     }
+
+
+def test_a_stopping_node_waits_for_its_seals_behind_the_appends_before_the_control_plane() -> None:
+    sealed: list[SegmentInfo] = []
+    executor = ManualExecutor()
+    opening = RangeLog.open(
+        "/data/ranges/orders.0",
+        fs=MemoryFileSystem(),
+        clock=Clock(),
+        executor=executor,
+        config=LogConfig(roll_bytes=200, group_commit=False),
+        on_sealed=sealed.append,
+    )
+    range_log = result_of_running(opening, executor)
+    for n in range(2):
+        result_of_running(range_log.append([record(n)]), executor)
+    appended = range_log.append([record(2)])  # rolls over: segment 0's seal runs behind it
+    executor.run_next()
+    assert result_of(appended).base_offset == 2
+    settle = SealsSettleService(lambda: [range_log])
+    settle.startService()
+
+    stopping = settle.stopService()
+
+    assert not stopping.called, "segment 0's seal has not run yet"
+    executor.run_all()
+    assert [info.base_offset for info in sealed] == [0]
+    assert stopping.called
+    result_of_running(range_log.close(), executor)
 
 
 class StubFactory:
@@ -302,10 +332,13 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
         ports.append([port for port, _, _, _ in reactor.tcpServers])
 
     common_head = ["StopOnSigterm", "storage", "storage-recovery", "control-plane"]
+    # A single node records its own seals: they end before its control plane closes. A
+    # member's segments are sealed by their primary (``seal_copy``), none behind the appends.
     # Both scrub their sealed segments (a member repairs from its replicas).
     common_tail = ["reactor-lag", "scrub", "auth-threads"]
     assert trees[0] == [
         *common_head,
+        "seals-settle",
         *common_tail,
         "rate-limit-cleanup",
         "dashboard",
