@@ -152,7 +152,11 @@ class StorageService(Service):
         self._executor = ThreadPoolExecutor(reactor)
         # Reads get threads of their own: a fetch never waits for a free writer thread.
         self._reader = ThreadPoolExecutor(reactor, threads=2, name="logbroker-reads")
-        self._pools = [self._executor, self._reader]
+        # The seals behind the appends read back whole segments (64 MiB each by default),
+        # several at once when a topic's ranges roll together: one at a time, on a thread of
+        # their own, they never hold every writer thread while a new segment waits to start.
+        self._sealer = ThreadPoolExecutor(reactor, threads=1, name="logbroker-seals")
+        self._pools = [self._executor, self._reader, self._sealer]
         #: With it, one sync makes every range's writes durable together (``fs`` decides how),
         #: on a thread of its own: a flush never waits behind a long job (a healing copy's
         #: install, a verification) for a writer thread.
@@ -227,6 +231,7 @@ class StorageService(Service):
             "clock": self._reactor,
             "executor": self._executor,
             "reader": self._reader,
+            "sealer": self._sealer,
             "config": self._log_config,
             "on_integrity_event": lambda event: self._integrity_event(name, event),
             "on_flushed": self._metrics.flushed,

@@ -15,9 +15,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import posixpath
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -193,6 +194,13 @@ class MemoryFileSystem:
     def open_read(self, path: str) -> _MemoryReadFile:
         self._file(path)
         return _MemoryReadFile(self, path)
+
+    @contextlib.contextmanager
+    def read_mapped(self, path: str, length: int) -> Iterator[memoryview]:
+        # A copy, released at the end of the block as a mapping is (a view kept past it
+        # raises when used, as one of an unmapped file would fail).
+        with memoryview(bytes(self._file(path).data[:length])) as view:
+            yield view
 
     def open_append(self, path: str) -> _MemoryAppendFile:
         self._file(path)

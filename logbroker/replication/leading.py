@@ -154,7 +154,14 @@ class ReplicatedRange:
     def _store(self, records: Records, stamp: ProducerStamp | None) -> Deferred[object]:
         if self._rolling is not None:
             waiting: Deferred[object] = Deferred()
-            self._rolling.addBoth(lambda _: self._store(records, stamp).chainDeferred(waiting))
+
+            def rolled(_: object) -> None:
+                # Returns nothing: a Deferred returned here would hold every append waiting
+                # after this one until this one commits (they went on one at a time, one
+                # replication round trip each, for up to a second after every roll).
+                self._store(records, stamp).chainDeferred(waiting)
+
+            self._rolling.addBoth(rolled)
             return waiting
         leader = self.leader
         if leader is None:

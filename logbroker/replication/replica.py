@@ -12,7 +12,10 @@ requests to itself come through ``Loopback`` with its own id).
 A fence of a segment this node has no copy of yet creates an empty copy, so the epoch is on
 disk before anything of the old primary can arrive. Requests for one range are taken one at a
 time while a fence, a cut, a new segment or a seal is under way; appends themselves are
-pipelined (the log orders and group-commits them).
+pipelined (the log orders and group-commits them). A seal (asked for, or made because the next
+segment's first bytes or fence came first) holds them only until the copy is closed at the
+sealed length: its sidecars are written behind the appends (``RangeLog.seal_copy`` with
+``behind``), so that a roll's next segment does not wait for every copy's read back.
 """
 
 from __future__ import annotations
@@ -265,7 +268,11 @@ class ReplicaServer:
         assert recorded.record_count is not None
         assert recorded.byte_size is not None
         sealing = copy.seal_copy(
-            active.base_offset, recorded.record_count, recorded.byte_size, epoch=recorded.epoch
+            active.base_offset,
+            recorded.record_count,
+            recorded.byte_size,
+            epoch=recorded.epoch,
+            behind=True,
         )
 
         def short(failure: Failure) -> None:
@@ -365,8 +372,9 @@ class ReplicaServer:
                 # it). It is fetched whole instead.
                 return succeed(self._status(copy, segment, CopyOutcome.SHORT))
             self._tails.pop(range_id, None)
+            # Behind the appends: the next segment's first bytes need only the copy closed.
             work = copy.seal_copy(
-                segment, request.record_count, request.byte_size, epoch=request.epoch
+                segment, request.record_count, request.byte_size, epoch=request.epoch, behind=True
             )
 
             def answered(result: object) -> bytes:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import mmap
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from twisted.logger import Logger
@@ -66,6 +67,14 @@ class FileSystem(Protocol):
     def read_file(self, path: str) -> bytes: ...
 
     def open_read(self, path: str) -> ReadFile: ...
+
+    def read_mapped(self, path: str, length: int) -> contextlib.AbstractContextManager[memoryview]:
+        """A read-only view of the first ``length`` bytes of the file at ``path`` (fewer if it
+        is shorter) for the ``with`` block, not copied: a seal reads a whole segment back, and
+        a copy of 64 MiB into a fresh buffer costs more than the checks (the kernel zeroes
+        every page of a new buffer first, which on a virtual machine took 40% of both cores
+        while the ranges of three nodes sealed). Nothing may truncate the file meanwhile, and
+        nothing may keep a view of it past the block."""
 
     def open_append(self, path: str) -> AppendFile:
         """Open the existing file ``path`` for appending."""
@@ -257,6 +266,21 @@ class OsFileSystem:
 
     def open_read(self, path: str) -> ReadFile:
         return _OsReadFile(path)
+
+    @contextlib.contextmanager
+    def read_mapped(self, path: str, length: int) -> Iterator[memoryview]:
+        with open(path, "rb") as file:
+            size = min(length, os.fstat(file.fileno()).st_size)
+            if size == 0:
+                # An empty file cannot be mapped.
+                yield memoryview(b"")
+                return
+            # Populated at once: the pages are in the page cache (the segment was just
+            # written), so this maps them without a fault per page.
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            mapping = mmap.mmap(file.fileno(), size, flags=flags, prot=mmap.PROT_READ)
+            with mapping, memoryview(mapping) as view:
+                yield view
 
     def open_append(self, path: str) -> AppendFile:
         return _OsAppendFile(path, 0)

@@ -128,8 +128,8 @@ def cut_to_seal(
     sealed length, which sealing again completes. Bytes past that length were never
     acknowledged by a quorum, and every byte before it stays.
     """
-    data = _read_prefix(fs, path, byte_size)
-    sealed = sealed_files(data, base_offset) if len(data) == byte_size else None
+    with fs.read_mapped(path, byte_size) as data:
+        sealed = sealed_files(data, base_offset) if len(data) == byte_size else None
     if sealed is None:
         raise SegmentStateError(
             f"{path}: the first {byte_size} bytes are not whole, verified batches; refusing to "
@@ -161,19 +161,19 @@ def _seal_rolled(fs: FileSystem, plan: SealPlan) -> Rolled:
     as the log holds it, never cut, as it was before the roll, its sidecars derived from the
     batches before the rot, and the rot is reported like any other.
     """
-    data = _read_prefix(fs, plan.path, plan.byte_size)
-    sealed = sealed_files(data, plan.base_offset) if len(data) == plan.byte_size else None
-    damage = None
-    if sealed is None or sealed.seal.record_count != plan.record_count:
-        scan = scan_batches(data, 0, plan.base_offset)
-        damage = scan.damage or Damage(len(data), DamageReason.SIZE)
-        seal = Seal(
-            plan.base_offset,
-            plan.record_count,
-            plan.byte_size,
-            max_record_timestamp(data, scan.batches),
-        )
-        sealed = Sealed(seal, build_index(scan.batches))
+    with fs.read_mapped(plan.path, plan.byte_size) as data:
+        sealed = sealed_files(data, plan.base_offset) if len(data) == plan.byte_size else None
+        damage = None
+        if sealed is None or sealed.seal.record_count != plan.record_count:
+            scan = scan_batches(data, 0, plan.base_offset)
+            damage = scan.damage or Damage(len(data), DamageReason.SIZE)
+            seal = Seal(
+                plan.base_offset,
+                plan.record_count,
+                plan.byte_size,
+                max_record_timestamp(data, scan.batches),
+            )
+            sealed = Sealed(seal, build_index(scan.batches))
     _seal_files(fs, plan.path, sealed.seal, sealed.index, None)
     return Rolled(sealed, damage)
 

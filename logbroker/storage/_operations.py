@@ -10,7 +10,7 @@ takes the log out of service (recovery then reads back what is on disk), except 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, fail, maybeDeferred, succeed
@@ -69,6 +69,8 @@ log = Logger()
 
 _MAX_EPOCH = 2**64 - 1
 
+_T = TypeVar("_T")
+
 
 def _check_epoch(epoch: int) -> None:
     if not 0 <= epoch <= _MAX_EPOCH:
@@ -87,14 +89,24 @@ class SegmentOperations:
         executor: Executor,
         reader: Executor,
         atomic: AtomicWrites,
+        sealer: Executor | None = None,
     ) -> None:
         self._state = state
         self._pipeline = pipeline
         self._fs = fs
         self._executor = executor
         self._reader = reader
+        #: Where a copy's seal behind the appends reads it back.
+        self._sealer = sealer or executor
         #: Where epoch markers, sidecars and new segment files are written durably.
         self._atomic = atomic
+
+    def _run_control_on(self, base_offset: int, start: Callable[[], Deferred[_T]]) -> Deferred[_T]:
+        """``run_control`` of an operation on the segment at ``base_offset``: it starts once
+        that copy's seal behind the appends, if one runs, has ended (it writes the copy's
+        files). Only a second operation on a copy just sealed so waits in the queue."""
+        copy_seals = self._pipeline.copy_seals
+        return self._pipeline.run_control(lambda: copy_seals.after(base_offset, start))
 
     def _out_of_service(self, failure: Failure) -> Failure:
         self._pipeline.take_out_of_service(failure, [])
@@ -159,7 +171,7 @@ class SegmentOperations:
             state.remove(segment)
             return self._executor.run(_delete_files, self._fs, state.directory, segment.stem)
 
-        return self._pipeline.run_control(start)
+        return self._run_control_on(base_offset, start)
 
     def verify_segment(self, base_offset: int) -> Deferred[Verification]:
         state = self._state
@@ -296,6 +308,7 @@ class SegmentOperations:
         finish: Callable[[Segment, bool, Any], SegmentInfo],
         *,
         blocks_appends: bool,
+        behind: bool = False,
     ) -> Deferred[SegmentInfo]:
         """Cut a copy back to ``byte_size`` (trim, seal_copy): the rules both keep.
 
@@ -303,7 +316,9 @@ class SegmentOperations:
         closed to appends and reads, ``run(segment, last, held)`` (``held``: its verified bytes
         before the cut) does the I/O and ``finish`` applies the result. With
         ``blocks_appends``, appends made while it is pending are refused (they would hold
-        offsets past its end).
+        offsets past its end). With ``behind``, a copy that needs no cut (it holds exactly
+        ``byte_size`` verified bytes) is answered once it is closed, and ``run`` and
+        ``finish`` go on behind the appends (``CopySealsBehind``).
         """
         state = self._state
 
@@ -332,6 +347,9 @@ class SegmentOperations:
             # Reads must not reach bytes about to be cut, nor report their loss as damage.
             segment.readable_end = byte_size
             segment.generation += 1
+            if behind and held == byte_size:
+                self._seal_behind(segment, run, finish)
+                return succeed(segment.info())
 
             def failed(failure: Failure) -> Failure:
                 if isinstance(failure.value, SegmentStateError):
@@ -348,11 +366,41 @@ class SegmentOperations:
             self._pipeline.pending_cuts -= 1
             return result
 
-        cutting: Deferred[SegmentInfo] = self._pipeline.run_control(start)
+        cutting: Deferred[SegmentInfo] = self._run_control_on(base_offset, start)
         if blocks_appends and not cutting.called:
             self._pipeline.pending_cuts += 1
             cutting.addBoth(finished)
         return cutting
+
+    def _seal_behind(
+        self,
+        segment: Segment,
+        run: Callable[[Segment, bool, int], Deferred[Any]],
+        finish: Callable[[Segment, bool, Any], SegmentInfo],
+    ) -> None:
+        """Go on with the closed ``segment``'s seal behind the appends: the segment it ends
+        where it is (no cut), so only its sidecars are left to write."""
+        state = self._state
+        # Its records are committed: the control plane holds the seal being made here.
+        state.sealed_through(segment.next_offset)
+        held = segment.readable_end
+
+        def sealed(result: Any) -> None:
+            if state.holds(segment) and segment.state is CopyState.CLOSED:
+                # Appends may have started the next segment meanwhile: whether this one is
+                # last is told now.
+                finish(segment, segment is state.segments[-1], result)
+
+        def failed(failure: Failure) -> None:
+            log.failure(
+                "Sealing {path} behind the appends failed; it stays closed (readable, taking no"
+                " appends) until healing seals it as recorded or fetches it whole",
+                failure,
+                path=segment.path,
+            )
+
+        sealing = maybeDeferred(run, segment, False, held).addCallbacks(sealed, failed)
+        self._pipeline.copy_seals.run(segment.base_offset, sealing)
 
     def _moved_end(self, segment: Segment, last: bool) -> None:
         """The last segment was cut: the range continues where it now ends."""
@@ -396,7 +444,7 @@ class SegmentOperations:
         return self._cut_back(base_offset, byte_size, check, run, finish, blocks_appends=True)
 
     def seal_copy(
-        self, base_offset: int, record_count: int, byte_size: int, epoch: int
+        self, base_offset: int, record_count: int, byte_size: int, epoch: int, behind: bool
     ) -> Deferred[SegmentInfo]:
         if record_count < 1 or byte_size < MIN_BATCH_SIZE:
             return fail(
@@ -410,6 +458,12 @@ class SegmentOperations:
         except ValueError as error:
             return fail(error)
         state = self._state
+        if behind and self._pipeline.copy_seals.sealing(base_offset):
+            # Sealed behind the appends already (the next segment's first bytes asked for it
+            # before the seal did): closed at that seal, which the control plane holds.
+            closed = state.find(base_offset).info()
+            if (closed.record_count, closed.byte_size) == (record_count, byte_size):
+                return succeed(closed)
 
         def check(segment: Segment) -> SegmentInfo | None:
             seal = segment.seal
@@ -435,8 +489,10 @@ class SegmentOperations:
 
         def run(segment: Segment, last: bool, held: int) -> Deferred[Sealed]:
             # The sidecars come from the sealed bytes, read back, never from the index built
-            # as appends arrived: every copy writes the same ones.
-            cutting = self._executor.run(
+            # as appends arrived: every copy writes the same ones. Behind the appends (no cut:
+            # ``_cut_back``), on the sealer's thread.
+            executor = self._sealer if behind and held == byte_size else self._executor
+            cutting = executor.run(
                 cut_to_seal, self._fs, segment.path, base_offset, record_count, byte_size, epoch
             )
 
@@ -463,7 +519,9 @@ class SegmentOperations:
             and bool(state.segments)
             and state.segments[-1].base_offset == base_offset
         )
-        return self._cut_back(base_offset, byte_size, check, run, finish, blocks_appends=blocks)
+        return self._cut_back(
+            base_offset, byte_size, check, run, finish, blocks_appends=blocks, behind=behind
+        )
 
     # -- epochs and segments of a replica ----------------------------------------------------
 
@@ -520,7 +578,7 @@ class SegmentOperations:
                 lambda _: Fenced(base_offset, epoch, segment.next_offset, segment.readable_end)
             )
 
-        return self._pipeline.run_control(start)
+        return self._run_control_on(base_offset, start)
 
     def start_segment(
         self, base_offset: int, epoch: int, data_epoch: int | None
@@ -616,7 +674,9 @@ class SegmentOperations:
         # the log's appends need not wait for that.
         checking = self._reader.run(check_install, data, base_offset, record_count)
         return checking.addCallback(
-            lambda sealed: self._pipeline.run_control(lambda: self._install(data, sealed, epoch))
+            lambda sealed: self._run_control_on(
+                base_offset, lambda: self._install(data, sealed, epoch)
+            )
         )
 
     def _install(self, data: bytes, sealed: Sealed, epoch: int) -> Deferred[SegmentInfo]:

@@ -46,7 +46,7 @@ from logbroker.storage._planner import (
     Step,
     Write,
 )
-from logbroker.storage._seals_behind import SealsBehind
+from logbroker.storage._seals_behind import CopySealsBehind, SealsBehind
 from logbroker.storage._segment import CopyState, Segment, build_index
 from logbroker.storage._state import LogState, call_hook
 from logbroker.storage._values import MAX_SEGMENT_BYTES, Appended, Flush, LogConfig
@@ -110,6 +110,7 @@ class WritePipeline:
         config: LogConfig,
         on_flushed: Callable[[Flush], None],
         shared_flush: SharedFlush | None = None,
+        sealer: Executor | None = None,
     ) -> None:
         self._state = state
         self._fs = fs
@@ -145,7 +146,9 @@ class WritePipeline:
         self._close_waiters: list[Deferred[None]] = []
         self.failure: Failure | None = None
         self._comeback = Comeback(state, fs, executor, lambda: self.failure is not None)
-        self._seals = SealsBehind(state, fs, executor)
+        self._seals = SealsBehind(state, fs, sealer or executor)
+        #: A replica's copy seals made behind its appends (``seal_copy(..., behind=True)``).
+        self.copy_seals = CopySealsBehind()
         self._seals_closing: Deferred[None] | None = None
         #: Trims and seals that cut back the segment appends go to, asked for and not finished:
         #: appends wait for none of them, they are refused.
@@ -583,13 +586,16 @@ class WritePipeline:
         self._seals.start()
 
     def seals_settled(self) -> Deferred[None]:
-        """Fire once no seal behind the appends runs or will start (``SealsBehind.settled``)."""
-        return self._seals.settled()
+        """Fire once no seal behind the appends runs or will start (``SealsBehind.settled``),
+        and no copy seal runs behind them."""
+        return self._seals.settled().addCallback(lambda _: self.copy_seals.settled())
 
     def _finish_close(self) -> None:
         # A seal behind the appends reads its segment and writes its sidecars: it ends first.
+        # (No copy seal starts once the log is closing: every operation is refused.)
         if self._seals_closing is None:
-            self._seals_closing = self._seals.close().addCallback(self._close_files)
+            closing = self._seals.close().addCallback(lambda _: self.copy_seals.settled())
+            self._seals_closing = closing.addCallback(self._close_files)
 
     def _close_files(self, _: object) -> None:
         for segment in self._state.segments:

@@ -15,12 +15,15 @@ it is tried again at the next roll, return to service or start.
 
 Seals run one at a time per log, in offset order, so that each seal's hook (which records the
 sealed segment and its successor in the control plane) hears of them in order. Only a log
-that rolls its own segments has any: a replica's end with ``seal_copy``.
+that rolls its own segments has any: a replica's end with ``seal_copy``, which can be made
+behind the appends too (``CopySealsBehind``).
 """
 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
+from typing import TypeVar
 
 import attrs
 from twisted.internet.defer import Deferred, succeed
@@ -34,6 +37,8 @@ from logbroker.storage._segment import CopyState, Segment
 from logbroker.storage._state import LogState
 
 log = Logger()
+
+_T = TypeVar("_T")
 
 
 def awaits_seal(state: LogState, segment: Segment) -> bool:
@@ -69,6 +74,26 @@ def _seal_whole_file(fs: FileSystem, plan: SealPlan) -> Rolled:
     return _seal_rolled(fs, attrs.evolve(plan, byte_size=fs.size(plan.path)))
 
 
+class _IdleWaiters:
+    """What waits for seals to stop running: told once they have."""
+
+    def __init__(self) -> None:
+        self._waiting: list[Deferred[None]] = []
+
+    def wait(self, idle: bool) -> Deferred[None]:
+        """Fire at once when ``idle``, else at the next ``wake``."""
+        if idle:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._waiting.append(waiter)
+        return waiter
+
+    def wake(self) -> None:
+        waiters, self._waiting = self._waiting, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+
 class SealsBehind:
     """The seals behind the appends of one range log (see the module docstring)."""
 
@@ -78,7 +103,7 @@ class SealsBehind:
         self._executor = executor
         self._running = False
         self._closing = False
-        self._idle_waiters: list[Deferred[None]] = []
+        self._idle = _IdleWaiters()
 
     def start(self) -> None:
         """Seal the first segment before the last that rolled over and is not sealed yet,
@@ -116,19 +141,12 @@ class SealsBehind:
         sealed, or the last seal tried failed (an explicit roll waits for this, so that seals
         are recorded in order)."""
         self.start()
-        return self._when_idle()
+        return self._idle.wait(not self._running)
 
     def close(self) -> Deferred[None]:
         """Start no more seals; fire once the one running, if any, has ended."""
         self._closing = True
-        return self._when_idle()
-
-    def _when_idle(self) -> Deferred[None]:
-        if not self._running:
-            return succeed(None)
-        waiter: Deferred[None] = Deferred()
-        self._idle_waiters.append(waiter)
-        return waiter
+        return self._idle.wait(not self._running)
 
     def _sealed(self, rolled: Rolled, segment: Segment) -> bool:
         state = self._state
@@ -153,9 +171,55 @@ class SealsBehind:
 
     def _stop(self) -> None:
         self._running = False
-        self._wake()
+        self._idle.wake()
 
-    def _wake(self) -> None:
-        waiters, self._idle_waiters = self._idle_waiters, []
-        for waiter in waiters:
+
+class CopySealsBehind:
+    """The seals of a replica's copies made behind its appends (``seal_copy`` with
+    ``behind``): which are under way, and what waits for them.
+
+    A copy sealed so is closed in the log's queue, at once (it takes no more appends, and the
+    next segment may start); its read back and sidecars, tens of milliseconds for a full
+    segment and several hundred with every range of three nodes sealing at once, run after
+    that, outside the queue, while appends go on in the next segment. Until they are durable
+    the copy is ``CLOSED``: readable, its records committed (the control plane holds its
+    seal). A crash meanwhile leaves it so, for healing to seal in place; so does a seal that
+    fails (logged).
+
+    Every other operation on the segment (fence, trim, seal, delete, install) waits for its
+    seal behind to end (``after``), so that none changes the files it is writing.
+    """
+
+    def __init__(self) -> None:
+        #: Base offset of each copy being sealed -> what waits for its seal to end.
+        self._running: dict[int, list[Deferred[None]]] = {}
+        self._idle = _IdleWaiters()
+
+    def sealing(self, base_offset: int) -> bool:
+        return base_offset in self._running
+
+    def run(self, base_offset: int, sealing: Deferred[None]) -> None:
+        """``sealing`` is the seal behind of the copy at ``base_offset`` (it never fails: its
+        failures are its own to log)."""
+        self._running[base_offset] = []
+        sealing.addBoth(self._ended, base_offset)
+
+    def after(self, base_offset: int, call: Callable[[], Deferred[_T]]) -> Deferred[_T]:
+        """``call()`` once the seal behind of the copy at ``base_offset`` has ended (at once
+        when there is none)."""
+        waiting = self._running.get(base_offset)
+        if waiting is None:
+            return call()
+        ended: Deferred[None] = Deferred()
+        waiting.append(ended)
+        return ended.addCallback(lambda _: call())
+
+    def settled(self) -> Deferred[None]:
+        """Fire once no copy seal runs behind the appends."""
+        return self._idle.wait(not self._running)
+
+    def _ended(self, _: object, base_offset: int) -> None:
+        for waiter in self._running.pop(base_offset):
             waiter.callback(None)
+        if not self._running:
+            self._idle.wake()

@@ -115,6 +115,7 @@ class RangeLog:
         on_flushed: Callable[[Flush], None],
         start_offset: int,
         reader: Executor | None = None,
+        sealer: Executor | None = None,
         shared_flush: SharedFlush | None = None,
         open_files: OpenFiles | None = None,
     ) -> None:
@@ -133,6 +134,7 @@ class RangeLog:
             fs=fs,
             clock=clock,
             executor=executor,
+            sealer=sealer or executor,
             config=config,
             on_flushed=on_flushed,
             shared_flush=shared_flush,
@@ -143,6 +145,7 @@ class RangeLog:
             fs=fs,
             executor=executor,
             reader=reader or executor,
+            sealer=sealer or executor,
             atomic=AtomicWrites(fs, executor, shared_flush),
         )
         self._reads = LogReader(self._state, fs, reader or executor)
@@ -179,6 +182,7 @@ class RangeLog:
         on_flushed: Callable[[Flush], None] = lambda flush: None,
         start_offset: int = 0,
         reader: Executor | None = None,
+        sealer: Executor | None = None,
         shared_flush: SharedFlush | None = None,
         open_files: OpenFiles | None = None,
     ) -> Deferred[RangeLog]:
@@ -190,7 +194,10 @@ class RangeLog:
         records them); not of ``seal_copy`` or ``install_segment``, which follow a seal the
         control plane already holds. ``on_flushed`` hears of every write and fsync that
         completed, once per job (not per append), with or without group commit. ``reader`` is
-        the executor for ``read_chunks`` and ``read_raw_async`` (default: ``executor``).
+        the executor for ``read_chunks`` and ``read_raw_async`` (default: ``executor``);
+        ``sealer`` the one for the seals behind the appends, which read back whole segments
+        (default: ``executor``; the broker gives them a thread of their own, so that they never
+        hold every writer thread while a new segment's file waits to be made).
         With ``shared_flush``, a write job does not fsync its segment: the flush makes it
         durable together with other logs' writes (``logbroker.storage._flush``). With
         ``open_files``, the log's open segment files count in the node's budget, which closes
@@ -210,6 +217,7 @@ class RangeLog:
                 on_flushed=on_flushed,
                 start_offset=start_offset,
                 reader=reader,
+                sealer=sealer,
                 shared_flush=shared_flush,
                 open_files=open_files,
             )
@@ -230,6 +238,7 @@ class RangeLog:
         on_flushed: Callable[[Flush], None] = lambda flush: None,
         start_offset: int = 0,
         reader: Executor | None = None,
+        sealer: Executor | None = None,
         shared_flush: SharedFlush | None = None,
         open_files: OpenFiles | None = None,
     ) -> RangeLog:
@@ -247,6 +256,7 @@ class RangeLog:
             on_flushed=on_flushed,
             start_offset=start_offset,
             reader=reader,
+            sealer=sealer,
             shared_flush=shared_flush,
             open_files=open_files,
         )
@@ -470,8 +480,9 @@ class RangeLog:
 
     def seals_settled(self) -> Deferred[None]:
         """Fire once every segment that rolled over is sealed (its ``on_sealed`` hook called),
-        or the last seal tried failed: what a stopping node waits for before its control plane
-        closes, so that a clean stop leaves every rolled segment sealed and recorded."""
+        or the last seal tried failed, and no copy seal runs behind the appends (``seal_copy``):
+        what a stopping node waits for before its control plane closes, so that a clean stop
+        leaves every rolled segment sealed and recorded."""
         return self._pipeline.seals_settled()
 
     def delete_segment(self, base_offset: int) -> Deferred[None]:
@@ -546,7 +557,13 @@ class RangeLog:
         return self._operations.start_segment(base_offset, epoch, data_epoch)
 
     def seal_copy(
-        self, base_offset: int, record_count: int, byte_size: int, *, epoch: int
+        self,
+        base_offset: int,
+        record_count: int,
+        byte_size: int,
+        *,
+        epoch: int,
+        behind: bool = False,
     ) -> Deferred[SegmentInfo]:
         """Make this copy match a seal the control plane holds, at the epoch it records for the
         segment, after the appends queued before it.
@@ -560,8 +577,15 @@ class RangeLog:
         ``install_segment``); one already sealed here at that count and size is answered at
         once. The next segment is not started: sealing the active segment leaves the log
         without one until ``start_segment``, and appends made while it is pending are refused.
+
+        With ``behind``, a copy that holds exactly the seal's bytes is answered once it is
+        closed (``CLOSED``, with its records committed), and its sidecars are written behind
+        the appends, so that the next segment need not wait for them (a full segment's read
+        back takes tens of milliseconds, hundreds with many ranges sealing at once). Every
+        other operation on the segment waits for them; a crash or a failure meanwhile leaves
+        the copy closed, for healing to seal in place. ``seals_settled`` waits for them.
         """
-        return self._operations.seal_copy(base_offset, record_count, byte_size, epoch)
+        return self._operations.seal_copy(base_offset, record_count, byte_size, epoch, behind)
 
     def install_segment(
         self, base_offset: int, data: bytes, record_count: int, *, epoch: int

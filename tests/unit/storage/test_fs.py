@@ -1,4 +1,5 @@
-"""The real file system layer: exclusive creation, and directories made by racing threads."""
+"""The real file system layer: exclusive creation, directories made by racing threads, and the
+mapped read a seal reads a segment back with, held to the in-memory one's answers."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from logbroker.storage import OsFileSystem
+from logbroker.storage import FileSystem, OsFileSystem
+from logbroker.testing import MemoryFileSystem
 
 
 def test_create_append_never_opens_an_existing_file(tmp_path: Path) -> None:
@@ -35,3 +37,28 @@ def test_make_dirs_tolerates_a_directory_another_thread_just_made(
     OsFileSystem().make_dirs(str(target / "0"))
 
     assert (target / "0").is_dir()
+
+
+@pytest.mark.parametrize("kind", ["os", "memory"])
+def test_a_mapped_read_sees_the_files_first_bytes_until_its_block_ends(
+    tmp_path: Path, kind: str
+) -> None:
+    fs: FileSystem = OsFileSystem() if kind == "os" else MemoryFileSystem()
+    path = str(tmp_path / "segment.log")
+    fs.make_dirs(str(tmp_path))
+    writer = fs.create_append(path)
+    writer.write(b"0123456789")
+    writer.sync()
+    writer.close()
+    empty = str(tmp_path / "empty.log")
+    fs.create_append(empty).close()
+
+    with fs.read_mapped(path, 4) as prefix, fs.read_mapped(path, 64) as whole:
+        assert bytes(prefix) == b"0123"
+        assert bytes(whole) == b"0123456789", "a shorter file gives what it holds"
+        kept = whole
+    with fs.read_mapped(empty, 64) as nothing:
+        assert bytes(nothing) == b""
+
+    with pytest.raises(ValueError, match="released"):
+        bytes(kept)  # released with its block
