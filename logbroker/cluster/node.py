@@ -35,6 +35,7 @@ from logbroker.cluster.verify import ClusterVerifier, recorded_segments
 from logbroker.cluster.view import MembershipView
 from logbroker.config import BrokerConfig, ConfigError, EnvMode
 from logbroker.controlplane import EtcdControlPlane, EtcdGatewayStore, EtcdUser
+from logbroker.controlplane.compaction import COMPACT_EVERY_SECONDS, HistoryCompaction
 from logbroker.maintenance.periodic import PeriodicTask
 from logbroker.maintenance.retention import NewestTimes
 from logbroker.metrics import Metrics
@@ -277,6 +278,19 @@ def build_cluster(
             ),
             PeriodicTask("healing", HEALING_SECONDS, heal, reactor, metrics=metrics, now=False),
         ]
+    compaction = HistoryCompaction(
+        store, (prefix + "cluster/chores").encode(), lambda: membership.holds_chores
+    )
+    chores.append(
+        PeriodicTask(
+            "etcd_compaction",
+            COMPACT_EVERY_SECONDS,
+            compaction.run,
+            reactor,
+            metrics=metrics,
+            now=False,
+        )
+    )
     local_groups = LocalGroups(reactor, config.topics.group_session_timeout_ms)
     groups = ClusterGroups(node_id, local_groups, live_nodes, peers)
     serve_group = group_handler(local_groups)

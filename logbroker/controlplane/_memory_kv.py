@@ -122,12 +122,15 @@ class MemoryKeyValueStore:
         for watch in self._watches:
             watch.silent = True
 
-    def compact(self, revision: int) -> None:
-        """Forget history below ``revision``, as etcd's compaction does."""
+    def compact(self, revision: int) -> Deferred[None]:
+        """Forget history below ``revision``, as etcd's compaction does (fired at once)."""
         if revision > self.revision:
             raise ValueError(f"cannot compact to {revision}, after the store's {self.revision}")
-        self.compact_revision = max(self.compact_revision, revision)
+        if revision <= self.compact_revision:
+            return fail(StoreError(f"mvcc: required revision {revision} has been compacted"))
+        self.compact_revision = revision
         self._history = [entry for entry in self._history if entry[0] >= revision]
+        return succeed(None)
 
     def hold(self) -> None:
         """Keep requests from now on waiting, unanswered, until ``release()``: what several

@@ -499,7 +499,9 @@ class World:
 
                 self._fault_later(LEASE_MS / 1000 + self.rng.uniform(0.0, 1.0), mend)
         elif kind == "compaction":
-            self.etcd.compact(self.etcd.revision)
+            # etcd refuses a compaction to the revision it is compacted to already.
+            if self.etcd.revision > self.etcd.compact_revision:
+                self.etcd.compact(self.etcd.revision)
         elif kind == "lossy":
             self.network.loss = self.rng.uniform(0.0, 0.2)
             self.network.duplication = self.rng.uniform(0.0, 0.2)

@@ -352,6 +352,7 @@ def test_a_single_node_and_a_cluster_member_start_their_services_in_this_order(
         "peer-links",
         "task takeover_sweep",
         "task healing",
+        "task etcd_compaction",
         *common_tail,
         "shared-sessions",
         "rate-limit-cleanup",
