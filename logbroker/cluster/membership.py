@@ -163,6 +163,11 @@ class Membership(MultiService):
     def chores_holder(self) -> str | None:
         return self._chores_holder
 
+    @property
+    def chores_key(self) -> bytes:
+        """The key naming the chores holder (any of the cluster's nodes may read it)."""
+        return self._key("chores")
+
     def registered(self) -> Deferred[None]:
         """Fires once this node holds a lease (at once if it does now)."""
         if self._lease:
@@ -388,7 +393,7 @@ class Membership(MultiService):
     def _claim_chores(self) -> None:
         if not self._lease or self._chores_holder is not None:
             return
-        key = self._key("chores")
+        key = self.chores_key
         self._store.txn(
             [Compare.absent(key)], [Put(key, self.record.node_id.encode(), self._lease)]
         ).addErrback(_ignore)

@@ -278,9 +278,7 @@ def build_cluster(
             ),
             PeriodicTask("healing", HEALING_SECONDS, heal, reactor, metrics=metrics, now=False),
         ]
-    compaction = HistoryCompaction(
-        store, (prefix + "cluster/chores").encode(), lambda: membership.holds_chores
-    )
+    compaction = HistoryCompaction(store, membership.chores_key, lambda: membership.holds_chores)
     chores.append(
         PeriodicTask(
             "etcd_compaction",

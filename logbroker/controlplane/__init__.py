@@ -29,6 +29,7 @@ from logbroker.controlplane._model import (
     valid_user_name,
 )
 from logbroker.controlplane.errors import (
+    AlreadyCompactedError,
     AlreadyExistsError,
     CompactedError,
     ContendedError,
@@ -56,6 +57,7 @@ __all__ = [
     "GRANT_OPERATIONS",
     "MAX_KEYSPACE_BITS",
     "AclGrant",
+    "AlreadyCompactedError",
     "AlreadyExistsError",
     "AnyRecord",
     "CompactedError",

@@ -85,6 +85,7 @@ from logbroker.controlplane._kv import (
     prefix_end,
 )
 from logbroker.controlplane.errors import (
+    AlreadyCompactedError,
     CompactedError,
     ControlPlaneAccessError,
     ControlPlaneError,
@@ -105,6 +106,7 @@ OnRequest = Callable[[str, str, float], None]
 _INVALID_ARGUMENT = 3
 _NOT_FOUND = 5
 _PERMISSION_DENIED = 7
+_OUT_OF_RANGE = 11
 _UNAVAILABLE = 14
 _UNAUTHENTICATED = 16
 #: How many keys one range request reads; a bigger state is read in pages at one revision.
@@ -520,6 +522,8 @@ class EtcdGatewayStore:
         code = payload.get("code")
         if code == _NOT_FOUND and "lease not found" in message:
             raise LeaseNotFoundError(f"etcd: {message}")
+        if code == _OUT_OF_RANGE and "has been compacted" in message:
+            raise AlreadyCompactedError(f"etcd: {message}")
         if (code == _UNAUTHENTICATED and "invalid auth token" in message) or (
             code == _INVALID_ARGUMENT and "user name is empty" in message
         ):

@@ -39,6 +39,7 @@ from logbroker.controlplane._kv import (
     prefix_end,
 )
 from logbroker.controlplane.errors import (
+    AlreadyCompactedError,
     CompactedError,
     ControlPlaneUnavailableError,
     LeaseNotFoundError,
@@ -127,7 +128,9 @@ class MemoryKeyValueStore:
         if revision > self.revision:
             raise ValueError(f"cannot compact to {revision}, after the store's {self.revision}")
         if revision <= self.compact_revision:
-            return fail(StoreError(f"mvcc: required revision {revision} has been compacted"))
+            return fail(
+                AlreadyCompactedError(f"mvcc: required revision {revision} has been compacted")
+            )
         self.compact_revision = revision
         self._history = [entry for entry in self._history if entry[0] >= revision]
         return succeed(None)

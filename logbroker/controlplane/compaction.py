@@ -26,7 +26,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from logbroker.controlplane._kv import RangeResult
-from logbroker.controlplane.errors import ControlPlaneAccessError
+from logbroker.controlplane.errors import AlreadyCompactedError, ControlPlaneAccessError
 
 log = Logger()
 
@@ -95,7 +95,7 @@ class HistoryCompaction:
                 error=error,
                 flags=AUTO_COMPACTION,
             )
-        elif "compacted" in error:
+        elif isinstance(failure.value, AlreadyCompactedError):
             # Another node compacted past it meanwhile (the chores changed hands), or etcd did.
             log.debug("etcd's history was compacted already: {error}", error=error)
         else:

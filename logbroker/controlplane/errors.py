@@ -98,6 +98,11 @@ class StoreError(ControlPlaneError):
     default_reason = Reason.CONTROL_PLANE_ERROR
 
 
+class AlreadyCompactedError(StoreError):
+    """A compaction to a revision the store's history is compacted to already (by another
+    node, or by etcd itself): what it asked for holds."""
+
+
 class StateFileError(ControlPlaneError):
     """The stored control state cannot be read; the broker refuses to start on it."""
 

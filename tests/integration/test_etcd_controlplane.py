@@ -1,5 +1,7 @@
 """The etcd control plane on a real three-member etcd: nodes racing through real transactions,
-a member killed under them, and the whole cluster down and back."""
+a member killed under them, the whole cluster down and back, and the chores holder's
+compaction of etcd's history (history older than its run before is gone, as for a node's watch
+cut off longer than an interval; the last interval's stays)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from twisted.python.failure import Failure
 
 from logbroker.controlplane import (
     AlreadyExistsError,
+    CompactedError,
     ControlPlaneError,
     ControlPlaneUnavailableError,
     EtcdControlPlane,
@@ -26,6 +29,7 @@ from logbroker.controlplane import (
     InvalidChangeError,
     UserExistsError,
 )
+from logbroker.controlplane.compaction import HistoryCompaction
 from tests.etcd import EtcdCluster, etcd_cluster  # noqa: F401 (a fixture)
 from tests.unit.controlplane.helpers import active, make_topic, make_user
 
@@ -212,3 +216,55 @@ async def test_the_whole_cluster_down_fails_changes_then_they_recover(nodes: Nod
         nodes.cluster.wait_healthy(member)
     await a.create_user(make_user("after"))
     assert [u.name for u in a.users()] == ["after", "before"]
+
+
+class Watched:
+    """A watch's values, and why it ended."""
+
+    def __init__(self) -> None:
+        self.values: list[bytes] = []
+        self.lost: list[Exception] = []
+
+    def on_events(self, events: Any) -> None:
+        self.values.extend(event.kv.value for event in events)
+
+    def on_lost(self, reason: Exception) -> None:
+        self.lost.append(reason)
+
+
+async def ran(compaction: HistoryCompaction) -> None:
+    running = compaction.run()
+    assert running is not None, "this node holds the chores: the run goes to etcd"
+    await running
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_holder_compacts_etcd_to_the_revision_of_its_run_before(
+    etcd_cluster: EtcdCluster,  # noqa: F811
+) -> None:
+    store = EtcdGatewayStore(etcd_cluster.endpoints, reactor=reactor)  # type: ignore[arg-type]
+    prefix = f"/logbroker/compaction-test-{uuid.uuid4().hex}/".encode()
+    key = prefix + b"state/k"
+    compaction = HistoryCompaction(store, prefix + b"cluster/chores", lambda: True)
+    watches: list[Any] = []
+    try:
+        before = await store.put(key, b"before")
+        await ran(compaction)  # reads the revision
+        kept = await store.put(key, b"kept")
+        await ran(compaction)  # compacts to the revision the first run read
+
+        gone, interval, stays = Watched(), Watched(), Watched()
+        for start, watched in [(before - 1, gone), (before, interval), (kept, stays)]:
+            watches.append(store.watch(prefix, start, watched.on_events, watched.on_lost))
+        await eventually(lambda: bool(gone.lost and stays.values) and len(interval.values) == 2)
+        assert interval.values == [b"before", b"kept"]
+        assert isinstance(gone.lost[0], CompactedError)
+        assert gone.values == []
+        assert stays.values == [b"kept"]
+        assert interval.lost == stays.lost == []
+        assert not compaction.refused
+    finally:
+        for watch in watches:
+            watch.cancel()
+        await store.delete_prefix(prefix)
+        await store.close()
