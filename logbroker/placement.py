@@ -40,6 +40,13 @@ order, taking uncovered domains first. New members go last: a node still backfil
 primary. A repair never refuses for the spread, even under ``hard``: refusing would leave fewer
 copies without spreading them any better; the shortfall shows in ``domain_violations``.
 
+**The preferred leader.** A range's leadership moves with its failures: whoever claims a dead
+primary's segment leads it, and the segments it opens after, from then on. ``preferred_leader``
+names, among a replica set, the member that leads the range when all is well: the best-ranked
+for the key its first segment was placed by, so the primaries ``place`` spread at creation are
+the preferred leaders, and leadership spreads across nodes as evenly as placement does.
+``logbroker.replication.balance`` hands the ranges back to them (decision 0026).
+
 **Counting violations.** ``domain_violations`` judges each replica set by its *live* members: a
 copy on a dead node, or on a node the membership does not list, protects nothing until it comes
 back or is replaced, so a set whose surviving copies sit in too few domains is the availability
@@ -49,6 +56,7 @@ counts nothing.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Iterable, Sequence
 
@@ -67,6 +75,7 @@ __all__ = [
     "SpreadError",
     "domain_violations",
     "place",
+    "preferred_leader",
     "replace",
     "segment_key",
 ]
@@ -78,6 +87,18 @@ _PERSON = b"logbroker.place"
 def segment_key(range_id: str, base_offset: int) -> str:
     """The key a segment is placed by: ``<range_id>@<base_offset>``, unique per segment."""
     return f"{range_id}@{base_offset}"
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def preferred_leader(range_id: str, replicas: tuple[str, ...]) -> str:
+    """The member of ``replicas`` that should lead ``range_id``: the best-ranked for the key
+    of the range's first segment (``segment_key(range_id, 0)``), which ``place`` made its
+    first primary. Raises ``ValueError`` for an empty replica set. Remembered: it is asked of
+    every range, over and over, and the replica sets rarely change."""
+    if not replicas:
+        raise ValueError(f"range {range_id}: an empty replica set has no leader")
+    key = segment_key(range_id, 0)
+    return max(replicas, key=lambda node_id: (_score(key, node_id), node_id))
 
 
 def _score(key: str, node_id: str) -> int:

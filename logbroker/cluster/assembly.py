@@ -24,6 +24,7 @@ from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.requester import Loopback, PeerRequester
 from logbroker.peer.window import PeerError
 from logbroker.placement import PlacementNode, PlacementRule
+from logbroker.replication.balance import LeadershipBalance
 from logbroker.replication.copies import CommittedCopies
 from logbroker.replication.core.actions import ReplicationSettings
 from logbroker.replication.healing import Healer
@@ -50,6 +51,8 @@ class Replication:
 
     #: The ranges this node leads.
     lead: LeadRanges
+    #: Takes back the ranges this node is the preferred leader of, once all is quiet.
+    balance: LeadershipBalance
     #: Brings this node's copies back to the control plane's word.
     healer: Healer
     #: Keeps the replica sets at the replication factor.
@@ -62,9 +65,10 @@ class Replication:
     repairs: SegmentRepairs
 
     def sweep(self, range_ids: Sequence[str]) -> None:
-        """Claim what this node should lead, and check its leaders hear a quorum (run every
-        half second)."""
+        """Claim what this node should lead, check its leaders hear a quorum, and take back
+        some of the ranges it is the preferred leader of (run every half second)."""
         self.lead.sweep(range_ids)
+        self.balance.tick(range_ids)
 
     def heal(self, range_ids: Sequence[str]) -> Deferred[None]:
         """Heal this node's copies, then the replica sets, then count what is still short
@@ -151,6 +155,7 @@ def assemble_ranges(
     ops[PeerOp.COPY_HEALTH] = health.serve
     parts = Replication(
         lead=lead,
+        balance=LeadershipBalance(lead, context),
         healer=healer,
         replica_sets=ReplicaSets(context, lead, replace_after_seconds, holds_chores),
         health=health,

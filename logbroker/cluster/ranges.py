@@ -69,6 +69,11 @@ class CommittedReads(Protocol):
 
 #: Why a range's primary may not serve it while its copies still can.
 _PRIMARY_LOST = frozenset({Reason.UNREACHABLE, Reason.NO_QUORUM})
+#: Why a read asked of the range's primary goes to its copies instead: besides a lost primary,
+#: one that no longer leads the range (its leadership moved after this node looked, as when a
+#: range goes back to its preferred leader): the copies hold every committed record all the
+#: same, and the reader is not failed for a move it cannot see.
+_READ_FROM_COPIES = _PRIMARY_LOST | {Reason.NOT_PRIMARY}
 
 
 class ClusterRanges:
@@ -291,7 +296,7 @@ class _PrimaryOrCopies:
     def _unless_lost(self, failure: Failure, instead: Callable[[], Deferred[_T]]) -> Deferred[_T]:
         """Go to the copies if the primary could not serve the request; fail otherwise."""
         error = failure.value
-        if not isinstance(error, BrokerError) or error.reason not in _PRIMARY_LOST:
+        if not isinstance(error, BrokerError) or error.reason not in _READ_FROM_COPIES:
             failure.raiseException()
         self._lost = True
         log.debug(

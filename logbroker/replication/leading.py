@@ -321,6 +321,14 @@ class LeadRanges:
         """Whether a claim of ``range_id`` is under way."""
         return range_id in self._claiming
 
+    def claims_under_way(self) -> int:
+        """How many claims are under way, the sweep's and those asked for."""
+        return len(self._claiming)
+
+    def sweep_pending(self) -> bool:
+        """Whether the sweep has ranges queued to look at (claims it may still start)."""
+        return bool(self._to_claim)
+
     def prepare(self, range_id: str) -> Deferred[None]:
         """Claim one range before its first use; fails with why it cannot be led now."""
         return self._claim(range_id)

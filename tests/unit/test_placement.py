@@ -22,6 +22,7 @@ from logbroker.placement import (
     SpreadError,
     domain_violations,
     place,
+    preferred_leader,
     replace,
     segment_key,
 )
@@ -484,3 +485,40 @@ def test_replace_keeps_every_live_member(
             rule.min_domains, placed_domains(nodes, kept) + slots, live_domains(nodes)
         )
     assert domain_violations([replicas], nodes, rule) == (0 if repaired.spread_met else 1)
+
+
+# -- the preferred leader ---------------------------------------------------------------------
+
+
+@settings(max_examples=200)
+@given(st.integers(0, 10_000), st.permutations(["n0", "n1", "n2", "n3", "n4"]), st.integers(1, 5))
+def test_the_preferred_leader_is_the_first_primary_of_the_range_in_any_order(
+    index: int, order: list[str], size: int
+) -> None:
+    """Among any replica set, in any order, the preferred leader is the member placement ranks
+    first for the range's first segment: the primary ``place`` gave it, when that one is in."""
+    range_id = f"orders.{index}"
+    members = tuple(order[:size])
+    preferred = preferred_leader(range_id, members)
+    assert preferred in members
+    assert preferred == preferred_leader(range_id, tuple(reversed(members)))
+    first = place(segment_key(range_id, 0), [node(each) for each in members], zoned(size, 1))
+    assert first.primary == preferred
+
+
+def test_preferred_leaders_are_shared_evenly() -> None:
+    """Over many ranges on the same three nodes, each node is the preferred leader of about a
+    third: handing ranges back to them balances leadership."""
+    ranges = 3000
+    preferred = Counter(
+        preferred_leader(f"idle-{index:04d}.0", ("a", "b", "c")) for index in range(ranges)
+    )
+    expected = ranges / 3
+    assert set(preferred) == {"a", "b", "c"}
+    for count in preferred.values():
+        assert abs(count - expected) < 5 * math.sqrt(expected)
+
+
+def test_an_empty_replica_set_has_no_preferred_leader() -> None:
+    with pytest.raises(ValueError, match=r"orders\.0: an empty replica set has no leader"):
+        preferred_leader("orders.0", ())

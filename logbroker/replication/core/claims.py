@@ -34,6 +34,13 @@ node completes its own copy to that end from the copy that has it, then:
   dead member out where nothing can replace it would cost a control-plane change per segment
   at the failover and another to put it back after its return (decision 0014).
 
+A node also claims, a few at a time, the active segments of the ranges it is the **preferred
+leader** of (``should_take_back``, ``logbroker.placement.preferred_leader``) while another live
+node leads them: a failover leaves a dead primary's ranges with one survivor, and without this
+they stay there, so that after a few failures one node led nearly every range and each later
+failure moved thousands of ranges at once (decision 0026). Such a claim is the same claim,
+with the same fence: only when to make it differs.
+
 A node that should not lead a segment steps aside (``stepped_aside``: it moves to the end of
 the replica set, at the same epoch, so the next member claims): its copy is damaged, it cannot
 reach a quorum of replicas that are alive (a node cut off from its peers but not from etcd), or
@@ -47,7 +54,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 import attrs
 
 from logbroker.controlplane import SegmentMeta, SegmentState
-from logbroker.placement import PlacementNode, PlacementRule, replace, segment_key
+from logbroker.placement import (
+    PlacementNode,
+    PlacementRule,
+    preferred_leader,
+    replace,
+    segment_key,
+)
 from logbroker.replication.core.quorum import CopyEnd
 from logbroker.replication.replica_codec import CopyOutcome, CopyStatus
 
@@ -60,6 +73,20 @@ def should_take_over(meta: SegmentMeta, node_id: str, is_live: Callable[[str], b
     if is_live(meta.replicas[0]):
         return False
     return next((n for n in meta.replicas if is_live(n)), None) == node_id
+
+
+def should_take_back(meta: SegmentMeta, node_id: str, is_live: Callable[[str], bool]) -> bool:
+    """Whether ``node_id`` should claim ``meta`` from its live primary to lead the range again:
+    the segment is active, this node is its preferred leader and not its primary, and every
+    member of its replica set is alive (a claim while one is dead would leave the range on
+    fewer copies than it has, and that node's return would move it again)."""
+    return (
+        meta.state is SegmentState.ACTIVE
+        and meta.replicas[0] != node_id
+        and node_id in meta.replicas
+        and preferred_leader(meta.range_id, meta.replicas) == node_id
+        and all(is_live(node) for node in meta.replicas)
+    )
 
 
 def live_quorum(meta: SegmentMeta, is_live: Callable[[str], bool], quorum: int) -> bool:

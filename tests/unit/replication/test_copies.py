@@ -252,7 +252,7 @@ def test_once_a_read_went_to_the_copies_the_long_poll_waits_on_them() -> None:
     assert result_of(waiting) is None
 
 
-@pytest.mark.parametrize("reason", [Reason.INVALID_OPERATION, Reason.NOT_PRIMARY])
+@pytest.mark.parametrize("reason", [Reason.INVALID_OPERATION, Reason.OFFSET_OUT_OF_RANGE])
 def test_a_primary_that_answers_another_error_is_not_passed_over(reason: Reason) -> None:
     world = cluster()
     produce(world, world.lead("a"), [b"1"])
@@ -277,3 +277,58 @@ def test_with_no_live_copy_a_read_is_unreachable() -> None:
     error = failure_of(read).value
     assert error.reason is Reason.UNREACHABLE
     assert "no live copy" in str(error)
+
+
+class _MovedOn:
+    """The forwarded handle of a primary that no longer leads the range when asked (its
+    leadership moved after the forwarding node looked)."""
+
+    def __init__(self, range_id: str) -> None:
+        self.range_id = range_id
+        self.error = BrokerError(Reason.NOT_PRIMARY, f"range {range_id} is led by b, not a")
+
+    def refusal(self, count: int) -> BrokerError | None:
+        return None
+
+    def append(self, records: object, stamp: object = None) -> Deferred[None]:
+        return fail(self.error)
+
+    def bounds(self) -> Deferred[Bounds]:
+        return fail(self.error)
+
+    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
+        return fail(self.error)
+
+    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
+        return fail(self.error)
+
+
+def test_a_read_forwarded_to_a_primary_that_no_longer_leads_is_served_from_the_copies() -> None:
+    world = cluster()
+    produce(world, world.lead("a"), [b"1", b"2"], [b"3"])
+    world.clock.advance(0.1)
+    world.settle()
+    context = world.context("c")
+    ranges = ClusterRanges(
+        "c",
+        world.control,
+        LeadRanges(
+            context.storage, SegmentClaims(context), CommittedCopies(context), CONFIG.roll_bytes
+        ),
+        lambda primary, range_id: _MovedOn(range_id),
+        context.live_nodes,
+        PlacementRule(3, None, 1, SpreadPolicy.SOFT),
+        lambda: True,
+        copies=CommittedCopies(context),
+    )
+
+    handle = ranges.handle(RANGE)
+    read = handle.read(0, 100, 1 << 20)
+    bounds = handle.bounds()
+    appended = handle.append([Record(b"4")])
+    world.settle()
+
+    assert values(result_of(read)) == [b"1", b"2", b"3"]
+    assert result_of(bounds).end == 3
+    error = failure_of(appended).value
+    assert error.reason is Reason.NOT_PRIMARY, "an append goes to the primary or fails"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from logbroker.config import SpreadPolicy
 from logbroker.controlplane import SegmentMeta, SegmentState
-from logbroker.placement import NoQuorumError, PlacementNode, PlacementRule
+from logbroker.placement import NoQuorumError, PlacementNode, PlacementRule, preferred_leader
 from logbroker.replication.core import claims
 from logbroker.replication.core.claims import Ends, FencedOut, NoQuorum
 from logbroker.replication.core.quorum import CopyEnd, quorum_size
@@ -33,6 +33,27 @@ def test_the_first_live_replica_takes_a_dead_primary_over() -> None:
     assert not claims.should_take_over(meta, "c", live), "b comes first"
     assert not claims.should_take_over(meta, "b", lambda node: True), "a is alive"
     assert not claims.should_take_over(meta, "d", live), "d holds no copy"
+
+
+def test_the_preferred_leader_takes_a_range_back_from_a_live_primary() -> None:
+    preferred = preferred_leader("r.0", ("a", "b", "c"))
+    others = [node for node in "abc" if node != preferred]
+    led_elsewhere = _active("".join([others[0], preferred, others[1]]))
+
+    def everyone(node: str) -> bool:
+        return True
+
+    assert claims.should_take_back(led_elsewhere, preferred, everyone)
+    assert not claims.should_take_back(led_elsewhere, others[1], everyone), "not preferred"
+    assert not claims.should_take_back(
+        _active("".join([preferred, *others])), preferred, everyone
+    ), "it leads it already"
+    assert not claims.should_take_back(led_elsewhere, preferred, lambda node: node != others[1]), (
+        "a member is dead: its return would move the range again"
+    )
+    sealed = attrs.evolve(led_elsewhere, state=SegmentState.SEALED, record_count=1, byte_size=9)
+    assert not claims.should_take_back(sealed, preferred, everyone), "a roll is under way"
+    assert not claims.should_take_back(_active("".join(others)), preferred, everyone), "no copy"
 
 
 def test_a_claim_bumps_the_epoch_and_puts_the_claimer_first() -> None:
