@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tests.certify import network
-from tests.certify.harness import Outcome
+from tests.certify.harness import Outcome, _probe_failures
 from tests.certify.load import follower_problems
 from tests.certify.network import Block, NetworkUnavailable
 from tests.certify.report import DrillRecord, Report
@@ -96,3 +96,14 @@ def test_the_harness_refuses_without_root_or_its_tools(monkeypatch: pytest.Monke
     )
     with pytest.raises(NetworkUnavailable, match="install Debian's nftables"):
         network.require_network_tools()
+
+
+def test_a_slow_recovery_names_each_node_s_failed_probes_as_their_reason_changed() -> None:
+    said = {
+        "n3": [(0.0, "unreachable"), (2.14, "not_primary")],
+        "n1": [(0.3, "timeout")],
+    }
+    assert _probe_failures(said) == (
+        "n1: at 0.3 s timeout; n3: at 0.0 s unreachable, then at 2.1 s not_primary"
+    )
+    assert _probe_failures({}) == "none (the probes were slow, not failing)"

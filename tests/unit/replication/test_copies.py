@@ -279,50 +279,14 @@ def test_with_no_live_copy_a_read_is_unreachable() -> None:
     assert "no live copy" in str(error)
 
 
-class _MovedOn:
-    """The forwarded handle of a primary that no longer leads the range when asked (its
-    leadership moved after the forwarding node looked)."""
-
-    def __init__(self, range_id: str) -> None:
-        self.range_id = range_id
-        self.error = BrokerError(Reason.NOT_PRIMARY, f"range {range_id} is led by b, not a")
-
-    def refusal(self, count: int) -> BrokerError | None:
-        return None
-
-    def append(self, records: object, stamp: object = None) -> Deferred[None]:
-        return fail(self.error)
-
-    def bounds(self) -> Deferred[Bounds]:
-        return fail(self.error)
-
-    def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
-        return fail(self.error)
-
-    def wait(self, offset: int, wait_ms: int) -> Deferred[None]:
-        return fail(self.error)
-
-
 def test_a_read_forwarded_to_a_primary_that_no_longer_leads_is_served_from_the_copies() -> None:
+    # Its leadership moved after the forwarding node looked (a take-back, decision 0026).
     world = cluster()
     produce(world, world.lead("a"), [b"1", b"2"], [b"3"])
     world.clock.advance(0.1)
     world.settle()
-    context = world.context("c")
-    ranges = ClusterRanges(
-        "c",
-        world.control,
-        LeadRanges(
-            context.storage, SegmentClaims(context), CommittedCopies(context), CONFIG.roll_bytes
-        ),
-        lambda primary, range_id: _MovedOn(range_id),
-        context.live_nodes,
-        PlacementRule(3, None, 1, SpreadPolicy.SOFT),
-        lambda: True,
-        copies=CommittedCopies(context),
-    )
 
-    handle = ranges.handle(RANGE)
+    handle = _over(world, Unreachable(Reason.NOT_PRIMARY))
     read = handle.read(0, 100, 1 << 20)
     bounds = handle.bounds()
     appended = handle.append([Record(b"4")])
