@@ -945,8 +945,8 @@ def log_config_for(config: BrokerConfig, shared_flush: bool = False) -> LogConfi
         prefix = "SVC_REPLICATION_GROUP_COMMIT" if replicated else "SVC_GROUP_COMMIT"
         log.info(
             "Group commit is the shared sync's rounds (SVC_FSYNC_SCOPE=filesystem): a range's"
-            " appends that arrive while its last write waits for its round go together in its"
-            " next write, into the next round, and every range's writes share each round's"
+            " appends that arrive while a round runs go together in its next write, into the"
+            " next round, and every range's writes share each round's"
             " sync, so no append is parked;"
             " {prefix}={group_commit} and {prefix}_INTERVAL_MS={interval_ms} do not apply"
             " (they do with SVC_FSYNC_SCOPE=file)",

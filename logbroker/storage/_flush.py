@@ -16,7 +16,9 @@ the real one, see ``OsFileSystem``. One round runs at a time.
 A range log's plain appends to its active segment go further: ``write`` hands the round the bytes
 themselves, which the round's thread writes (one write per file, the bytes of every ask for it
 joined in order) just before its sync. An append then costs no writer thread and no hop back to
-the reactor between its write and its sync; what arrives while a round runs goes in the next.
+the reactor between its write and its sync; what arrives while a round runs goes in the next. A
+log whose write would wait for the next round builds it when that round starts
+(``join_next_round``), from every append that came until then.
 
 Why a write is durable when its flush fires: its bytes were in the page cache before it asked
 (or the round wrote them before its sync), and the round that covers it started after it asked.
@@ -55,6 +57,8 @@ class SharedFlush:
         self._asked: list[_Asked] = []
         #: Called when the next round starts (``write``).
         self._taken: list[Callable[[], object]] = []
+        #: Called when the next round starts, before it takes its asks (``join_next_round``).
+        self._joining: list[Callable[[], object]] = []
         self._running = False
         #: Rounds started so far: each one ``sync_files`` call.
         self.rounds = 0
@@ -86,6 +90,21 @@ class SharedFlush:
             self._start_round()
         return done
 
+    @property
+    def running(self) -> bool:
+        """Whether a round runs now: what is asked for goes in the next one."""
+        return self._running
+
+    def join_next_round(self, join: Callable[[], object]) -> None:
+        """Call ``join`` when the next round starts, before it takes what was asked for: a
+        range with appends to write while a round runs writes them from there, so that its
+        write carries every append that came until the round starts, not only the first
+        one (``join`` asks with ``write``, into that round). At once when no round runs."""
+        if not self._running:
+            join()
+            return
+        self._joining.append(join)
+
     def flush_each(
         self, files: Sequence[Syncable], *, close: bool = False
     ) -> list[Deferred[float]]:
@@ -101,9 +120,19 @@ class SharedFlush:
         return done
 
     def _start_round(self) -> None:
+        # Running already: what the joiners ask for goes in this round.
+        self._running = True
+        joining, self._joining = self._joining, []
+        for join in joining:
+            try:
+                join()
+            except Exception:
+                log.failure("A range's write for the next flush round failed to start")
+        if not self._asked:
+            self._running = False
+            return
         asked, self._asked = self._asked, []
         taken, self._taken = self._taken, []
-        self._running = True
         self.rounds += 1
         for tell in taken:
             # What it asks for now goes in the next round. One that raises must not keep the
@@ -136,8 +165,8 @@ class SharedFlush:
                 done.callback(now - since if data is None else took)
             else:
                 done.errback(outcome)
-        # Flushes asked for meanwhile (or by these callbacks) go out together, at once.
-        if self._asked and not self._running:
+        # What was asked for meanwhile (or by these callbacks) goes out together, at once.
+        if (self._asked or self._joining) and not self._running:
             self._start_round()
 
 

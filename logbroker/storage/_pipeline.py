@@ -7,9 +7,10 @@ only after the fsync that covers it, in offset order.
 
 With a ``SharedFlush`` (one sync for every range's writes), a write to the active segment is
 written ahead: it is handed to the flush, whose next round writes and syncs it, and its job ends
-when that round starts, so that the next write (what came meanwhile) goes into the round after
-it while it waits. Rounds
-end in the order they ran and write a file's bytes in the order they were handed over, so the
+when that round starts. A write that would wait for a round takes its appends only when that
+round starts (``SharedFlush.join_next_round``), so that it carries every append that came while
+the round before ran, and goes while the writes ahead of it wait for their syncs. Rounds end in
+the order they ran and write a file's bytes in the order they were handed over, so the
 acknowledgements stay in offset order. Anything that changes the segment itself (a roll, a new
 segment, a seal, trim or fence) waits until every write ahead of it is durable (decision 0023).
 
@@ -39,6 +40,7 @@ from logbroker.storage._jobs import (
     _write_job,
 )
 from logbroker.storage._planner import (
+    FLUSH_NOW,
     WAIT,
     ArmTimer,
     CommitPlanner,
@@ -138,6 +140,8 @@ class WritePipeline:
         #: A control operation the planner let run while writes were ahead: it runs once
         #: they are durable.
         self._held: _Control | None = None
+        #: A write waits for the shared flush's next round to start (``join_next_round``).
+        self._joining = False
         #: Append outcomes to deliver, in offset order (see ``_settle``).
         self._outcomes: deque[tuple[Deferred[Any], Appended | Exception]] = deque()
         self._settling = False
@@ -233,9 +237,27 @@ class WritePipeline:
                 self._held = step.control
             else:
                 self._run_control(step.control)
+        elif self._joining:
+            return  # the write that waits for the next round takes these appends too
         elif not self._ahead or self._may_write_ahead():
             # Else the write goes once the writes ahead are durable (``_after_ahead``).
+            flush = self._shared_flush
+            if flush is not None and flush.running and self._may_write_ahead():
+                # Its round could only be the next one: take the appends when it starts.
+                self._joining = True
+                flush.join_next_round(self._join_round)
+            else:
+                self._start_write()
+
+    def _join_round(self) -> None:
+        """The shared flush's next round starts: the write that waited for it takes what
+        is queued now (the queue may have changed meanwhile: a failure drains it)."""
+        self._joining = False
+        step = self._planner.step(self._clock.seconds())
+        if step is FLUSH_NOW and (not self._ahead or self._may_write_ahead()):
             self._start_write()
+        else:
+            self._drive(step)
 
     def _run_control(self, control: _Control) -> None:
         maybeDeferred(control.start).addBoth(self._control_done, control)
@@ -346,8 +368,8 @@ class WritePipeline:
         flush: SharedFlush,
     ) -> None:
         """Hand a write to the active segment to the shared flush, whose next round writes and
-        syncs it; the job ends when that round starts, so that the appends that come until then
-        go together in the next write, into the round after it, while it waits."""
+        syncs it; the job ends when that round starts, so that the appends that come after go
+        together in the next write, into the next round, while it waits."""
         ahead = _Ahead(write, target, writer)
         self._ahead.append(ahead)
         self._ahead_bytes += write.size

@@ -361,6 +361,63 @@ def test_a_notice_of_a_taken_write_that_raises_is_logged_and_the_round_runs(
     logged_errors.clear()
 
 
+def test_a_join_waits_for_the_next_round_and_what_it_writes_goes_in_that_round() -> None:
+    fs = MemoryFileSystem()
+    fs.make_dirs("/d")
+    executor = ManualExecutor()
+    flush = SharedFlush(fs, executor, Clock())
+    second = fs.create_append("/d/second")
+    written: list[list[object]] = []
+
+    def join() -> None:
+        # Built when the round starts: the bytes that came until then.
+        written.append(fired(flush.write(second, b"late")))
+
+    flush.join_next_round(join)  # no round runs: at once, and its write starts one
+    assert len(written) == 1
+    assert flush.running
+    assert flush.rounds == 1
+    flush.join_next_round(join)  # a round runs: waits for the next
+    assert len(written) == 1
+    executor.run_next()
+
+    assert flush.rounds == 2, "the join started the next round and wrote in it"
+    assert len(written) == 2
+    assert isinstance(written[0][0], float)
+    assert written[1] == []
+    executor.run_next()
+    assert isinstance(written[1][0], float)
+    assert fs.read_file("/d/second") == b"latelate"
+    assert not flush.running
+    flush.join_next_round(lambda: None)  # asks for nothing: no round runs
+    assert not flush.running
+    assert flush.rounds == 2
+
+
+def test_a_join_that_raises_is_logged_and_the_round_runs(
+    logged_errors: list[dict[str, Any]],
+) -> None:
+    fs = MemoryFileSystem()
+    fs.make_dirs("/d")
+    executor = ManualExecutor()
+    flush = SharedFlush(fs, executor, Clock())
+    file = fs.create_append("/d/log")
+    first = fired(flush.write(file, b"a"))
+    second = fired(flush.write(file, b"b"))  # asked for while the first round runs
+
+    def broken() -> None:
+        raise RuntimeError("broken join")
+
+    flush.join_next_round(broken)
+    executor.run_all()
+
+    assert isinstance(first[0], float)
+    assert isinstance(second[0], float)
+    assert fs.read_file("/d/log") == b"ab"
+    assert [event["log_failure"].value.args[0] for event in logged_errors] == ["broken join"]
+    logged_errors.clear()
+
+
 # -- writes ahead: the round writes a log's appends to its active segment ------------------
 
 
@@ -386,18 +443,15 @@ def test_a_later_append_is_written_by_the_round_itself_and_acknowledged_once_it_
     assert node.durable_records(node.fs.crash(), 0) == 2
 
 
-def test_appends_arriving_while_a_write_waits_for_its_round_go_together_into_the_one_after() -> (
-    None
-):
+def test_appends_arriving_while_a_round_runs_go_together_into_the_next_one() -> None:
     node = Node()
     _started(node)
     log = node.logs[0]
     rounds = node.flush.rounds
 
     first = fired(log.append([Record(b"a")]))
-    # The round for "a" started at once. "b" comes while it runs: it is handed over for the
-    # next round. "c" and "d" come while "b" waits for that round to start: they wait, and go
-    # together in one write once it has.
+    # The round for "a" started at once. "b", "c" and "d" come while it runs: the log takes
+    # them when the next round starts, so that they go in it together, as one write.
     second = fired(log.append([Record(b"b")]))
     third = fired(log.append([Record(b"c")]))
     fourth = fired(log.append([Record(b"d")]))
@@ -410,15 +464,11 @@ def test_appends_arriving_while_a_write_waits_for_its_round_go_together_into_the
 
     node.executor.run_next()
     assert second == [Appended(2, 1)]
-    assert third == fourth == []
-    assert node.durable_records(node.fs.crash(), 0) == 3
-
-    node.executor.run_next()
     assert third == [Appended(3, 1)]
     assert fourth == [Appended(4, 1)]
     assert node.durable_records(node.fs.crash(), 0) == 5
     assert [stored.record.value for stored in log.read(0)] == [b"first", b"a", b"b", b"c", b"d"]
-    assert node.flush.rounds == rounds + 3
+    assert node.flush.rounds == rounds + 2
     assert node.executor.pending == []
 
 
