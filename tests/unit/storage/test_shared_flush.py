@@ -339,14 +339,20 @@ def test_a_flush_asked_to_close_closes_its_file_after_the_sync_in_the_rounds_job
         assert [result.value for result in closed_by_round + kept_open] == [failure] * 2  # type: ignore[attr-defined]
 
 
+def _flush_of_one_file(
+    path: str,
+) -> tuple[MemoryFileSystem, ManualExecutor, SharedFlush, Any]:
+    """A shared flush whose rounds run when told, and a file at ``path`` to write to."""
+    fs = MemoryFileSystem()
+    fs.make_dirs(path.rsplit("/", 1)[0])
+    executor = ManualExecutor()
+    return fs, executor, SharedFlush(fs, executor, Clock()), fs.create_append(path)
+
+
 def test_a_notice_of_a_taken_write_that_raises_is_logged_and_the_round_runs(
     logged_errors: list[dict[str, Any]],
 ) -> None:
-    fs = MemoryFileSystem()
-    fs.make_dirs("/d")
-    executor = ManualExecutor()
-    flush = SharedFlush(fs, executor, Clock())
-    file = fs.create_append("/d/log")
+    fs, executor, flush, file = _flush_of_one_file("/d/log")
 
     def broken() -> None:
         raise RuntimeError("broken notice")
@@ -362,11 +368,7 @@ def test_a_notice_of_a_taken_write_that_raises_is_logged_and_the_round_runs(
 
 
 def test_a_join_waits_for_the_next_round_and_what_it_writes_goes_in_that_round() -> None:
-    fs = MemoryFileSystem()
-    fs.make_dirs("/d")
-    executor = ManualExecutor()
-    flush = SharedFlush(fs, executor, Clock())
-    second = fs.create_append("/d/second")
+    fs, executor, flush, second = _flush_of_one_file("/d/second")
     written: list[list[object]] = []
 
     def join() -> None:
@@ -397,11 +399,7 @@ def test_a_join_waits_for_the_next_round_and_what_it_writes_goes_in_that_round()
 def test_a_join_that_raises_is_logged_and_the_round_runs(
     logged_errors: list[dict[str, Any]],
 ) -> None:
-    fs = MemoryFileSystem()
-    fs.make_dirs("/d")
-    executor = ManualExecutor()
-    flush = SharedFlush(fs, executor, Clock())
-    file = fs.create_append("/d/log")
+    fs, executor, flush, file = _flush_of_one_file("/d/log")
     first = fired(flush.write(file, b"a"))
     second = fired(flush.write(file, b"b"))  # asked for while the first round runs
 
