@@ -239,15 +239,15 @@ class WritePipeline:
                 self._run_control(step.control)
         elif self._joining:
             return  # the write that waits for the next round takes these appends too
+        elif (
+            (flush := self._shared_flush) is not None and flush.running and self._may_write_ahead()
+        ):
+            # Its round could only be the next one: take the appends when it starts.
+            self._joining = True
+            flush.join_next_round(self._join_round)
         elif not self._ahead or self._may_write_ahead():
             # Else the write goes once the writes ahead are durable (``_after_ahead``).
-            flush = self._shared_flush
-            if flush is not None and flush.running and self._may_write_ahead():
-                # Its round could only be the next one: take the appends when it starts.
-                self._joining = True
-                flush.join_next_round(self._join_round)
-            else:
-                self._start_write()
+            self._start_write()
 
     def _join_round(self) -> None:
         """The shared flush's next round starts: the write that waited for it takes what
