@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 import attrs
 from twisted.internet.defer import (
@@ -101,6 +102,9 @@ class Broker:
         self._metrics = metrics or Metrics(clock)
         self._keyless_turn: dict[str, itertools.count[int]] = {}
         self._read_turn: dict[str, itertools.count[int]] = {}
+        #: Each topic's active ranges in slot order and their first slots, with the ranges they
+        #: were chosen from.
+        self._active: dict[str, tuple[Sequence[Range], list[Range], list[int]]] = {}
         self._sleepers: set[_Wakeup] = set()
         #: Set by ``wake_all``: long polls answer with what they have rather than wait again.
         self._stopping = False
@@ -183,8 +187,8 @@ class Broker:
         """
         produced = wire.wire_records(records)
         try:
-            topic, active = self.active_ranges(topic_name)
-            routed = self._route(active, topic, produced, stamp)
+            topic = self._topic(topic_name)
+            routed = self._route(topic, produced, stamp)
             handles = self._handles(routed)
             for range_id, share in routed.items():
                 refusal = handles[range_id].refusal(len(share))
@@ -197,7 +201,9 @@ class Broker:
         appends = [
             self._append(handles[range_id], share, stamp) for range_id, share in routed.items()
         ]
-        stored = gather(appends).addCallback(lambda _: self._produced(topic.name, produced))
+        # Most requests go to one range (one record, or one key's): nothing to gather.
+        waiting: Deferred[Any] = appends[0] if len(appends) == 1 else gather(appends)
+        stored = waiting.addCallback(lambda _: self._produced(topic.name, produced))
         # The caller may cancel its wait (its connection went away); the writes go on, and
         # their completion must still wake long polls, so cancelling stops here.
         return detached(stored)
@@ -211,22 +217,29 @@ class Broker:
         """The topic and its active ranges, in slot order: the ranges its records go to.
         Raises ``BrokerError`` for a topic that does not exist or has no active range."""
         topic = self._topic(topic_name)
-        active = sorted(
-            (r for r in self._control.ranges(topic.name) if r.state is RangeState.ACTIVE),
-            key=lambda r: r.start,
-        )
-        if not active:
-            raise BrokerError(Reason.UNREACHABLE, f"topic {topic.name!r} has no active range")
+        active, _ = self._active_of(topic)
         return topic, active
 
+    def _active_of(self, topic: Topic) -> tuple[list[Range], list[int]]:
+        """The topic's active ranges in slot order and their first slots; ``BrokerError`` if
+        it has none."""
+        ranges = self._control.ranges(topic.name)
+        # Asked at every produce; the control plane hands back the same ranges until one of
+        # them changes, so they are sorted once per change.
+        found = self._active.get(topic.name)
+        if found is None or found[0] is not ranges:
+            active = sorted(
+                (r for r in ranges if r.state is RangeState.ACTIVE), key=lambda r: r.start
+            )
+            found = self._active[topic.name] = (ranges, active, [r.start for r in active])
+        if not found[1]:
+            raise BrokerError(Reason.UNREACHABLE, f"topic {topic.name!r} has no active range")
+        return found[1], found[2]
+
     def _route(
-        self,
-        active: Sequence[Range],
-        topic: Topic,
-        records: WireRecords,
-        stamp: ProducerStamp | None,
+        self, topic: Topic, records: WireRecords, stamp: ProducerStamp | None
     ) -> dict[str, WireRecords]:
-        starts = [r.start for r in active]
+        active, starts = self._active_of(topic)
         bits = topic.keyspace_bits
         if stamp is None:
             turn = next(self._keyless_turn.setdefault(topic.name, itertools.count()))

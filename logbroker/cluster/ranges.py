@@ -106,8 +106,8 @@ class ClusterRanges:
         segment. With replication factor 1 a range's next segment stays on the node that
         sealed the last one, so between a seal and the record of the next active segment (two
         changes) the range still has its primary."""
-        segments = self._control.segments(range_id)
-        return segments[-1].replicas[0] if segments else None
+        last = self._control.last_segment(range_id)
+        return last.replicas[0] if last is not None else None
 
     def handle(self, range_id: str) -> RangeHandle:
         """The range's handle; with replication, its reads go to the live copies of its

@@ -45,7 +45,7 @@ class ControlPlane(Protocol):
 
     def range(self, range_id: str) -> Range | None: ...
 
-    def ranges(self, topic: str) -> list[Range]:
+    def ranges(self, topic: str) -> Sequence[Range]:
         """The topic's ranges in the order the topic lists them; none for an unknown topic."""
 
     def segments(self, range_id: str) -> list[SegmentMeta]:

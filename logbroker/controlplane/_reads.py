@@ -50,6 +50,9 @@ class StateControlPlane(ABC):
         #: Each range's segments in order, with the dict of the state they were sorted from.
         self._ordered_segments: dict[str, tuple[Mapping[int, SegmentMeta], list[SegmentMeta]]] = {}
         self._segment_listeners: list[Callable[[Collection[str]], None]] = []
+        #: Each topic's ranges (``ranges()``), with the topic record and the ranges mapping they
+        #: were read from.
+        self._topic_ranges: dict[str, tuple[Topic, Mapping[str, Range], tuple[Range, ...]]] = {}
         #: ``range_ids()``, with the topics mapping it was made from.
         self._range_ids: tuple[Mapping[str, Topic] | None, tuple[str, ...]] = (None, ())
 
@@ -114,13 +117,21 @@ class StateControlPlane(ABC):
     def range(self, range_id: str) -> Range | None:
         return self._read().ranges.get(range_id)
 
-    def ranges(self, topic: str) -> list[Range]:
+    def ranges(self, topic: str) -> Sequence[Range]:
         state = self._read()
         found = state.topics.get(topic)
         if found is None:
-            return []
+            self._topic_ranges.pop(topic, None)
+            return ()
+        # Asked for at every produce: made once per change of the topic or of any range (a
+        # change makes a new record and a new ranges mapping, so identity tells).
+        cached = self._topic_ranges.get(topic)
+        if cached is not None and cached[0] is found and cached[1] is state.ranges:
+            return cached[2]
         # A topic another node is creating may be seen before all of its ranges.
-        return [state.ranges[r] for r in found.range_ids if r in state.ranges]
+        ranges = tuple(state.ranges[r] for r in found.range_ids if r in state.ranges)
+        self._topic_ranges[topic] = (found, state.ranges, ranges)
+        return ranges
 
     def segments(self, range_id: str) -> list[SegmentMeta]:
         return list(self._ordered(range_id))

@@ -212,17 +212,23 @@ class SegmentLeader:
     # -- appends ---------------------------------------------------------------------------
 
     def refusal(self, count: int) -> BrokerError | None:
-        self._check_lease()
-        refused = self._core.refusal(self._is_live)
+        refused = self._leader_refusal()
         if refused is not None:
-            return BrokerError(*refused)
+            return refused
         storage_refused = self._log.refusal(count)
         if storage_refused is not None:
             return _storage_error(storage_refused)
         return None
 
+    def _leader_refusal(self) -> BrokerError | None:
+        """Why this leader takes no append now (its lease, its quorum), if it takes none."""
+        self._check_lease()
+        refused = self._core.refusal(self._is_live)
+        return None if refused is None else BrokerError(*refused)
+
     def append(self, records: Records, stamp: ProducerStamp | None = None) -> Deferred[None]:
-        refused = self.refusal(len(records))
+        # The log's own refusal comes from ``write`` below, as the StorageError it raises.
+        refused = self._leader_refusal()
         if refused is not None:
             return fail(refused)
         try:

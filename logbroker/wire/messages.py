@@ -122,6 +122,12 @@ class Produce(Request):
     #: Kept as the bytes they came in (records given as objects are encoded).
     records: WireRecords = attrs.field(converter=p.wire_records)
 
+    @classmethod
+    def decode_payload(cls, reader: Reader) -> Self:
+        # The request a producer sends for every batch: its two fields read directly, not
+        # through the general walk of ``WIRE`` (which reads them the same way).
+        return cls(reader.text(), _wire_records(reader))
+
 
 @attrs.frozen
 class Fetch(Request):

@@ -92,7 +92,7 @@ async def test_a_change_on_one_node_is_seen_on_another(nodes: Nodes) -> None:
 
     # Read your writes on A; B once its watch brings the change.
     assert a.topics() == [topic]
-    await eventually(lambda: b.ranges("orders") == ranges)
+    await eventually(lambda: list(b.ranges("orders")) == ranges)
     assert b.topics() == [topic]
 
 

@@ -103,12 +103,32 @@ async def test_create_topic_and_read_it_back(backend: Backend, control: ControlP
     assert control.topic("nope") is None
     assert control.topics() == [audit, orders]
     assert list(control.range_ids()) == ["audit.0", "orders.0", "orders.1", "orders.2", "orders.3"]
-    assert control.ranges("orders") == ranges
+    assert list(control.ranges("orders")) == ranges
     assert [(r.start, r.end) for r in ranges] == [(0, 64), (64, 128), (128, 192), (192, 256)]
-    assert control.ranges("nope") == []
+    assert not control.ranges("nope")
     assert control.range("orders.2") == ranges[2]
     assert control.range("orders.9") is None
     assert (await backend.reopen(control)).topics() == [audit, orders]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_topic_s_ranges_read_before_a_change_are_read_anew_after_it(
+    backend: Backend, control: ControlPlane
+) -> None:
+    # ``ranges`` is asked at every produce and kept between changes: a change must show.
+    orders, ranges = make_topic("orders", ranges=2)
+    audit, audit_ranges = make_topic("audit", bits=0)
+    assert not control.ranges("audit")
+
+    await done(backend, control.create_topic(orders, ranges))
+    first = control.ranges("orders")
+    assert list(first) == ranges
+    assert control.ranges("orders") is first  # unchanged: not made again
+    assert not control.ranges("audit")
+
+    await done(backend, control.create_topic(audit, audit_ranges))
+    assert list(control.ranges("audit")) == audit_ranges
+    assert list(control.ranges("orders")) == ranges
 
 
 @pytest_twisted.ensureDeferred

@@ -82,7 +82,7 @@ def test_a_change_on_one_node_is_seen_on_the_others(cluster: Cluster) -> None:
 
     assert heard == [{"orders.1"}]
     assert b.topics() == [topic]
-    assert b.ranges("orders") == ranges
+    assert list(b.ranges("orders")) == ranges
     assert b.segments("orders.1") == [active("orders.1", 0)]
     # B's own checks use what it saw.
     failure_of(b.create_topic(topic, ranges)).trap(AlreadyExistsError)
