@@ -79,6 +79,15 @@ class Reader:
 
     def string(self) -> bytes | None:
         """A nullable byte string."""
+        data = self._data
+        start = self._position
+        # The usual case (a present string that fits) in one ``struct`` call; anything else,
+        # and every error, by the field-by-field path below.
+        if len(data) - start >= 5 and data[start] == _PRESENT:
+            end = start + 5 + _U32.unpack_from(data, start + 1)[0]
+            if end <= len(data):
+                self._position = end
+                return data[start + 5 : end]
         marker = self.u8()
         if marker == 0:
             return None

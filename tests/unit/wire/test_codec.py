@@ -554,9 +554,10 @@ def test_a_payload_cut_short_or_overlong_is_malformed_with_the_correlation_id(
     ("payload", "why"),
     [
         (b"\x02\x00\x00\x00\x00\x00", "string marker"),
+        (b"\x01\x00\x00\x00\x09topic", "needs 9 bytes at byte 11, has 5"),
         (b"\x01\x00\x00\x00\x01t\xff\xff\xff\xff", "records cannot fit"),
     ],
-    ids=["bad string marker", "record count beyond the payload"],
+    ids=["bad string marker", "string longer than the payload", "record count beyond the payload"],
 )
 def test_invalid_fields_are_malformed(payload: bytes, why: str) -> None:
     with pytest.raises(WireError, match=why) as raised:
