@@ -20,7 +20,13 @@ from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
 from tests.integration.test_promtool import ALERTS, promtool
 from tests.integration.test_scrub import scrubbed, wait_for
-from tests.integration.twistd import RunningBroker, Samples, running_broker, wait_until
+from tests.integration.twistd import (
+    RunningBroker,
+    Samples,
+    flip_byte,
+    running_broker,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -105,9 +111,7 @@ def test_unrepairable_pages_on_a_real_broker_s_exposition_once_a_sealed_segment_
         wait_until(lambda: len(list(data.rglob("*.sealed"))) >= 4, 10)
         sealed = sorted(p.with_suffix(".log") for p in data.rglob("*.sealed"))
         whole = wait_for(broker, lambda s: scrubbed(s, "verified") >= len(sealed))
-        content = bytearray(sealed[1].read_bytes())
-        content[len(content) // 2] ^= 0x40
-        sealed[1].write_bytes(bytes(content))
+        flip_byte(sealed[1])
         rotten = wait_for(broker, lambda s: scrubbed(s, "unrepairable") >= 1)
         broker.stop()
     assert scrubbed(whole, "unrepairable") == 0

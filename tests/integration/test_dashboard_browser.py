@@ -19,7 +19,7 @@ from playwright.sync_api import ConsoleMessage, Error, sync_playwright
 
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
-from tests.integration.twistd import running_broker, wait_until
+from tests.integration.twistd import flip_byte, running_broker, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -151,9 +151,7 @@ def test_the_page_names_an_unrepairable_segment_and_an_admin_starts_a_full_scrub
         wait_until(lambda: len(list(data.rglob("*.sealed"))) >= 3, 10)
         sealed = sorted(p.with_suffix(".log") for p in data.rglob("*.sealed"))
         rotten = sealed[1]
-        content = bytearray(rotten.read_bytes())
-        content[len(content) // 2] ^= 0x40
-        rotten.write_bytes(bytes(content))
+        flip_byte(rotten)
         segment = f"{rotten.parent.name}@{int(rotten.stem)}"
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(

@@ -13,7 +13,14 @@ import pytest
 
 from logbroker.client.blocking import BlockingClient
 from logbroker.records import Record
-from tests.integration.twistd import RunningBroker, Samples, running_broker, scrape, wait_until
+from tests.integration.twistd import (
+    RunningBroker,
+    Samples,
+    flip_byte,
+    running_broker,
+    scrape,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -62,9 +69,7 @@ def test_a_single_node_scrubs_its_sealed_segments_and_finds_a_flipped_byte(
 
         # Bit rot under the running broker, in the middle of the second sealed segment.
         damaged = sealed[1]
-        content = bytearray(damaged.read_bytes())
-        content[len(content) // 2] ^= 0x40
-        damaged.write_bytes(bytes(content))
+        flip_byte(damaged)
 
         samples = wait_for(broker, lambda s: scrubbed(s, "unrepairable") >= 2)
         failures = ("svc_storage_integrity_failures_total", (("reason", "checksum"),))

@@ -67,6 +67,21 @@ def run_twistd(
     )
 
 
+def flip_byte(path: Path, position: int | None = None) -> int:
+    """Flip one bit of the byte at ``position`` (the middle by default) in place, as bit rot
+    does, and return the position. Rewriting the whole file would truncate it first, and a
+    running broker's scrub reading in between would find a short file, not the flip."""
+    with path.open("r+b") as file:
+        if position is None:
+            position = file.seek(0, os.SEEK_END) // 2
+        file.seek(position)
+        byte = file.read(1)
+        assert byte, f"{path} has no byte at {position}"
+        file.seek(position)
+        file.write(bytes([byte[0] ^ 0x40]))
+    return position
+
+
 def wait_until(check: object, seconds: float) -> None:
     """Call ``check`` every 0.1 s until it returns true; fail after ``seconds``."""
     assert callable(check)
