@@ -18,10 +18,19 @@ each setup in turn:
   producers, each with a connection to every leader of the topic, each request's records cut
   into one share per leader with the clients' own ``LeaderMap`` (from ``topic_leaders``) and
   the shares sent together, the request answered once every share is (``--routing`` picks
-  ``forwarded``, ``leaders`` or both).
+  ``forwarded``, ``leaders`` or both);
+* ``rf1x3-mirrored`` (with ``--mirrored``): the ceiling of any replication on this machine.
+  Three more nodes at replication factor 1, each on its own (no etcd, no peer links), and
+  ``--connections`` producers as for ``-leaders``, each sending every request whole to all
+  three and answered once all three have acknowledged it: three fsynced copies of every
+  record, made by the same storage code on the same cores and disk, with no replication
+  protocol at all (no leader, no forwarding, no commit index, no replica answers). A
+  replication factor 3 cluster does all of that work too, and more.
 
 Targets, as ratios to the single node in the same round: at least 0.6x with the project's
-clients (``-leaders``) and 0.5x through forwarding (``TARGET_RATIO``).
+clients (``-leaders``) and 0.5x through forwarding (``TARGET_RATIO``). Measure the ceiling next
+to them with ``--mirrored``: no replication design makes more than ``rf1x3-mirrored`` on the same
+machine (on two cores it makes about half of the single node; ``bench/RESULTS.md``).
 
 At replication factor 3 on three nodes every segment has a copy on every node: its primary
 (the first replica) assigns offsets, appends, fsyncs and streams the stored bytes to the other
@@ -102,6 +111,7 @@ import attrs
 from _cluster import (
     NODES,
     Etcd,
+    LeaderShares,
     combined,
     drive,
     drive_to_leaders,
@@ -115,6 +125,7 @@ from _cluster import (
     wait_until_produces,
 )
 from _common import (
+    HOST,
     MAX_FRAME,
     Node,
     add_load_options,
@@ -140,8 +151,11 @@ from logbroker.storage._segment import LOG_SUFFIX, is_segment_file
 SINGLE = "single"
 RF3_GC_OFF = "rf3-gc-off"
 RF3_GC_ON = "rf3-gc-on"
+MIRRORED_SETUP = "rf1x3-mirrored"
 FORWARDED = "forwarded"
 LEADERS = "leaders"
+#: Each request sent whole to three independent nodes (``MIRRORED_SETUP``).
+MIRRORED = "mirrored"
 REPLICATION_FACTOR = 3
 #: Acknowledged records/s the replication factor 3 setups should reach on a 2-core machine.
 TARGET_RECORDS_PER_S = 100_000.0
@@ -261,7 +275,8 @@ class Setup:
     cluster_id: str | None = None
     #: How the load reaches a cluster: ``forwarded`` (each connection to one node in turn,
     #: which forwards the shares other nodes lead) or ``leaders`` (each request cut into one
-    #: share per leader, as the project's cluster clients send it).
+    #: share per leader, as the project's cluster clients send it); ``mirrored``: each
+    #: request whole to every node, which are independent (``MIRRORED_SETUP``).
     routing: str = FORWARDED
 
 
@@ -292,8 +307,9 @@ class Run:
         keys = [record.key for record in records if record.key is not None]
         if len(keys) != len(records):
             raise RuntimeError("the load's records are not all keyed")
-        with nodes[0].client() as client:
-            client.create_topic(topic)
+        for node in nodes if setup.routing == MIRRORED else nodes[:1]:
+            with node.client() as client:
+                client.create_topic(topic)
         wait_until_produces(nodes, topic, records)
         groups: dict[str, Sequence[int]] = {
             "server": [node.process.pid for node in nodes],
@@ -303,13 +319,20 @@ class Run:
                 - {node.process.pid for node in nodes}
             ),
         }
-        if setup.cluster_id is not None:
+        if len(nodes) > 1:
             groups.update({node.name: [node.process.pid] for node in nodes})
         refusals: Counter[str] = Counter()
         shares = None
         if setup.routing == LEADERS:
             shares = leader_shares(nodes[0], topic, frame)
             reports, cpu = await drive_to_leaders(reactor, shares, load, groups, refusals)
+        elif setup.routing == MIRRORED:
+            mirrored = LeaderShares(
+                {node.name: (HOST, node.port) for node in nodes},
+                {node.name: frame for node in nodes},
+                {node.name: records for node in nodes},
+            )
+            reports, cpu = await drive_to_leaders(reactor, mirrored, load, groups, refusals)
         else:
             reports, cpu = await drive(reactor, nodes, frame, load, groups, refusals)
         report = combined(list(reports.values()))
@@ -329,10 +352,11 @@ class Run:
         result["stored_mb"] = {name: total.size / 1e6 for name, total in totals.items()}
         result["copies"] = copies(held)
         result["complete"] = all(total.records >= report.records for total in totals.values())
+        names = [node.name for node in nodes]
+        if len(nodes) > 1:
+            result["node_cpu"] = {name: node_cpu[name] for name in names}
         if setup.cluster_id is None:
             return result
-        names = [node.name for node in nodes]
-        result["node_cpu"] = {name: node_cpu[name] for name in names}
         placement = read_placement(self.etcd, setup.cluster_id, names, topic, keys)
         if shares is None:
             result["forwarded"] = forwarded_fraction(
@@ -388,7 +412,7 @@ class Run:
                 keys.append("forwarded")
             for key in keys:
                 summary[key] = statistics.median(run[key] for run in runs)
-            if setup.cluster_id is not None:
+            if len(setup.nodes) > 1:
                 summary["node_cpu"] = {
                     node.name: statistics.median(run["node_cpu"][node.name] for run in runs)
                     for node in setup.nodes
@@ -442,12 +466,13 @@ def _line(number: int, result: Mapping[str, Any]) -> str:
         line += " -- a copy holds fewer records than were acknowledged"
     elif not result["settled"]:
         line += " -- the copies had not reached the same size"
-    if "forwarded" in result:
-        cpu = "/".join(f"{result['node_cpu'][name]:.2f}" for name in names)
-        led = "/".join(f"{result['records_led'][name]:.0%}" for name in names)
-        line += (
-            f"\n         cpu per node {cpu}, records led {led}, forwarded={result['forwarded']:.1%}"
+    if "node_cpu" in result:
+        line += "\n         cpu per node " + "/".join(
+            f"{result['node_cpu'][name]:.2f}" for name in names
         )
+    if "forwarded" in result:
+        led = "/".join(f"{result['records_led'][name]:.0%}" for name in names)
+        line += f", records led {led}, forwarded={result['forwarded']:.1%}"
     return line + _refusals_part(result["refusals"])
 
 
@@ -463,9 +488,10 @@ def _median_line(summary: Mapping[str, Any]) -> str:
     line += f"\n         copies={summary['copies']:.2f}"
     if not summary["complete"]:
         line += " (a copy was short in some round)"
+    if "node_cpu" in summary:
+        line += "  cpu per node " + "/".join(f"{v:.2f}" for v in summary["node_cpu"].values())
     if "forwarded" in summary:
-        cpu = "/".join(f"{value:.2f}" for value in summary["node_cpu"].values())
-        line += f"  cpu per node {cpu}  forwarded={summary['forwarded']:.1%}"
+        line += f"  forwarded={summary['forwarded']:.1%}"
     return line
 
 
@@ -520,6 +546,12 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         help="run every broker under cProfile (its reactor thread), writing <setup>-<node>.prof "
         "into DIR when it stops; the figures of such a run only say where the time goes",
     )
+    parser.add_argument(
+        "--mirrored",
+        action="store_true",
+        help=f"also run {MIRRORED_SETUP}: three independent nodes at replication factor 1, "
+        "each request sent whole to all three (the ceiling of any replication here)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args(argv)
     if args.connections % NODES:
@@ -559,6 +591,21 @@ def main(argv: Sequence[str] | None = None) -> None:
             )
         )
         setups = [Setup(SINGLE, (single,))]
+        if args.mirrored:
+            mirrors = tuple(
+                stack.enter_context(
+                    running_node(
+                        f"m{number}",
+                        os.path.join(workdir, MIRRORED_SETUP, f"m{number}"),
+                        settings,
+                        None
+                        if args.profile is None
+                        else os.path.join(args.profile, f"{MIRRORED_SETUP}-m{number}.prof"),
+                    )
+                )
+                for number in range(1, NODES + 1)
+            )
+            setups.append(Setup(MIRRORED_SETUP, mirrors, routing=MIRRORED))
         etcd = stack.enter_context(running_etcd())
         for name in clusters:
             # etcd is this run's own: the setup's name is its cluster's id.
