@@ -24,7 +24,7 @@ from __future__ import annotations
 import os
 import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
@@ -58,8 +58,9 @@ class ProduceLoad:
     #: Requests per second over all connections (open loop); ``None`` for a closed loop.
     rate: float | None = None
     #: How many distinct keys the records take, in turn (``key-0``, ``key-1``...: record ``i`` of
-    #: a request takes ``key-<i mod keys>``), spread over the keyspace as users' keys are; 0:
-    #: keyless records. Keyed by default, as users produce.
+    #: a request takes ``key-<i mod keys>``, and connection ``c``'s records go on from where
+    #: connection ``c - 1``'s stop, ``produce_frames``), spread over the keyspace as users' keys
+    #: are; 0: keyless records. Keyed by default, as users produce.
     keys: int = attrs.field(default=DEFAULT_KEYS, validator=attrs.validators.ge(0))
 
 
@@ -89,14 +90,25 @@ class ProduceReport:
         return ordered[min(rank, len(ordered)) - 1]
 
 
-def produce_frame(load: ProduceLoad) -> bytes:
-    """One produce request frame (correlation id 0, patched per send)."""
+def produce_frame(load: ProduceLoad, first_key: int = 0) -> bytes:
+    """One produce request frame (correlation id 0, patched per send), its records taking
+    the keys in turn from ``key-<first_key mod keys>``."""
     payload = os.urandom(load.size)
     records = tuple(
-        Record(payload, key=f"key-{index % load.keys}".encode() if load.keys else None)
+        Record(
+            payload, key=f"key-{(first_key + index) % load.keys}".encode() if load.keys else None
+        )
         for index in range(load.batch)
     )
     return wire.encode_request(0, wire.Produce(load.topic, records))
+
+
+def produce_frames(load: ProduceLoad) -> list[bytes]:
+    """One frame for each of the load's connections, each connection's keys going on from the
+    previous one's: with one record a request, 32 connections send 32 different keys, as 32
+    producers each writing its own would, where one frame for all would send every record with
+    the same key, to one range. A request of at least ``keys`` records carries every key."""
+    return [produce_frame(load, number * load.batch) for number in range(load.connections)]
 
 
 class _LoadConnection(Protocol):
@@ -193,7 +205,7 @@ async def run_produce(
     connections = [
         await connect(reactor, host, port, user, password, tls) for _ in range(load.connections)
     ]
-    driver = _ProduceDriver(reactor, connections, produce_frame(load), load)
+    driver = _ProduceDriver(reactor, connections, produce_frames(load), load)
     ticker = None
     if progress is not None:
         ticker = LoopingCall(lambda: progress(driver.elapsed, driver.records))
@@ -211,12 +223,20 @@ class _ProduceDriver:
         self,
         clock: IReactorTime,
         connections: list[_LoadConnection],
-        frame: bytes,
+        frames: bytes | Sequence[bytes],
         load: ProduceLoad,
     ) -> None:
+        """``frames``: the request each connection sends, in their order, or one for all."""
         self._clock = clock
         self._connections = connections
-        self._frame = frame
+        if isinstance(frames, bytes):
+            frames = [frames] * len(connections)
+        if len(frames) != len(connections):
+            raise ValueError(f"{len(frames)} frames for {len(connections)} connections")
+        #: The frame each connection sends, by the connection's id.
+        self._frames = {
+            id(connection): frame for connection, frame in zip(connections, frames, strict=True)
+        }
         self._load = load
         self._records = 0
         self._requests = 0
@@ -249,7 +269,9 @@ class _ProduceDriver:
     def _send(self, connection: _LoadConnection, due: float) -> None:
         self._outstanding += 1
         connection.send(
-            self._frame, due, lambda response, due: self._answered(connection, response, due)
+            self._frames[id(connection)],
+            due,
+            lambda response, due: self._answered(connection, response, due),
         )
 
     def _schedule(self, index: int) -> None:
