@@ -19,13 +19,14 @@ each setup in turn:
   into one share per leader with the clients' own ``LeaderMap`` (from ``topic_leaders``) and
   the shares sent together, the request answered once every share is (``--routing`` picks
   ``forwarded``, ``leaders`` or both);
-* ``rf1x3-mirrored`` (with ``--mirrored``): the ceiling of any replication on this machine.
+* ``rf1x3-mirrored`` (with ``--mirrored``): what three copies cost on this machine without
+  any replication protocol, the ceiling of replication built from the same storage path.
   Three more nodes at replication factor 1, each on its own (no etcd, no peer links), and
   ``--connections`` producers as for ``-leaders``, each sending every request whole to all
   three and answered once all three have acknowledged it: three fsynced copies of every
   record, made by the same storage code on the same cores and disk, with no replication
   protocol at all (no leader, no forwarding, no commit index, no replica answers). A
-  replication factor 3 cluster does all of that work too, and more.
+  replication factor 3 cluster makes the same copies and does the protocol's work on top.
 
 Targets, as ratios to the single node in the same round: at least 0.6x with the project's
 clients (``-leaders``) and 0.5x through forwarding (``TARGET_RATIO``). Measure the ceiling next
@@ -550,7 +551,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         "--mirrored",
         action="store_true",
         help=f"also run {MIRRORED_SETUP}: three independent nodes at replication factor 1, "
-        "each request sent whole to all three (the ceiling of any replication here)",
+        "each request sent whole to all three (three copies without any replication protocol)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object per line")
     args = parser.parse_args(argv)
