@@ -81,10 +81,12 @@ from logbroker.security.verified import VerifiedPasswords
 from logbroker.server.protocol import ClientFactory, ProtocolSettings
 from logbroker.storage import (
     BATCH_ENCODER,
+    SYNC_THREAD,
     DataDirectory,
     FileSystem,
     IntegrityEvent,
     LogConfig,
+    NativeRounds,
     OpenFiles,
     OpenOnce,
     OsFileSystem,
@@ -161,9 +163,14 @@ class StorageService(Service):
         #: on a thread of its own: a flush never waits behind a long job (a healing copy's
         #: install, a verification) for a writer thread.
         self._shared_flush: SharedFlush | None = None
+        #: The shared flush's rounds on a native thread, without the GIL, where it is built
+        #: (decision 0027); the thread pool runs the rounds it cannot take.
+        self._native_rounds: NativeRounds | None = None
         if shared_flush:
             flusher = ThreadPoolExecutor(reactor, threads=1, name="logbroker-flush")
-            self._shared_flush = SharedFlush(fs, flusher, reactor)
+            if SYNC_THREAD == "native" and isinstance(fs, OsFileSystem):
+                self._native_rounds = NativeRounds(reactor, fs, flusher)
+            self._shared_flush = SharedFlush(fs, flusher, reactor, self._native_rounds)
             self._pools.append(flusher)
         #: Keeps the segment files the logs hold open within the descriptors the limit
         #: leaves, closing idle ones on a writer thread.
@@ -244,6 +251,8 @@ class StorageService(Service):
         super().startService()
         for pool in self._pools:
             pool.start()
+        if self._native_rounds is not None:
+            self._native_rounds.start()
         # Once the reactor runs (signal handlers in place), the store serves.
         self._reactor.callWhenRunning(
             log.info,
@@ -251,9 +260,7 @@ class StorageService(Service):
             " {room}), {encoder} batch encoder,"
             " {decoder} record decoder, {flush}",
             ranges=len(self.logs),
-            flush="one sync for every range's writes"
-            if self._shared_flush is not None
-            else "an fsync for each range's writes",
+            flush=self._flush_description(),
             room="any number" if self._open_files is None else self._open_files.budget,
             encoder=BATCH_ENCODER,
             decoder=RECORD_DECODER,
@@ -267,11 +274,20 @@ class StorageService(Service):
                 decoder=RECORD_DECODER,
             )
 
+    def _flush_description(self) -> str:
+        if self._shared_flush is None:
+            return "an fsync for each range's writes"
+        if self._native_rounds is None:
+            return "one sync for every range's writes, on a Python thread"
+        return "one sync for every range's writes, on the native sync thread"
+
     def stopService(self) -> Deferred[None]:
         super().stopService()
         closing = DeferredList([range_log.close() for range_log in self.logs.values()])
 
         def stop_threads(_: object) -> None:
+            if self._native_rounds is not None:
+                self._native_rounds.stop()
             for pool in self._pools:
                 pool.stop()
             log.info("Storage closed: every range flushed and fsynced")

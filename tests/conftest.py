@@ -74,6 +74,7 @@ NATIVE_ONLY = frozenset(
         "test_native_sealed_scan.py",
         "test_native_produce_path.py",
         "test_native_decoder.py",
+        "test_native_rounds.py",
         "test_transcode.py",
     }
 )

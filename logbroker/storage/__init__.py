@@ -19,6 +19,7 @@ from logbroker.storage._format import (
 )
 from logbroker.storage._fs import FileSystem, OsFileSystem, close_each, shared_sync_refusal
 from logbroker.storage._handles import OpenFiles
+from logbroker.storage._native_rounds import SYNC_THREAD, NativeRounds
 from logbroker.storage._segment import CopyState, IntegrityEvent, SegmentInfo, Verification
 from logbroker.storage.errors import (
     FencedError,
@@ -50,6 +51,7 @@ __all__ = [
     "BATCH_ENCODER",
     "DIGEST_SIZE",
     "FORMAT_VERSION",
+    "SYNC_THREAD",
     "Appended",
     "BatchSlice",
     "CopyDigests",
@@ -70,6 +72,7 @@ __all__ = [
     "LogClosedError",
     "LogConfig",
     "LogFailedError",
+    "NativeRounds",
     "NotADataDirectoryError",
     "NotContiguousError",
     "OffsetOutOfRangeError",

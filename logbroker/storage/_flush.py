@@ -24,13 +24,16 @@ Why a write is durable when its flush fires: its bytes were in the page cache be
 (or the round wrote them before its sync), and the round that covers it started after it asked.
 A flush that fails fails the write it covered, and that log takes itself out of service, as after
 a failed fsync of its own.
+
+Where the native sync thread is built, a round runs there instead of on the executor
+(``native``, ``logbroker.storage._native_rounds``): the same writes and sync, without the GIL.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import cast
+from typing import Protocol, cast
 
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
@@ -42,6 +45,16 @@ from logbroker.storage._fs import AppendFile, FileSystem, Syncable, close_each
 
 log = Logger()
 
+
+class RoundRunner(Protocol):
+    """Runs a round elsewhere than on the executor (``NativeRounds``)."""
+
+    def round(
+        self, writes: Sequence[tuple[AppendFile, list[bytes]]], files: list[Syncable]
+    ) -> Deferred[tuple[list[OSError | None], float]] | None:
+        """Each write, then a sync of ``files``; ``None`` if it cannot take this round."""
+
+
 #: A file to flush, the flush's Deferred, when it was asked for, whether to close the file once
 #: flushed, and the bytes the round writes to it first (``write``; None for ``flush``).
 _Asked = tuple[Syncable, Deferred[float], float, bool, bytes | None]
@@ -50,10 +63,17 @@ _Asked = tuple[Syncable, Deferred[float], float, bool, bytes | None]
 class SharedFlush:
     """Flushes for the range logs of one node, in rounds (see the module docstring)."""
 
-    def __init__(self, fs: FileSystem, executor: Executor, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        fs: FileSystem,
+        executor: Executor,
+        clock: IReactorTime,
+        native: RoundRunner | None = None,
+    ) -> None:
         self._fs = fs
         self._executor = executor
         self._clock = clock
+        self._native = native
         self._asked: list[_Asked] = []
         #: Called when the next round starts (``write``).
         self._taken: list[Callable[[], object]] = []
@@ -147,7 +167,12 @@ class SharedFlush:
         for file, _, _, _, data in asked:
             if data is not None:
                 writes.setdefault(id(file), (cast(AppendFile, file), []))[1].append(data)
-        syncing = self._executor.run(_round, self._fs, list(writes.values()), files, closing)
+        written = list(writes.values())
+        syncing = None
+        if self._native is not None and not closing:
+            syncing = self._native.round(written, files)
+        if syncing is None:
+            syncing = self._executor.run(_round, self._fs, written, files, closing)
         syncing.addBoth(self._round_done, asked)
 
     def _round_done(

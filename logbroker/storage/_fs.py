@@ -352,16 +352,35 @@ class OsFileSystem:
             try:
                 syncfs(first.fileno())
             except OSError as error:
-                self._syncfs = None
-                log.error(
-                    "syncfs failed on the file system of {path} ({error}): each file is fsynced "
-                    "on its own from now on",
-                    path=first.path,
-                    error=error,
-                )
+                self.shared_sync_failed(first, error)
             else:
                 return [None] * len(files)
         return sync_each(files)
+
+    def shared_sync_fd(self, files: Sequence[Syncable]) -> int | None:
+        """The descriptor whose ``syncfs`` makes all of ``files`` durable (the first one's),
+        for a sync made elsewhere (``logbroker.storage._native_rounds``): ``None`` unless this
+        file system syncs by ``syncfs`` (still) and the files are all its own, on one device."""
+        if self._syncfs is None or not files:
+            return None
+        first = files[0]
+        if not isinstance(first, _OsHandle):
+            return None
+        for file in files:
+            if not isinstance(file, _OsHandle) or file.device != first.device:
+                return None
+        return first.fileno()
+
+    def shared_sync_failed(self, file: Syncable, error: OSError) -> None:
+        """A ``syncfs`` through ``file`` failed: every file is fsynced on its own from now on
+        (the caller syncs the files it covered so, see the class docstring)."""
+        self._syncfs = None
+        log.error(
+            "syncfs failed on the file system of {path} ({error}): each file is fsynced "
+            "on its own from now on",
+            path=getattr(file, "path", "?"),
+            error=error,
+        )
 
     def lock(self, path: str) -> object:
         held = open(path, "a+b")  # noqa: SIM115 - held open for the life of the lock

@@ -512,6 +512,36 @@ def test_with_one_sync_for_every_range_no_log_parks_and_the_boot_log_says_so() -
     )
 
 
+def test_with_one_sync_for_every_range_the_storage_says_which_thread_runs_the_rounds(
+    tmp_path: Path, logged: list[dict[str, Any]]
+) -> None:
+    from logbroker.storage import SYNC_THREAD, LogConfig
+
+    reactor = MemoryReactorClock()
+    fs = OsFileSystem(shared_sync=True)
+    data_dir = DataDirectory.open(str(tmp_path / "data"), fs)
+    storage = StorageService(
+        reactor, data_dir, fs, LogConfig(), Metrics(Clock()), shared_flush=True
+    )
+    storage.startService()
+    # The native thread's event descriptor is watched while the storage runs, and only then.
+    watched = len(reactor.readers)
+    try:
+        for hook, args, kwargs in reactor.whenRunningHooks:
+            hook(*args, **kwargs)
+    finally:
+        result_of(storage.stopService())
+
+    ready = [formatEvent(e) for e in logged if formatEvent(e).startswith("Storage ready")]
+    if SYNC_THREAD == "native":
+        assert "one sync for every range's writes, on the native sync thread" in ready[0]
+        assert watched == 1
+    else:
+        assert "one sync for every range's writes, on a Python thread" in ready[0]
+        assert watched == 0
+    assert reactor.readers == set()
+
+
 def test_the_storage_says_at_boot_which_encoder_and_decoder_it_runs_and_warns_without_native(
     tmp_path: Path, logged: list[dict[str, Any]]
 ) -> None:
