@@ -233,10 +233,8 @@ class _ProduceDriver:
             frames = [frames] * len(connections)
         if len(frames) != len(connections):
             raise ValueError(f"{len(frames)} frames for {len(connections)} connections")
-        #: The frame each connection sends, by the connection's id.
-        self._frames = {
-            id(connection): frame for connection, frame in zip(connections, frames, strict=True)
-        }
+        #: Each connection with the frame it sends.
+        self._senders = list(zip(connections, frames, strict=True))
         self._load = load
         self._records = 0
         self._requests = 0
@@ -259,19 +257,17 @@ class _ProduceDriver:
         self._started = time.perf_counter()
         self._end = self._started + self._load.seconds
         if self._load.rate is None:
-            for connection in self._connections:
+            for connection, frame in self._senders:
                 for _ in range(self._load.in_flight):
-                    self._send(connection, time.perf_counter())
+                    self._send(connection, frame, time.perf_counter())
         else:
             self._schedule(0)
         return self._done
 
-    def _send(self, connection: _LoadConnection, due: float) -> None:
+    def _send(self, connection: _LoadConnection, frame: bytes, due: float) -> None:
         self._outstanding += 1
         connection.send(
-            self._frames[id(connection)],
-            due,
-            lambda response, due: self._answered(connection, response, due),
+            frame, due, lambda response, due: self._answered(connection, frame, response, due)
         )
 
     def _schedule(self, index: int) -> None:
@@ -284,11 +280,13 @@ class _ProduceDriver:
         if due > now:
             self._clock.callLater(due - now, self._schedule, index)
             return
-        connection = self._connections[index % len(self._connections)]
-        self._send(connection, due)
+        connection, frame = self._senders[index % len(self._senders)]
+        self._send(connection, frame, due)
         self._schedule(index + 1)
 
-    def _answered(self, connection: _LoadConnection, response: wire.Response, due: float) -> None:
+    def _answered(
+        self, connection: _LoadConnection, frame: bytes, response: wire.Response, due: float
+    ) -> None:
         now = time.perf_counter()
         self._outstanding -= 1
         if now <= self._end:
@@ -300,7 +298,7 @@ class _ProduceDriver:
                 self._errors += 1
         if self._load.rate is None and now < self._end:
             # The slot is free now: the next request is due now, whenever it gets written.
-            self._send(connection, now)
+            self._send(connection, frame, now)
         else:
             self._maybe_finish()
 

@@ -46,12 +46,17 @@ from logbroker.storage._fs import AppendFile, FileSystem, Syncable, close_each
 log = Logger()
 
 
+#: A round's outcome: each flushed file's error or ``None``, in the order asked, and the
+#: seconds its writes and sync took.
+RoundOutcome = tuple[list[OSError | None], float]
+
+
 class RoundRunner(Protocol):
     """Runs a round elsewhere than on the executor (``NativeRounds``)."""
 
     def round(
         self, writes: Sequence[tuple[AppendFile, list[bytes]]], files: list[Syncable]
-    ) -> Deferred[tuple[list[OSError | None], float]] | None:
+    ) -> Deferred[RoundOutcome] | None:
         """Each write, then a sync of ``files``; ``None`` if it cannot take this round."""
 
 
@@ -175,9 +180,7 @@ class SharedFlush:
             syncing = self._executor.run(_round, self._fs, written, files, closing)
         syncing.addBoth(self._round_done, asked)
 
-    def _round_done(
-        self, result: tuple[list[OSError | None], float] | Failure, asked: list[_Asked]
-    ) -> None:
+    def _round_done(self, result: RoundOutcome | Failure, asked: list[_Asked]) -> None:
         self._running = False
         now = self._clock.seconds()
         outcomes: list[OSError | None] | list[Failure]
@@ -200,7 +203,7 @@ def _round(
     writes: list[tuple[AppendFile, list[bytes]]],
     files: list[Syncable],
     closing: list[Syncable],
-) -> tuple[list[OSError | None], float]:
+) -> RoundOutcome:
     """One round, on its thread: the writes asked for, then one ``sync_files`` of every file,
     then the closes asked for; each file's outcome (a failed write is its file's, whatever the
     sync says) and the seconds the writes and the sync took."""
@@ -209,7 +212,7 @@ def _round(
     try:
         for file, parts in writes:
             try:
-                file.write(parts[0] if len(parts) == 1 else b"".join(parts))
+                file.write(b"".join(parts))
             except OSError as error:
                 failed[id(file)] = error
         synced = fs.sync_files(files)

@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from logbroker.storage._executor import Executor
+from logbroker.storage._flush import RoundOutcome
 from logbroker.storage._fs import AppendFile, OsFileSystem, Syncable, sync_each
 
 #: Whether the native sync thread is built (the flush rounds run there) or not.
@@ -38,10 +39,6 @@ except ImportError:  # not built: no compiler where this was installed
     SYNC_THREAD = "python"
 else:
     SYNC_THREAD = "native"
-
-#: A round's outcome: each flushed file's error or ``None``, in the order asked, and the
-#: seconds its writes and sync took.
-RoundOutcome = tuple[list[OSError | None], float]
 
 
 @implementer(IReadDescriptor)
@@ -92,7 +89,7 @@ class NativeRounds:
             # Every written file is among ``files``, which ``shared_sync_fd`` checked are the
             # file system's own descriptors.
             fileno = cast(_HasFileno, file).fileno()
-            handed.append((fileno, parts[0] if len(parts) == 1 else b"".join(parts)))
+            handed.append((fileno, b"".join(parts)))
         self._thread.start(handed, sync_fd)
         outcome: Deferred[RoundOutcome] = Deferred()
         self._round = (files, [file for file, _ in writes], outcome)

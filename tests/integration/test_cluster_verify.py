@@ -25,7 +25,7 @@ from logbroker.records import Record
 from tests.cluster import BrokerCluster, Node, running_cluster
 from tests.etcd import EtcdCluster, etcd_cluster
 from tests.integration.test_replication_faults import segments_in_etcd
-from tests.integration.twistd import broker_env
+from tests.integration.twistd import broker_env, flip_byte
 
 pytestmark = pytest.mark.integration
 
@@ -140,11 +140,7 @@ def test_every_sealed_copy_verifies_identical_until_one_is_damaged(
     damaged, deleted = sealed[0], sealed[-1]
     index_follower, seal_follower = damaged["replicas"][1], deleted["replicas"][2]
     index = copy_file(cluster, index_follower, damaged, ".index")
-    with index.open("r+b") as file:
-        file.seek(21)
-        byte = file.read(1)
-        file.seek(21)
-        file.write(bytes([byte[0] ^ 0x40]))
+    flip_byte(index, 21)
     copy_file(cluster, seal_follower, deleted, ".sealed").unlink()
 
     found = verify(first)
