@@ -142,6 +142,10 @@ class WritePipeline:
         self._held: _Control | None = None
         #: A write waits for the shared flush's next round to start (``join_next_round``).
         self._joining = False
+        #: Control operations due to start, and whether ``_run_control`` is starting them
+        #: already, further up the stack (see there).
+        self._controls_due: deque[_Control] = deque()
+        self._starting_controls = False
         #: Append outcomes to deliver, in offset order (see ``_settle``).
         self._outcomes: deque[tuple[Deferred[Any], Appended | Exception]] = deque()
         self._settling = False
@@ -260,7 +264,21 @@ class WritePipeline:
             self._drive(step)
 
     def _run_control(self, control: _Control) -> None:
-        maybeDeferred(control.start).addBoth(self._control_done, control)
+        # A control that ends at once (one refused, or with nothing to do) starts the next one
+        # from its own callbacks: with a long queue of them, each start one frame deeper, a
+        # log ran out of stack (a RecursionError in the soak), and the control it was ending
+        # never finished, so its range took no more writes. The ones due while a start is
+        # under way further up the stack are started from there, one after the other.
+        self._controls_due.append(control)
+        if self._starting_controls:
+            return
+        self._starting_controls = True
+        try:
+            while self._controls_due:
+                due = self._controls_due.popleft()
+                maybeDeferred(due.start).addBoth(self._control_done, due)
+        finally:
+            self._starting_controls = False
 
     def _may_write_ahead(self) -> bool:
         """Whether the next write may go out with writes ahead of it not yet durable: it only

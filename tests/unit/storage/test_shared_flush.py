@@ -20,6 +20,7 @@ from logbroker.storage import (
     OsFileSystem,
     RangeLog,
     Record,
+    SegmentStateError,
     SharedFlush,
     shared_sync_refusal,
 )
@@ -526,3 +527,25 @@ def test_a_roll_held_behind_a_write_that_fails_fails_with_it(
     assert len(log.segments()) == 1, "the held roll never ran"
     assert log.segments()[0].state is not CopyState.SEALED
     logged_errors.clear()
+
+
+def test_a_long_queue_of_operations_that_end_at_once_runs_through_and_the_log_goes_on() -> None:
+    node = Node()
+    _started(node)
+    log = node.logs[0]
+    ahead = fired(log.append([Record(b"a")]))
+    # Each is refused when it starts (the last segment is never deleted): it ends at once,
+    # and the next one starts from its end. Held behind the write ahead, they all start
+    # together once it is durable.
+    refused = [fired(log.delete_segment(0)) for _ in range(3000)]
+
+    node.executor.run_next()
+
+    assert ahead == [Appended(1, 1)]
+    assert all(
+        len(outcome) == 1 and isinstance(outcome[0].value, SegmentStateError)  # type: ignore[attr-defined]
+        for outcome in refused
+    )
+    after = fired(log.append([Record(b"b")]))
+    node.executor.run_all()
+    assert after == [Appended(2, 1)]
