@@ -397,6 +397,29 @@ def test_a_join_waits_for_the_next_round_and_what_it_writes_goes_in_that_round()
     assert flush.rounds == 2
 
 
+def test_the_next_round_starts_before_the_acknowledgements_of_the_last_one_run() -> None:
+    fs, executor, flush, first_file = _flush_of_one_file("/d/first")
+    second_file = fs.create_append("/d/second")
+    seen_when_acknowledged: list[tuple[bool, int, bytes]] = []
+
+    def acknowledged(_: object) -> None:
+        # The next round is under way already, with the bytes asked for meanwhile.
+        _, (_, writes, _, _), _ = executor.pending[0]
+        parts = b"".join(b"".join(data) for _, data in writes)
+        seen_when_acknowledged.append((flush.running, flush.rounds, parts))
+
+    flush.write(first_file, b"a").addCallback(acknowledged)
+    later = fired(flush.write(second_file, b"b"))  # asked for while the first round runs
+    executor.run_next()
+
+    assert seen_when_acknowledged == [(True, 2, b"b")]
+    assert later == []
+    executor.run_next()
+    assert isinstance(later[0], float)
+    assert fs.read_file("/d/second") == b"b"
+    assert not flush.running
+
+
 def test_a_join_that_raises_is_logged_and_the_round_runs(
     logged_errors: list[dict[str, Any]],
 ) -> None:
