@@ -185,12 +185,11 @@ class SharedFlush:
         now = self._clock.seconds()
         # What was asked for while this round ran goes out at once, before this round's
         # acknowledgements run: the disk then syncs the next round while the reactor answers
-        # this one's requests, instead of waiting for them (with one record a request, those
-        # answers took about as long as the round). A range whose write this round fails has
-        # its write in the next one failed with it (``WritePipeline._settle_ahead``), and a
-        # range settles its writes in the order they were written, whichever round answers
-        # first (with an executor that runs a job in the caller, as in tests, the next round's
-        # answers can come before this one's).
+        # this one's requests, instead of waiting for them. A range whose write this round
+        # fails has its write in the next one failed with it (``WritePipeline._settle_ahead``),
+        # and a range settles its writes in the order they were written, whichever round
+        # answers first (with an executor that runs a job in the caller, as in tests, the next
+        # round's answers can come before this one's).
         if self._asked or self._joining:
             self._start_round()
         outcomes: list[OSError | None] | list[Failure]
