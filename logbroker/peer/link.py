@@ -22,12 +22,13 @@ requests:
 * ``request(op, payload)`` sends a ``Request`` with a fresh correlation id and returns a
   ``Deferred`` of the ok payload, failing with ``PeerError`` (the error response's reason).
   Forwarded client requests, internal ones, and claims' fences and seals each have room of
-  their own; past it a request is held back and sent in order as answers come (fences and
-  seals are refused ``overloaded``): ``logbroker.peer.window`` says why. When the connection
-  ends, every request still waiting fails with ``unreachable``; a request on a connection that
-  is not ``ESTABLISHED`` fails so at once.
+  their own; past it a request is held back and sent in order as answers come (past
+  ``max_queued_bytes`` held back, refused ``overloaded``): ``logbroker.peer.window`` says why.
+  When the connection ends, every request still waiting fails with ``unreachable``; a request
+  on a connection that is not ``ESTABLISHED`` fails so at once.
   A request has no deadline of its own: a caller that needs one cancels it (for instance with
-  ``Deferred.addTimeout(seconds, clock)``), and its late answer is ignored.
+  ``Deferred.addTimeout(seconds, clock)``), and its late answer is ignored; one sent keeps its
+  room until that answer comes, as the peer is still working on it.
 * A side with a handler (``RequestHandler``, the accepting side) hands each ``Request`` to it and
   answers in whatever order the handler finishes. A handler's error with a ``reason`` attribute
   (a string) is answered with that reason; anything else is logged and answered

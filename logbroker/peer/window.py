@@ -26,7 +26,12 @@ forwarded ones, and fences and seals never behind data, so the chain always ends
 
 What is held back is bounded by ``max_queued_bytes`` over all lanes; past it a request is
 refused ``overloaded``. A request has no deadline of its own: a caller that needs one cancels
-it, and its late answer is ignored.
+it, and its late answer is ignored. A request given up on after it was sent keeps its room until
+that answer comes (or the connection ends): the peer still holds it and works on it. Were its
+room given to the next one at once, a peer cut off for less than the link's ``dead_after_s``
+(the connection survives, what is written waits in the socket) would be sent a room's worth
+again at every ack timeout of the callers, and be handed all of it together when the link heals:
+more requests at once than its ``max_inbound``, for work nobody waits for any more.
 """
 
 from __future__ import annotations
@@ -134,12 +139,15 @@ class RequestWindow:
         return request.answer
 
     def answered(self, correlation_id: int, payload: bytes, error: str | None) -> None:
-        """The peer answered ``correlation_id`` (ignored if its caller gave up on it)."""
+        """The peer answered ``correlation_id``: its room goes to the next one held back; the
+        answer is ignored if its caller gave up on it."""
         request = self._sent.pop(correlation_id, None)
         if request is None:
             return
         request.lane.waiting -= 1
         self._send_held(request.lane)
+        if request.answer.called:
+            return
         if error is None:
             request.answer.callback(payload)
         else:
@@ -172,18 +180,13 @@ class RequestWindow:
             self._send(request)
 
     def _cancel(self, request: _Request) -> None:
-        """Its caller gave up on a request: one held back is not sent; the answer to one sent
-        is ignored, and its room goes to the next held back."""
+        """Its caller gave up on a request: one held back is not sent; one sent keeps its room
+        until the peer answers it (see the module docstring), and the answer is ignored."""
         lane = request.lane
-        if request.correlation_id is None:
-            # Not held any more once the connection ended (``fail_all``).
-            if request in lane.held:
-                lane.held.remove(request)
-                self._held_bytes -= len(request.payload)
-            return
-        if self._sent.pop(request.correlation_id, None) is not None:
-            lane.waiting -= 1
-            self._send_held(lane)
+        # Not held any more once sent, or once the connection ended (``fail_all``).
+        if request.correlation_id is None and request in lane.held:
+            lane.held.remove(request)
+            self._held_bytes -= len(request.payload)
 
     def _next_correlation_id(self) -> int:
         candidate = self._last_correlation_id

@@ -712,13 +712,40 @@ def test_a_cancelled_request_ignores_its_late_answer(clock: Clock) -> None:
     request = pair.dialer.request(PeerOp.READ, b"")
     cancelled = Result(request)
     request.cancel()
-    assert cancelled.fired
-    assert pair.dialer.in_flight == 0
+    assert isinstance(cancelled.error, CancelledError)
+    assert pair.dialer.in_flight == 1, "the peer still holds it"
     pair.flush()
     pair.handler.answer(0, b"late")
     pair.flush()
+    assert pair.dialer.in_flight == 0
     assert pair.dialer.state is LinkState.ESTABLISHED
     close(pair)
+
+
+def test_requests_given_up_on_keep_their_room_until_the_peer_answers_them(clock: Clock) -> None:
+    # A peer cut off for a few seconds keeps its connection: had each ack timeout given its
+    # request's room to the next, every timeout would have written another room's worth into
+    # the socket, all handed to the peer at once when the link heals.
+    pair = Pair(clock)
+    given_up = [pair.dialer.request(PeerOp.REPLICATE, bytes([n])) for n in range(4)]
+    assert len(given_up) == SETTINGS.max_in_flight
+    for request in given_up:
+        request.addErrback(lambda failure: failure.trap(CancelledError))
+        request.cancel()
+    later = [Result(pair.dialer.request(PeerOp.REPLICATE, b"later")) for _ in range(2)]
+    pair.flush()
+    assert [call[2] for call in pair.handler.calls] == [b"\x00", b"\x01", b"\x02", b"\x03"]
+
+    # The peer answers the first it was given (its answer ignored): one room, one more sent.
+    pair.handler.answer(0, b"late")
+    pair.flush()
+    assert [call[2] for call in pair.handler.calls[4:]] == [b"later"]
+    assert not any(result.fired for result in later)
+    pair.handler.answer(4, b"now")
+    pair.flush()
+    assert later[0].value == b"now"
+    close(pair)
+    assert later[1].reason == PeerReason.UNREACHABLE
 
 
 # -- liveness --------------------------------------------------------------------------------
