@@ -333,18 +333,21 @@ class Certification:
         wait_until(condition, seconds, what)
         return time.monotonic() - started
 
-    def wait_identical(self, seconds: float) -> float:
-        """Wait until ``cluster verify`` finds every sealed copy complete and identical."""
+    def wait_identical(self, seconds: float) -> tuple[float, str]:
+        """Wait until ``cluster verify`` finds every sealed copy complete and identical; how
+        long it took, and what that ``cluster verify`` printed."""
         started = time.monotonic()
         last = [""]
 
         def identical() -> bool:
             ok, printed = self.view.verify_copies()
-            last[0] = printed.replace("\n", "; ")
+            last[0] = printed
             return ok
 
-        wait_until(identical, seconds, "every sealed copy identical", lambda: last[0])
-        return time.monotonic() - started
+        wait_until(
+            identical, seconds, "every sealed copy identical", lambda: last[0].replace("\n", "; ")
+        )
+        return time.monotonic() - started, last[0]
 
     def wait_healthy(self, seconds: float, under_replicated: bool = True) -> float:
         """Wait until ``health`` finds nothing missing; return how long it took."""

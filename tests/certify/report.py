@@ -63,9 +63,13 @@ class Report:
             evidence += "; " + "; ".join(problems)
         self._final[1] = (not problems, evidence)
 
-    def copies(self, identical: bool, printed: str) -> None:
+    def copies(self, identical: bool, printed: str, first_look: str | None = None) -> None:
+        """The end's ``cluster verify``: whether every sealed copy was identical, what it
+        printed, and what its first look found when copies were still being sealed."""
         last = printed.splitlines()[-1] if printed else "no output"
         evidence = last if identical else printed.replace("\n", "; ")
+        if first_look is not None:
+            evidence += f" (the first look, while segments were being sealed: {first_look})"
         self._final[4] = (identical, f"`cluster verify`: {evidence}")
 
     def verdicts(self) -> dict[int, tuple[str, str]]:

@@ -72,7 +72,7 @@ def damaged_follower(cert: Certification) -> Outcome:
         " the primary (primary damage is not covered)"
     )
     try:
-        took = cert.wait_identical(cert.timing.identical_bound)
+        took, _ = cert.wait_identical(cert.timing.identical_bound)
         cert.mark(f"`cluster verify`: every sealed copy identical again, {took:.1f} s after")
     except CheckFailed as failed:
         outcome.problems.append((4, str(failed)))

@@ -4,13 +4,17 @@ runs them for real in ``tests/certify/test_certify.py``; these pin the judgement
 
 from __future__ import annotations
 
+from typing import cast
+
 import pytest
 
 from tests.certify import network
-from tests.certify.harness import Outcome, _probe_failures
+from tests.certify.drills import final_copies
+from tests.certify.harness import SHORT, Certification, Outcome, _probe_failures
 from tests.certify.load import follower_problems
 from tests.certify.network import Block, NetworkUnavailable
 from tests.certify.report import DrillRecord, Report
+from tests.certify.view import CheckFailed
 
 FINAL = [(b"a", b"a#0"), (b"b", b"b#0"), (b"a", b"a#1"), (b"a", b"a#2"), (b"b", b"b#1")]
 
@@ -107,3 +111,62 @@ def test_a_slow_recovery_names_each_node_s_failed_probes_as_their_reason_changed
         "n1: at 0.3 s timeout; n3: at 0.0 s unreachable, then at 2.1 s not_primary"
     )
     assert _probe_failures({}) == "none (the probes were slow, not failing)"
+
+
+class _CopiesSettling:
+    """A cluster whose ``cluster verify`` finds copies being sealed at its first looks: the
+    end's check of guarantee 4 sees through the harness (``final_copies``)."""
+
+    def __init__(self, looks: list[tuple[bool, str]], settles: bool) -> None:
+        self._looks = looks
+        self._settles = settles
+        self.view = self
+        self.timing = SHORT
+        self.marks: list[str] = []
+
+    def verify_copies(self) -> tuple[bool, str]:
+        return self._looks.pop(0)
+
+    def mark(self, event: str) -> None:
+        self.marks.append(event)
+
+    def wait_identical(self, seconds: float) -> tuple[float, str]:
+        if not self._settles:
+            raise CheckFailed(f"not within {seconds:g} s: every sealed copy identical (still)")
+        return 1.5, "checked 9 sealed segments, 27 copies: every copy complete and identical"
+
+
+SEALING = "p.1@45 on n1: unsealed (its copy is still active, though the segment is sealed)"
+
+
+def test_copies_identical_at_the_first_look_pass_as_they_are() -> None:
+    identical = (True, "checked 9 sealed segments, 27 copies: every copy complete and identical")
+    cluster = _CopiesSettling([identical], settles=False)
+
+    assert final_copies(cast(Certification, cluster)) == (*identical, None)
+    assert cluster.marks == []
+
+
+def test_copies_being_sealed_at_the_end_pass_once_identical_and_the_report_says_so() -> None:
+    cluster = _CopiesSettling([(False, SEALING)], settles=True)
+    report = Report()
+
+    report.copies(*final_copies(cast(Certification, cluster)))
+
+    passed, evidence = report.verdicts()[4]
+    assert passed == "passed"
+    assert evidence.startswith("`cluster verify`: checked 9 sealed segments, 27 copies")
+    assert f"(the first look, while segments were being sealed: {SEALING})" in evidence
+    assert cluster.marks[-1] == "`cluster verify`: every sealed copy identical, 1.5 s later"
+
+
+def test_copies_that_never_become_identical_fail_guarantee_4() -> None:
+    cluster = _CopiesSettling([(False, SEALING)], settles=False)
+    report = Report()
+
+    report.copies(*final_copies(cast(Certification, cluster)))
+
+    failed, evidence = report.verdicts()[4]
+    assert failed == "FAILED"
+    assert "not within 45 s: every sealed copy identical" in evidence
+    assert not report.passed
