@@ -17,8 +17,9 @@ from twisted.internet.interfaces import IReactorTime
 
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import LocalRanges, RangeHandle
-from logbroker.cluster.forwarding import ForwardedRange, RangeServer, RemoteWaits
+from logbroker.cluster.forwarding import ForwardedRange, RangeServer
 from logbroker.cluster.ranges import ClusterRanges
+from logbroker.cluster.remote_waits import RemoteWaits
 from logbroker.controlplane import ControlPlane
 from logbroker.peer.frames import PeerOp, PeerReason
 from logbroker.peer.requester import Loopback, PeerRequester

@@ -38,6 +38,7 @@ from logbroker import wire
 from logbroker._deferreds import detached
 from logbroker.broker.errors import BrokerError
 from logbroker.broker.ranges import Bounds, RangeDirectory, RangeHandle, RangeRead
+from logbroker.cluster.remote_waits import MAX_REMOTE_WAIT_MS, RemoteWaits
 from logbroker.errors import CLIENT_REASON, Reason
 from logbroker.peer.frames import MalformedPeerMessage, PeerCodecError, PeerOp, PeerReason
 from logbroker.peer.range_ops import (
@@ -232,65 +233,6 @@ def _passed_on(error: PeerError) -> Reason | None:
         return None
     folded = CLIENT_REASON[reason]
     return folded if folded in FORWARDED_REASONS else None
-
-
-#: The longest a long poll waits on a primary in one request. A waiting fetch asks again when it
-#: runs out; what a forwarding node stops waiting for is held on the primary at most this long.
-MAX_REMOTE_WAIT_MS = 5_000
-
-
-class RemoteWaits:
-    """The long polls this node has on its peers: one peer request per (primary, range, offset)
-    however many local fetches wait on it, each at most ``MAX_REMOTE_WAIT_MS``, so that waiting
-    consumers take a bounded share of a peer link's requests (produces need the rest)."""
-
-    def __init__(self, requester: PeerRequester) -> None:
-        self._requester = requester
-        self._shared: dict[tuple[str, str, int], _SharedWait] = {}
-
-    def wait(self, primary: str, range_id: str, offset: int, wait_ms: int) -> Deferred[None]:
-        key = (primary, range_id, offset)
-        shared = self._shared.get(key)
-        if shared is None:
-            request = ReadRequest(
-                range_id,
-                min(max(offset, 0), _MAX_U64),
-                max_records=0,
-                max_bytes=0,
-                wait_ms=min(max(wait_ms, 0), MAX_REMOTE_WAIT_MS),
-            )
-            asked = self._requester.request(primary, PeerOp.READ, encode_read_request(request))
-            shared = self._shared[key] = _SharedWait(asked)
-            asked.addBoth(self._answered, key, shared)
-        return shared.join()
-
-    def _answered(self, outcome: object, key: tuple[str, str, int], shared: _SharedWait) -> None:
-        # An answer, a timeout or a failure alike: the fetches read again and decide.
-        if self._shared.get(key) is shared:
-            del self._shared[key]
-        shared.release()
-
-
-class _SharedWait:
-    def __init__(self, asked: Deferred[bytes]) -> None:
-        self._asked = asked
-        self._waiting: list[Deferred[None]] = []
-
-    def join(self) -> Deferred[None]:
-        waiting: Deferred[None] = Deferred(self._leave)
-        self._waiting.append(waiting)
-        return waiting
-
-    def _leave(self, cancelled: Deferred[None]) -> None:
-        if cancelled in self._waiting:
-            self._waiting.remove(cancelled)
-        if not self._waiting and not self._asked.called:
-            self._asked.cancel()
-
-    def release(self) -> None:
-        waiting, self._waiting = self._waiting, []
-        for each in waiting:
-            each.callback(None)
 
 
 class RangeServer:

@@ -23,7 +23,6 @@ from logbroker.cluster.forwarding import (
     MAX_REMOTE_WAIT_MS,
     ForwardedRange,
     RangeServer,
-    RemoteWaits,
 )
 from logbroker.errors import Reason
 from logbroker.metrics import Metrics
@@ -591,32 +590,3 @@ def test_the_forwarder_answers_unreachable_while_the_owner_is_away(cluster: Clus
 
     assert reason_of(cluster.forwarder.produce("t", mixed(b"a"))) is Reason.UNREACHABLE
     assert reason_of(cluster.forwarder.fetch("t", None, None, None, 0, 0)) is Reason.UNREACHABLE
-
-
-class _CountingRequester:
-    def __init__(self) -> None:
-        self.asked: list[Deferred[bytes]] = []
-
-    def request(self, node_id: str, op: PeerOp, payload: bytes) -> Deferred[bytes]:
-        asked: Deferred[bytes] = Deferred()
-        self.asked.append(asked)
-        return asked
-
-
-def test_fetches_waiting_on_one_offset_share_one_remote_wait() -> None:
-    requester = _CountingRequester()
-    waits = RemoteWaits(requester)
-    handles = [ForwardedRange(RANGE, "b", requester, waits) for _ in range(3)]
-
-    waiting = [handle.wait(7, 30_000) for handle in handles]
-    other = handles[0].wait(8, 30_000)
-
-    assert len(requester.asked) == 2
-    waiting[0].cancel()  # one fetch goes away; the others still wait
-    failure_of(waiting[0]).trap(CancelledError)
-    assert not requester.asked[0].called
-    requester.asked[0].callback(b"")
-    assert [has_result(w) for w in waiting[1:]] == [True, True]
-    other.cancel()  # the last one waiting on offset 8 goes: its request is given up
-    failure_of(other).trap(CancelledError)
-    assert requester.asked[1].called
