@@ -165,3 +165,36 @@ def test_a_count_after_a_change_reads_only_the_ranges_it_touched() -> None:
     assert a.count == 1 + len(
         [m for m in segments(RANGE) if m.record_count or m.state is SegmentState.ACTIVE]
     )
+
+
+def test_a_node_whose_lease_lapses_while_a_count_runs_leaves_nothing_counted_behind() -> None:
+    """A count takes the live members it began with: ``c`` dead only while the count read
+    one range (its lease lapsed and it registered again before the next count) leaves that
+    range counted as it was, not short of ``c`` until its records change."""
+    world = cluster()
+    append_each(world, world.lead("a", ROLL_BYTES), 30)
+    other = "s.0"
+    topic = Topic("s", 8, 0, (other,))
+    result_of(world.control.create_topic(topic, [Range(other, "s", 0, 256, RangeState.ACTIVE)]))
+    placed = SegmentMeta(other, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+    result_of(world.control.put_segment(placed))
+    a, read = _counted_once(world, [RANGE, other])
+    # Its record changes (claimed anew on the same set): the next count reads it again.
+    result_of(world.control.put_segment(attrs.evolve(placed, epoch=1), expected=placed))
+    segments = world.control.segments
+
+    def lapsing(range_id: str) -> list[SegmentMeta]:
+        if range_id == other:
+            world.peers.dead.add("c")
+        return segments(range_id)
+
+    world.control.segments = lapsing  # type: ignore[method-assign]
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE, other]))
+    assert read == [other]
+    world.peers.dead.discard("c")  # registered again
+    world.control.segments = segments  # type: ignore[method-assign]
+    world.clock.advance(REFRESH_SECONDS)
+    result_of(a.refresh([RANGE, other]))
+
+    assert (a.count, a.unavailable) == (0, 0)
