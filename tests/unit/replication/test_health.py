@@ -46,6 +46,19 @@ def _counted_once(world: Cluster, ranges: list[str]) -> tuple[ReplicationHealth,
     return a, read
 
 
+def _with_another_range() -> tuple[Cluster, str, SegmentMeta]:
+    """A cluster whose range has sealed segments, and another range (its id) with an empty
+    active segment (its record) on every node."""
+    world = cluster()
+    append_each(world, world.lead("a", ROLL_BYTES), 30)
+    other = "s.0"
+    topic = Topic("s", 8, 0, (other,))
+    result_of(world.control.create_topic(topic, [Range(other, "s", 0, 256, RangeState.ACTIVE)]))
+    placed = SegmentMeta(other, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
+    result_of(world.control.put_segment(placed))
+    return world, other, placed
+
+
 def test_the_count_follows_a_node_away_and_back_and_is_unknown_before_the_first() -> None:
     world = cluster()
     append_each(world, world.lead("a", ROLL_BYTES), 30)
@@ -125,13 +138,7 @@ def test_a_count_with_nothing_changed_reads_no_range_again() -> None:
 
 
 def test_a_count_after_a_change_reads_only_the_ranges_it_touched() -> None:
-    world = cluster()
-    append_each(world, world.lead("a", ROLL_BYTES), 30)
-    other = "s.0"
-    topic = Topic("s", 8, 0, (other,))
-    result_of(world.control.create_topic(topic, [Range(other, "s", 0, 256, RangeState.ACTIVE)]))
-    placed = SegmentMeta(other, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
-    result_of(world.control.put_segment(placed))
+    world, other, placed = _with_another_range()
     a, read = _counted_once(world, [RANGE, other])
     assert a.unavailable == 0
     segments = world.control.segments
@@ -171,13 +178,7 @@ def test_a_node_whose_lease_lapses_while_a_count_runs_leaves_nothing_counted_beh
     """A count takes the live members it began with: ``c`` dead only while the count read
     one range (its lease lapsed and it registered again before the next count) leaves that
     range counted as it was, not short of ``c`` until its records change."""
-    world = cluster()
-    append_each(world, world.lead("a", ROLL_BYTES), 30)
-    other = "s.0"
-    topic = Topic("s", 8, 0, (other,))
-    result_of(world.control.create_topic(topic, [Range(other, "s", 0, 256, RangeState.ACTIVE)]))
-    placed = SegmentMeta(other, 0, SegmentState.ACTIVE, None, None, ("a", "b", "c"), 0)
-    result_of(world.control.put_segment(placed))
+    world, other, placed = _with_another_range()
     a, read = _counted_once(world, [RANGE, other])
     # Its record changes (claimed anew on the same set): the next count reads it again.
     result_of(world.control.put_segment(attrs.evolve(placed, epoch=1), expected=placed))
