@@ -65,13 +65,12 @@ from logbroker.peer.range_ops import (
 )
 from logbroker.peer.requester import PeerRequester
 from logbroker.peer.window import PeerError
-from logbroker.records import ProducerStamp, Records
+from logbroker.records import MAX_U64, ProducerStamp, Records
 
 log = Logger()
 
 _T = TypeVar("_T")
 _MAX_U32 = 0xFFFFFFFF
-_MAX_U64 = 0xFFFFFFFFFFFFFFFF
 
 #: The reasons a peer's failure keeps on its way to the client: each tells the client to retry
 #: (later, or elsewhere), or (``sequence_too_old``) that a retry came too late to be told apart
@@ -159,7 +158,7 @@ class ForwardedRange:
         # takes one record, and a frame could not hold more than 4 GiB anyway.
         request = ReadRequest(
             self._range_id,
-            min(max(offset, 0), _MAX_U64),
+            min(max(offset, 0), MAX_U64),
             min(max(max_records, 0), _MAX_U32),
             min(max(max_bytes, 0), _MAX_U32),
             wait_ms=0,

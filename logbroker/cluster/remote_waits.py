@@ -26,6 +26,7 @@ from twisted.internet.defer import Deferred
 from logbroker.peer.frames import PeerOp
 from logbroker.peer.range_ops import ReadRequest, encode_read_request
 from logbroker.peer.requester import PeerRequester
+from logbroker.records import MAX_U64
 
 #: The longest a long poll waits on a primary in one request. A waiting fetch asks again when it
 #: runs out; what a forwarding node stops waiting for is held on the primary at most this long.
@@ -33,8 +34,6 @@ MAX_REMOTE_WAIT_MS = 5_000
 #: The most long polls asked of one peer at once: half the forwarded lane's room
 #: (``PeerSettings.max_in_flight``), so forwarded produces and reads always have the other half.
 MAX_WAITS_PER_PEER = 128
-
-_MAX_U64 = 0xFFFFFFFFFFFFFFFF
 
 #: ``(primary, range id, offset)``: what one long poll waits for.
 _WaitKey = tuple[str, str, int]
@@ -75,7 +74,7 @@ class RemoteWaits:
     def _ask(self, key: _WaitKey, shared: _SharedWait) -> None:
         primary, range_id, offset = key
         request = ReadRequest(
-            range_id, min(max(offset, 0), _MAX_U64), max_records=0, max_bytes=0, wait_ms=shared.ms
+            range_id, min(max(offset, 0), MAX_U64), max_records=0, max_bytes=0, wait_ms=shared.ms
         )
         self._asked[primary] = self._asked.get(primary, 0) + 1
         asked = self._requester.request(primary, PeerOp.READ, encode_read_request(request))
