@@ -217,7 +217,11 @@ class ReplicatedRange:
         )
 
     def bounds(self) -> Deferred[Bounds]:
-        return self._reads.bounds()
+        """To the commit index, which may be past this copy's durable end: a quorum of the
+        replicas can hold records durably before the primary does, and their copies then serve
+        them as committed. A consumer with a cursor read there is not past the range's end; its
+        reads here find the records once this copy holds them (a long poll wakes then)."""
+        return succeed(Bounds(self._log.start_offset, self._log.committed_offset))
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
         """Committed records from ``offset``, within one segment: from this node's copy where

@@ -40,7 +40,6 @@ from tests.certify.load import (
     PlainProducer,
     StampedProducer,
     connect,
-    follower_problems,
     read_back,
 )
 from tests.certify.network import Network
@@ -511,7 +510,7 @@ class Certification:
         for node_id, read in reads.items():
             if node_id != first and _by_key(read) != _by_key(reads[first]):
                 problems.append(f"reading through {node_id} gives another log than through {first}")
-        problems += follower_problems(self.follower.read, reads[first])
+        problems += self.follower.problems(reads[first])
         if verdict.acknowledged == 0:
             problems.append("nothing was acknowledged")
         return verdict, problems

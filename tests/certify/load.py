@@ -257,6 +257,9 @@ class Follower(_Worker):
         #: Failed fetches by reason, and how often the follower moved to another node.
         self.failures: collections.Counter[str] = collections.Counter()
         self.moves = 0
+        #: What the follower was told when refused its own cursor (``invalid_cursor``, which a
+        #: consumer fetching from the cursors the broker gave it must never meet), and where.
+        self.cursor_refusals: list[str] = []
 
     def _work(self) -> None:
         turn = self.index
@@ -277,6 +280,9 @@ class Follower(_Worker):
             except (*_LOST, BrokerRefused) as error:
                 reason = error.reason if isinstance(error, BrokerRefused) else _lost_reason(error)
                 self.failures[reason] += 1
+                if reason == "invalid_cursor":
+                    at = time.strftime("%H:%M:%S")
+                    self.cursor_refusals.append(f"at {at} through {self._server(turn)}")
                 if client is not None:
                     client.close()
                     client = None
@@ -289,6 +295,14 @@ class Follower(_Worker):
                 cursor = batch.next_cursor
         if client is not None:
             client.close()
+
+    def problems(self, final: Sequence[tuple[bytes | None, bytes]]) -> list[str]:
+        """What breaks guarantee 1 in what the follower read (``follower_problems``) and in
+        how it was refused."""
+        return follower_problems(self.read, final) + [
+            f"a node refused the follower its own cursor (invalid_cursor) {refusal}"
+            for refusal in self.cursor_refusals
+        ]
 
 
 def read_back(server: str, topic: str, seconds: float = 60) -> list[tuple[bytes | None, bytes]]:

@@ -8,10 +8,13 @@ from typing import cast
 
 import pytest
 
-from tests.certify import network
+from logbroker import wire
+from logbroker.client import BrokerRefused
+from logbroker.records import Record
+from tests.certify import load, network
 from tests.certify.drills import final_copies
 from tests.certify.harness import SHORT, Certification, Outcome, _probe_failures
-from tests.certify.load import follower_problems
+from tests.certify.load import Follower, follower_problems
 from tests.certify.network import Block, NetworkUnavailable
 from tests.certify.report import DrillRecord, Report
 from tests.certify.view import CheckFailed
@@ -42,6 +45,62 @@ def test_a_follower_that_skipped_read_twice_or_read_what_is_gone_is_caught() -> 
     assert follower_problems(unknown_key, FINAL) == [
         "the follower's record 0 of key c was c#0, the final log has nothing there"
     ]
+
+
+class _ScriptedClient:
+    """A node as the follower meets it: each fetch takes the next answer (a batch, or an
+    error to raise); once they are all taken, the follower is stopped."""
+
+    def __init__(self, follower: Follower, answers: list[wire.RecordsPayload | Exception]):
+        self._follower = follower
+        self._answers = answers
+        self.cursors: list[str | None] = []
+
+    def fetch(self, topic: str, cursor: str | None, *rest: object) -> wire.RecordsPayload:
+        self.cursors.append(cursor)
+        answer = self._answers.pop(0)
+        if not self._answers:
+            self._follower._stopping.set()
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_node_refusing_the_follower_its_own_cursor_breaks_guarantee_1(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Every cursor the follower sends is one a node gave it: told it is past the range's end,
+    # the follower met a node that holds less than another one served as committed.
+    follower = Follower(["10.77.0.1:4040", "10.77.0.2:4040"], 0, "t")
+    batch = wire.RecordsPayload((Record(b"a#0", b"a"),), "cursor-1")
+    client = _ScriptedClient(
+        follower, [batch, BrokerRefused("invalid_cursor", 2), wire.RecordsPayload((), None)]
+    )
+    monkeypatch.setattr(load, "connect", lambda server: client)
+    follower._work()
+
+    assert client.cursors == [None, "cursor-1", "cursor-1"]
+    assert follower.failures == {"invalid_cursor": 1}
+    [problem] = follower.problems(FINAL)
+    assert problem.startswith("a node refused the follower its own cursor (invalid_cursor) at ")
+    assert problem.endswith(" through 10.77.0.1:4040")
+    assert follower.read == [(b"a", b"a#0")]
+
+
+def test_other_refusals_only_move_the_follower(monkeypatch: pytest.MonkeyPatch) -> None:
+    follower = Follower(["10.77.0.1:4040", "10.77.0.2:4040"], 0, "t")
+    client = _ScriptedClient(
+        follower, [BrokerRefused("unreachable", 2), wire.RecordsPayload((), None)]
+    )
+    monkeypatch.setattr(load, "connect", lambda server: client)
+    follower._work()
+
+    assert follower.failures == {"unreachable": 1}
+    assert follower.moves == 1
+    assert follower.problems(FINAL) == []
 
 
 def test_a_cut_from_peers_drops_both_ways_on_the_peer_port_only() -> None:

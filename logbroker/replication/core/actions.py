@@ -68,7 +68,9 @@ class ReadBack:
 
 @attrs.frozen
 class Commit:
-    """The commit index moved to ``index``: readers may see up to it."""
+    """The commit index is ``index``: readers may see up to it, as far as the primary's own copy
+    holds it durably. Told when the index moves, and again when that copy catches up with it
+    (a quorum of replicas can commit records before the primary's copy is durable)."""
 
     index: int
 

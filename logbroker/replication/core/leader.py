@@ -256,8 +256,15 @@ class LeaderCore:
     def locally_durable(self, end: int, now: float) -> list[Action]:
         self._now = now
         actions: list[Action] = []
-        if self._stopped is None and self._tracker.advance(self.node_id, end):
+        if self._stopped is not None:
+            return actions
+        before = self._tracker.durable(self.node_id)
+        if self._tracker.advance(self.node_id, end):
             self._committed(actions)
+        elif before < min(end, self._tracker.commit):
+            # The replicas committed these records before this copy held them: its readers
+            # see them only now.
+            actions.append(Commit(self._tracker.commit))
         return actions
 
     def local_failure(self, message: str) -> list[Action]:

@@ -34,7 +34,7 @@ from logbroker.replication.replica_codec import (
 )
 from logbroker.replication.takeover import SegmentClaims
 from tests.unit.replication.harness import CONFIG, RANGE, Cluster, cluster
-from tests.unit.storage.helpers import failure_of, result_of
+from tests.unit.storage.helpers import failure_of, result_of, run_until_idle
 
 
 def values(read: RangeRead) -> list[bytes]:
@@ -296,3 +296,39 @@ def test_a_read_forwarded_to_a_primary_that_no_longer_leads_is_served_from_the_c
     assert result_of(bounds).end == 3
     error = failure_of(appended).value
     assert error.reason is Reason.NOT_PRIMARY, "an append goes to the primary or fails"
+
+
+def test_a_cursor_a_copy_served_is_within_the_primary_s_bounds_before_its_own_copy_is_durable() -> (
+    None
+):
+    # A produce is committed once a quorum holds it durably, which need not include the
+    # primary: b and c may fsync before a does. The copies then serve the records as committed;
+    # a consumer reading there and moving to the primary must not be told its cursor is past
+    # the range's end.
+    world = cluster()
+    lead = world.lead("a")
+    produce(world, lead, [b"1", b"2"])
+    handle = lead.handle(RANGE)
+    appended = handle.append([Record(b"3")])
+    replicas = [world.executors["b"], world.executors["c"]]
+    run_until_idle(world.clock, replicas)  # a's own write is still queued
+    assert result_of(appended) is None, "acknowledged by the quorum of b and c"
+    world.clock.advance(0.1)  # the commit notice
+    run_until_idle(world.clock, replicas)
+    reading = CommittedCopies(world.context("b")).read(RANGE, 0, 100, 1 << 20)
+    run_until_idle(world.clock, replicas)
+    served = result_of(reading)
+    assert values(served) == [b"1", b"2", b"3"]
+    assert world.storages["a"].logs[RANGE].durable_offset == 2
+
+    bounds = result_of(handle.bounds())
+    assert bounds.end == served.next_offset == 3
+    assert bounds.end_known
+    # A long poll there waits for a's copy, and wakes once a holds it durably.
+    polled = handle.wait(2, 30_000)
+    assert not polled.called
+    world.settle()
+    assert polled.called
+    reading = handle.read(2, 100, 1 << 20)
+    world.settle()
+    assert values(result_of(reading)) == [b"3"]

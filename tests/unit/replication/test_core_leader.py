@@ -84,6 +84,9 @@ class LeaderMachine(RuleBasedStateMachine):
         self.settled: dict[int, bool] = {}
         self.stopped: StepDown | None = None
         self.commit_seen = 0
+        #: How far the primary's readers were told they may read: a ``Commit``'s index, as far
+        #: as the primary's copy held it durably when told.
+        self.readable_told = 0
         #: Replicas the core parked (dead in the membership), not told back yet.
         self.parked: set[str] = set()
         #: The offset each write ends at, by the byte position it ends at: a send is whole
@@ -109,6 +112,7 @@ class LeaderMachine(RuleBasedStateMachine):
             elif isinstance(action, Commit):
                 assert action.index >= self.commit_seen, "the commit index never goes back"
                 self.commit_seen = action.index
+                self.readable_told = max(self.readable_told, min(action.index, self.local_durable))
             elif isinstance(action, Acknowledge):
                 for ticket in action.tickets:
                     end = self.waiting.pop(ticket)
@@ -228,6 +232,12 @@ class LeaderMachine(RuleBasedStateMachine):
         ends = sorted([self.local_durable, *(c.offset for c in self.copies.values())])
         assert self.core.commit <= ends[-SETTINGS.quorum]
         assert self.core.commit <= self.core.written
+
+    @invariant()
+    def the_primary_s_readers_are_told_of_every_record_its_copy_can_show(self) -> None:
+        # Committed records its copy holds durably, whichever of the two came last.
+        if self.stopped is None:
+            assert self.readable_told == min(self.core.commit, self.local_durable)
 
     @invariant()
     def acknowledgements_go_out_in_offset_order(self) -> None:
