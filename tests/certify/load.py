@@ -24,6 +24,7 @@ from collections.abc import Sequence
 
 from logbroker import wire
 from logbroker.client.blocking import BlockingClient, BrokerRefused, ConnectionClosed
+from logbroker.errors import Reason
 from logbroker.records import ProducerStamp, Record
 from tests.history import History
 
@@ -280,7 +281,7 @@ class Follower(_Worker):
             except (*_LOST, BrokerRefused) as error:
                 reason = error.reason if isinstance(error, BrokerRefused) else _lost_reason(error)
                 self.failures[reason] += 1
-                if reason == "invalid_cursor":
+                if reason == Reason.INVALID_CURSOR:
                     at = time.strftime("%H:%M:%S")
                     self.cursor_refusals.append(f"at {at} through {self._server(turn)}")
                 if client is not None:
