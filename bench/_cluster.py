@@ -46,7 +46,7 @@ from logbroker.benchmark import ProduceLoad, ProduceReport, _ProduceDriver, conn
 from logbroker.client import BrokerRefused
 from logbroker.client._leaders import LeaderMap
 from logbroker.key_routing import key_slot
-from logbroker.records import Record
+from logbroker.records import ProducerStamp, Record, WireRecords
 
 NODES = 3
 
@@ -255,6 +255,8 @@ class Placement:
     per_request: dict[str, int]
     #: each key of a request -> the node leading its range
     key_leaders: dict[bytes, str] = attrs.field(factory=dict)
+    #: each range's leader, the ranges in keyspace order
+    range_leaders: tuple[str, ...] = ()
 
 
 def read_placement(
@@ -284,7 +286,9 @@ def read_placement(
         (range_id,) = (r["range_id"] for r in ranges if r["start"] <= slot < r["end"])
         per_request[leaders[range_id]] += 1
         key_leaders[key] = leaders[range_id]
-    return Placement(leaders, per_request, key_leaders)
+    in_order = sorted(ranges, key=lambda record: int(record["start"]))
+    range_leaders = tuple(leaders[record["range_id"]] for record in in_order)
+    return Placement(leaders, per_request, key_leaders, range_leaders)
 
 
 def forwarded_fraction(
@@ -301,6 +305,23 @@ def forwarded_fraction(
         for node, records in acknowledged.items()
     )
     return forwarded / total
+
+
+def keyless_led(placement: Placement, node_names: Sequence[str]) -> dict[str, float]:
+    """The share of keyless requests each node leads the range of: a keyless request goes whole
+    to one range, each range in turn (by the receiving node's turn, or the stamp's slot)."""
+    ranges = len(placement.range_leaders)
+    return {name: placement.range_leaders.count(name) / ranges for name in node_names}
+
+
+def keyless_forwarded_fraction(placement: Placement, acknowledged: Mapping[str, int]) -> float:
+    """The share of the keyless records ``acknowledged`` by each node (its producers' records)
+    whose range another node leads: each range takes its turn of every node's requests."""
+    total = sum(acknowledged.values())
+    if not total:
+        return float("nan")
+    led = keyless_led(placement, list(acknowledged))
+    return sum(records * (1 - led[node]) for node, records in acknowledged.items()) / total
 
 
 def shares_forwarded(placement: Placement, shares: LeaderShares) -> float:
@@ -374,15 +395,11 @@ async def drive(
     return dict(zip(drivers, reports, strict=True)), cpu.read()
 
 
-class _SharesConnection:
-    """One producer as the project's cluster clients produce: a connection to every leader of
-    the topic, and each request its records cut into one share per leader
-    (``logbroker.client._leaders.LeaderMap``), all sent at once; answered once every share is
-    (the first error answer, if any), as ``ClusterClient.produce`` fires."""
+class _ConnectionsToNodes:
+    """One producer with a connection to each of several nodes: closed as one."""
 
-    def __init__(self, connections: Mapping[str, Any], frames: Mapping[str, bytes]) -> None:
+    def __init__(self, connections: Mapping[str, Any]) -> None:
         self._connections = connections
-        self._frames = frames
 
     @property
     def transport(self) -> Any:
@@ -391,6 +408,17 @@ class _SharesConnection:
     def loseConnection(self) -> None:
         for connection in self._connections.values():
             connection.transport.loseConnection()
+
+
+class _SharesConnection(_ConnectionsToNodes):
+    """One producer as the project's cluster clients produce: a connection to every leader of
+    the topic, and each request its records cut into one share per leader
+    (``logbroker.client._leaders.LeaderMap``), all sent at once; answered once every share is
+    (the first error answer, if any), as ``ClusterClient.produce`` fires."""
+
+    def __init__(self, connections: Mapping[str, Any], frames: Mapping[str, bytes]) -> None:
+        super().__init__(connections)
+        self._frames = frames
 
     def send(
         self, frame: bytes, due: float, answered: Callable[[wire.Response, float], None]
@@ -420,12 +448,14 @@ class LeaderShares:
     #: Each share's records, by leader.
     records: dict[str, tuple[Record, ...]]
 
+    def producer(self, connections: Mapping[str, Any]) -> _SharesConnection:
+        return _SharesConnection(connections, self.frames)
+
 
 def leader_shares(node: Node, topic: str, frame: bytes) -> LeaderShares:
     """Ask ``node`` who leads ``topic``'s ranges and cut the records of ``frame`` (a produce
     request) into their shares, with the clients' own code."""
-    with node.client(APP) as client:
-        leader_map = LeaderMap.of(client.topic_leaders(topic))
+    leader_map = topic_leader_map(node, topic)
     records = request_records(frame)
     shares = leader_map.shares(wire.encode_wire_records(records), None)
     addresses = {leader: leader_map.addresses[leader] for leader, _ in shares if leader}
@@ -438,22 +468,95 @@ def leader_shares(node: Node, topic: str, frame: bytes) -> LeaderShares:
     )
 
 
+def topic_leader_map(node: Node, topic: str) -> LeaderMap:
+    """Who leads ``topic``'s ranges, as ``node`` tells the project's cluster clients."""
+    with node.client(APP) as client:
+        return LeaderMap.of(client.topic_leaders(topic))
+
+
+class _StampedKeylessConnection(_ConnectionsToNodes):
+    """One producer of keyless records as the project's cluster clients produce them
+    (``ClusterClient.produce``): each request stamped (the producer's id, its sequence from 0),
+    its records cut with the clients' own code, which sends keyless records to the range of the
+    stamp's slot, and sent to that range's leader. The broker finds the same range from the
+    stamp, so no node forwards them."""
+
+    def __init__(
+        self, connections: Mapping[str, Any], to: KeylessToLeaders, producer_id: int
+    ) -> None:
+        super().__init__(connections)
+        self._to = to
+        self._producer_id = producer_id
+        self._sequence = 0
+
+    def send(
+        self, frame: bytes, due: float, answered: Callable[[wire.Response, float], None]
+    ) -> None:
+        to = self._to
+        stamp = ProducerStamp(self._producer_id, self._sequence)
+        self._sequence += 1
+        ((leader, share),) = to.leader_map.shares(to.records, stamp)
+        request = wire.ProduceIdempotent(to.topic, stamp, share)
+        self._connections[leader].send(wire.encode_request(0, request), due, answered)
+
+
+@attrs.frozen
+class KeylessToLeaders:
+    """Keyless requests of ``records`` to ``topic``, each stamped and sent whole to the leader
+    of the range its stamp picks (``_StampedKeylessConnection``)."""
+
+    topic: str
+    records: WireRecords
+    leader_map: LeaderMap
+
+    @classmethod
+    def of(cls, node: Node, topic: str, frame: bytes) -> KeylessToLeaders:
+        """Ask ``node`` who leads ``topic``'s ranges; the records are ``frame``'s (keyless)."""
+        leader_map = topic_leader_map(node, topic)
+        if None in leader_map.leaders:
+            raise RuntimeError(f"a range of {topic} has no leader: {leader_map.leaders}")
+        records = request_records(frame)
+        if any(record.key is not None for record in records):
+            raise ValueError("the records are not keyless")
+        return cls(topic, wire.encode_wire_records(records), leader_map)
+
+    @property
+    def addresses(self) -> dict[str, tuple[str, int]]:
+        return {
+            leader: self.leader_map.addresses[leader]
+            for leader in self.leader_map.leaders
+            if leader is not None
+        }
+
+    def producer(self, connections: Mapping[str, Any]) -> _StampedKeylessConnection:
+        return _StampedKeylessConnection(connections, self, secrets.randbits(64))
+
+    def forwarded(self, placement: Placement) -> float:
+        """The share of the requests sent to a node that, by the placement read from etcd,
+        does not lead their range (each range takes its turn): 0 unless ``topic_leaders`` and
+        etcd disagree."""
+        pairs = list(zip(self.leader_map.leaders, placement.range_leaders, strict=True))
+        return sum(told != led for told, led in pairs) / len(pairs)
+
+
 async def drive_to_leaders(
     reactor: Any,
-    shares: LeaderShares,
+    addresses: Mapping[str, tuple[str, int]],
+    producer_of: Callable[[Mapping[str, Any]], Any],
     load: ProduceLoad,
     cpu_groups: Mapping[str, Sequence[int]],
     refusals: Counter[str] | None = None,
 ) -> tuple[dict[str, ProduceReport], dict[str, float]]:
-    """``load`` as ``load.connections`` producers of the cluster clients' way
-    (``_SharesConnection``), one closed loop; the report is under ``"leaders"``."""
+    """``load`` as ``load.connections`` producers, each with a connection to every node of
+    ``addresses`` and made of them by ``producer_of`` (``LeaderShares.producer``,
+    ``KeylessToLeaders.producer``), one closed loop; the report is under ``"leaders"``."""
     producers: list[Any] = []
     for _ in range(load.connections):
         connections = {
             leader: await connect(reactor, host, port, *APP)
-            for leader, (host, port) in shares.addresses.items()
+            for leader, (host, port) in addresses.items()
         }
-        producer: Any = _SharesConnection(connections, shares.frames)
+        producer = producer_of(connections)
         if refusals is not None:
             producer = _CountingRefusals(producer, refusals)
         producers.append(producer)

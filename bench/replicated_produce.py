@@ -3,7 +3,11 @@ logs' group commit off and on, next to one node at replication factor 1, in the 
 
 What it measures: ``--connections`` TCP connections, each keeping ``--in-flight`` requests of
 ``--batch`` keyed records of ``--record-bytes`` bytes outstanding for ``--seconds``, against
-each setup in turn:
+each setup in turn. ``--keys`` sets how many distinct keys the records take in turn (default:
+one for each record of a request); ``--keys 0`` sends keyless records, each request whole to
+one range (through forwarding, the receiving node picks the range in turn; to the leaders,
+each request is stamped as the project's cluster clients stamp their produces, and goes to the
+leader of the range its stamp picks). The setups:
 
 * ``single``: one node, replication factor 1, ``SVC_GROUP_COMMIT=true`` (the baseline), all
   connections to it;
@@ -112,11 +116,14 @@ import attrs
 from _cluster import (
     NODES,
     Etcd,
+    KeylessToLeaders,
     LeaderShares,
     combined,
     drive,
     drive_to_leaders,
     forwarded_fraction,
+    keyless_forwarded_fraction,
+    keyless_led,
     leader_shares,
     read_placement,
     request_records,
@@ -134,6 +141,7 @@ from _common import (
     announce_start,
     emit,
     loadavg,
+    non_negative_int,
     positive_int,
     produce_line,
     produce_result,
@@ -233,24 +241,34 @@ def stored(data: str, topic: str) -> dict[str, Stored]:
     return result
 
 
-def copies(by_node: Mapping[str, Mapping[str, Stored]]) -> float:
+def copies(by_node: Mapping[str, Mapping[str, Stored]], *, by_range: bool = True) -> float:
     """Records stored over all nodes, divided by the distinct records: for each range, the
-    most records any node holds of it."""
+    most records any node holds of it; without ``by_range`` (independent nodes, each putting
+    keyless records in its own ranges), the most records any node holds."""
     ranges = {range_id for held in by_node.values() for range_id in held}
-    distinct = sum(
-        max(held.get(range_id, Stored()).records for held in by_node.values())
-        for range_id in ranges
+    distinct = (
+        sum(
+            max(held.get(range_id, Stored()).records for held in by_node.values())
+            for range_id in ranges
+        )
+        if by_range
+        else max((sum(s.records for s in held.values()) for held in by_node.values()), default=0)
     )
     total = sum(s.records for held in by_node.values() for s in held.values())
     return total / distinct if distinct else float("nan")
 
 
-def settle(nodes: Sequence[Node], topic: str, seconds: float = _SETTLE_SECONDS) -> bool:
+def settle(
+    nodes: Sequence[Node], topic: str, seconds: float = _SETTLE_SECONDS, *, by_range: bool = True
+) -> bool:
     """Wait until the segment files of ``topic`` have the same sizes on every node (the copies
-    trailing the acknowledgement have caught up), at most ``seconds``; whether they do."""
+    trailing the acknowledgement have caught up), at most ``seconds``; whether they do.
+    Without ``by_range``, the same size in all on every node (independent nodes, each putting
+    keyless records in its own ranges)."""
     deadline = time.monotonic() + seconds
     while True:
-        sizes = [log_sizes(node.data, topic) for node in nodes]
+        by_node = [log_sizes(node.data, topic) for node in nodes]
+        sizes = by_node if by_range else [sum(size.values()) for size in by_node]
         if all(size == sizes[0] for size in sizes[1:]):
             return True
         if time.monotonic() > deadline:
@@ -295,7 +313,7 @@ class Run:
             batch=args.batch,
             size=args.record_bytes,
             seconds=args.seconds,
-            keys=args.batch,
+            keys=args.batch if args.keys is None else args.keys,
         )
 
     async def produce(
@@ -306,8 +324,8 @@ class Run:
         frame = produce_frame(load)
         records = request_records(frame)
         keys = [record.key for record in records if record.key is not None]
-        if len(keys) != len(records):
-            raise RuntimeError("the load's records are not all keyed")
+        if len(keys) != (len(records) if load.keys else 0):
+            raise RuntimeError(f"the load's records are not all {_keying(load.keys)}")
         for node in nodes if setup.routing == MIRRORED else nodes[:1]:
             with node.client() as client:
                 client.create_topic(topic)
@@ -323,17 +341,25 @@ class Run:
         if len(nodes) > 1:
             groups.update({node.name: [node.process.pid] for node in nodes})
         refusals: Counter[str] = Counter()
-        shares = None
+        to_leaders: LeaderShares | KeylessToLeaders | None = None
         if setup.routing == LEADERS:
-            shares = leader_shares(nodes[0], topic, frame)
-            reports, cpu = await drive_to_leaders(reactor, shares, load, groups, refusals)
+            to_leaders = (
+                leader_shares(nodes[0], topic, frame)
+                if load.keys
+                else KeylessToLeaders.of(nodes[0], topic, frame)
+            )
+            reports, cpu = await drive_to_leaders(
+                reactor, to_leaders.addresses, to_leaders.producer, load, groups, refusals
+            )
         elif setup.routing == MIRRORED:
             mirrored = LeaderShares(
                 {node.name: (HOST, node.port) for node in nodes},
                 {node.name: frame for node in nodes},
                 {node.name: records for node in nodes},
             )
-            reports, cpu = await drive_to_leaders(reactor, mirrored, load, groups, refusals)
+            reports, cpu = await drive_to_leaders(
+                reactor, mirrored.addresses, mirrored.producer, load, groups, refusals
+            )
         else:
             reports, cpu = await drive(reactor, nodes, frame, load, groups, refusals)
         report = combined(list(reports.values()))
@@ -346,12 +372,14 @@ class Run:
         )
         result["refusals"] = dict(refusals)
         result["records_by_node"] = {name: r.records for name, r in reports.items()}
-        result["settled"] = settle(nodes, topic)
+        # Independent nodes put keyless records in ranges of their own choosing.
+        by_range = bool(load.keys) or setup.routing != MIRRORED
+        result["settled"] = settle(nodes, topic, by_range=by_range)
         held = {node.name: stored(node.data, topic) for node in nodes}
         totals = {name: sum(ranges.values(), Stored()) for name, ranges in held.items()}
         result["stored_records"] = {name: total.records for name, total in totals.items()}
         result["stored_mb"] = {name: total.size / 1e6 for name, total in totals.items()}
-        result["copies"] = copies(held)
+        result["copies"] = copies(held, by_range=by_range)
         result["complete"] = all(total.records >= report.records for total in totals.values())
         names = [node.name for node in nodes]
         if len(nodes) > 1:
@@ -359,15 +387,20 @@ class Run:
         if setup.cluster_id is None:
             return result
         placement = read_placement(self.etcd, setup.cluster_id, names, topic, keys)
-        if shares is None:
-            result["forwarded"] = forwarded_fraction(
-                placement, result["records_by_node"], load.batch, len(keys)
-            )
+        acknowledged = result["records_by_node"]
+        if isinstance(to_leaders, LeaderShares):
+            result["forwarded"] = shares_forwarded(placement, to_leaders)
+        elif isinstance(to_leaders, KeylessToLeaders):
+            result["forwarded"] = to_leaders.forwarded(placement)
+        elif keys:
+            result["forwarded"] = forwarded_fraction(placement, acknowledged, load.batch, len(keys))
         else:
-            result["forwarded"] = shares_forwarded(placement, shares)
-        result["records_led"] = {
-            name: count / len(keys) for name, count in placement.per_request.items()
-        }
+            result["forwarded"] = keyless_forwarded_fraction(placement, acknowledged)
+        result["records_led"] = (
+            {name: count / len(keys) for name, count in placement.per_request.items()}
+            if keys
+            else keyless_led(placement, names)
+        )
         return result
 
     async def rounds_of(self, reactor: Any) -> None:
@@ -388,7 +421,7 @@ class Run:
             print(
                 f"\nmedians of {args.repeat} round(s) of {args.seconds:g} s, "
                 f"{args.connections} connections x {args.in_flight} in flight x "
-                f"{args.batch} keyed records of {args.record_bytes} B "
+                f"{args.batch} {_keying(self.load.keys)} records of {args.record_bytes} B "
                 f"(load average now: {loadavg()}):",
                 flush=True,
             )
@@ -445,6 +478,10 @@ class Run:
                 )
             line += _refusals_part(summary["refusals"])
             emit(args.json, "produce_summary", summary, line)
+
+
+def _keying(keys: int) -> str:
+    return "keyed" if keys else "keyless"
 
 
 def _cpu_part(result: Mapping[str, Any]) -> str:
@@ -506,7 +543,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description="Durable produce throughput of a three-node logbroker cluster at "
         "replication factor 3 (replication group commit off and on) next to one node at "
-        "replication factor 1, under the same keyed load."
+        "replication factor 1, under the same keyed (or keyless) load."
     )
     add_work_directory_option(parser, "write the brokers' data on")
     add_load_options(
@@ -515,6 +552,13 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
         connections_help=f"connections in all, a multiple of {NODES} (6)",
         warmup=2.0,
         warmed="setup",
+    )
+    parser.add_argument(
+        "--keys",
+        type=non_negative_int,
+        help="distinct record keys, taken in turn (default: --batch, a key for each record of "
+        "a request); 0: keyless records, each request whole to one range (the project's "
+        "cluster clients stamp each request and send it to the leader of its stamp's range)",
     )
     parser.add_argument(
         "--replication-group-commit",

@@ -129,6 +129,20 @@ def test_one_copy_of_each_range_where_each_node_holds_its_own() -> None:
 
 def test_copies_of_nothing_are_not_a_number() -> None:
     assert math.isnan(replicated.copies({"n1": {}, "n2": {}}))
+    assert math.isnan(replicated.copies({"n1": {}, "n2": {}}, by_range=False))
+
+
+def test_independent_nodes_copies_count_against_the_most_records_any_node_holds() -> None:
+    # Each node spread the same 40 keyless records over its ranges its own way; n3 is short.
+    by_node = {
+        "n1": {"a": Stored(10, 0), "b": Stored(30, 0)},
+        "n2": {"a": Stored(20, 0), "b": Stored(20, 0)},
+        "n3": {"a": Stored(30, 0)},
+    }
+
+    assert replicated.copies(by_node, by_range=False) == 110 / 40
+    # By range, n2's 20 of a and n1's 30 of b would count as 50 distinct records.
+    assert replicated.copies(by_node) == 110 / 60
 
 
 # -- forwarded fraction -------------------------------------------------------------------
@@ -205,3 +219,105 @@ def test_a_request_cut_by_leaders_is_answered_once_every_share_is_with_the_first
     assert answers == []
     n1.sent[0][1](wire.Response(2, b""), 7.0)  # type: ignore[operator]
     assert answers == [(refused, 7.0)]
+
+
+# -- keyless records ----------------------------------------------------------------------
+
+
+def _keyless_placement() -> object:
+    return cluster.Placement(
+        leaders={"t.0": "n1", "t.1": "n2", "t.2": "n2", "t.3": "n1"},
+        per_request={"n1": 0, "n2": 0, "n3": 0},
+        range_leaders=("n1", "n2", "n2", "n1"),
+    )
+
+
+def test_keyless_requests_are_led_by_each_node_as_the_share_of_ranges_it_leads() -> None:
+    led = cluster.keyless_led(_keyless_placement(), ["n1", "n2", "n3"])
+
+    assert led == {"n1": 0.5, "n2": 0.5, "n3": 0.0}
+
+
+def test_keyless_records_a_node_takes_are_forwarded_for_the_ranges_it_does_not_lead() -> None:
+    placement = _keyless_placement()
+
+    # n1 and n2 lead half the ranges each, n3 none: all of n3's requests go on.
+    fraction = cluster.keyless_forwarded_fraction(placement, {"n1": 1000, "n2": 1000, "n3": 2000})
+
+    assert fraction == pytest.approx((500 + 500 + 2000) / 4000)
+    assert math.isnan(cluster.keyless_forwarded_fraction(placement, {"n1": 0}))
+
+
+def _leader_map(leaders: tuple[str, ...]) -> object:
+    from logbroker.client._leaders import LeaderMap
+
+    return LeaderMap(
+        keyspace_bits=16,
+        starts=tuple(i * (1 << 16) // len(leaders) for i in range(len(leaders))),
+        leaders=leaders,
+        addresses={leader: ("127.0.0.1", 1) for leader in leaders},
+    )
+
+
+def test_keyless_requests_sent_by_leaders_that_agree_with_etcd_forward_nothing() -> None:
+    from logbroker import wire
+
+    records = wire.encode_wire_records((Record(b"v"),))
+    agreeing = cluster.KeylessToLeaders("t", records, _leader_map(("n1", "n2", "n2", "n1")))
+    astray = cluster.KeylessToLeaders("t", records, _leader_map(("n1", "n2", "n1", "n1")))
+
+    assert agreeing.forwarded(_keyless_placement()) == 0.0
+    assert astray.forwarded(_keyless_placement()) == 0.25
+
+
+def test_each_keyless_request_is_stamped_anew_and_sent_whole_to_its_stamps_leader() -> None:
+    from logbroker import wire
+    from logbroker.key_routing import stamp_range
+    from logbroker.records import ProducerStamp
+
+    leader_map = _leader_map(("n1", "n2", "n3", "n1"))
+    records = wire.encode_wire_records(tuple(Record(b"v%d" % i) for i in range(5)))
+    to = cluster.KeylessToLeaders("t", records, leader_map)
+    held = {"n1": _HeldConnection(), "n2": _HeldConnection(), "n3": _HeldConnection()}
+    producer = to.producer(held)
+    answered = object()
+
+    for _ in range(40):
+        producer.send(b"ignored", 1.0, answered)
+
+    sent = [
+        (leader, wire.decode_request(frame[4:]).request, callback)
+        for leader, connection in held.items()
+        for frame, callback in connection.sent
+    ]
+    assert len(sent) == 40
+    assert {callback for _, _, callback in sent} == {answered}
+    stamps = sorted((request.stamp for _, request, _ in sent), key=lambda s: s.sequence)
+    (producer_id,) = {stamp.producer_id for stamp in stamps}
+    assert stamps == [ProducerStamp(producer_id, sequence) for sequence in range(40)]
+    for leader, request, _ in sent:
+        assert isinstance(request, wire.ProduceIdempotent)
+        assert request.topic == "t"
+        assert wire.decode_wire_records(request.records) == wire.decode_wire_records(records)
+        index = stamp_range(request.stamp, leader_map.keyspace_bits, leader_map.starts)
+        assert leader == leader_map.leaders[index]
+    # The stamps spread the requests over every leader.
+    assert all(connection.sent for connection in held.values())
+
+
+def test_independent_nodes_have_settled_once_they_hold_as_many_bytes_in_all(
+    tmp_path: Path,
+) -> None:
+    class _Node:
+        def __init__(self, data: Path) -> None:
+            self.data = str(data)
+
+    first, second = tmp_path / "m1", tmp_path / "m2"
+    _segment(first, "t.0", 0, _batch(0, 2))
+    _segment(first, "t.1", 0, _batch(0, 1))
+    _segment(second, "t.0", 0, _batch(0, 1))
+    _segment(second, "t.1", 0, _batch(0, 2))
+    nodes = [_Node(first), _Node(second)]
+
+    assert replicated.settle(nodes, "t", seconds=0, by_range=False)
+    assert not replicated.settle(nodes, "t", seconds=0)
