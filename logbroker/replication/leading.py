@@ -220,8 +220,18 @@ class ReplicatedRange:
         """To the commit index, which may be past this copy's durable end: a quorum of the
         replicas can hold records durably before the primary does, and their copies then serve
         them as committed. A consumer with a cursor read there is not past the range's end; its
-        reads here find the records once this copy holds them (a long poll wakes then)."""
-        return succeed(Bounds(self._log.start_offset, self._log.committed_offset))
+        reads here find the records once this copy holds them (a long poll wakes then).
+
+        Only while this node leads the range does it know where the range ends. Once its
+        leader stopped (it lost its lease, or another node claimed the range), the commit
+        index is the last one it knew: the range may have gone on elsewhere, and a node back
+        from a partition whose view of etcd still names it the primary must not tell a
+        consumer that a cursor read on another node is past the end."""
+        leader = self.leader
+        leading = self._rolling is not None or (leader is not None and not leader.stopped)
+        return succeed(
+            Bounds(self._log.start_offset, self._log.committed_offset, end_known=leading)
+        )
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
         """Committed records from ``offset``, within one segment: from this node's copy where

@@ -332,3 +332,25 @@ def test_a_cursor_a_copy_served_is_within_the_primary_s_bounds_before_its_own_co
     reading = handle.read(2, 100, 1 << 20)
     world.settle()
     assert values(result_of(reading)) == [b"3"]
+
+
+def test_a_node_whose_leadership_stopped_does_not_know_where_the_range_ends() -> None:
+    # A node cut off loses its lease and stops leading; the others take the range over and
+    # commit on. Back, its view of etcd may still name it the primary for a moment: the commit
+    # index it knew is not the range's end, and a consumer's cursor read elsewhere is not past
+    # it (the certification's follower was told invalid_cursor there).
+    world = cluster()
+    lead = world.lead("a")
+    produce(world, lead, [b"1", b"2"], [b"3"])
+    handle = lead.handle(RANGE)
+    leading = handle.bounds()
+    world.settle()
+    assert result_of(leading) == Bounds(0, 3, end_known=True)
+
+    leader = handle.leader
+    assert leader is not None
+    leader.step_down(BrokerError(Reason.UNREACHABLE, "this node holds no membership lease"))
+    stopped = handle.bounds()
+    world.settle()
+
+    assert result_of(stopped) == Bounds(0, 3, end_known=False)
