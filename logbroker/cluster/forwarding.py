@@ -321,10 +321,19 @@ class RangeServer:
         return self._handle(request.range_id).addCallback(read)
 
     def _bounds(self, request: BoundsRequest) -> Deferred[bytes]:
+        def answer(found: Bounds) -> bytes:
+            if not found.end_known:
+                # The asking node takes these bounds as the range's own. A handle here that
+                # cannot know the end (its leader stopped, and this node's view of etcd has
+                # not caught up) sends it to the copies instead, as a primary that moved does.
+                raise BrokerError(
+                    Reason.NOT_PRIMARY,
+                    f"range {request.range_id} is not led by this node now (its leader stopped)",
+                )
+            return encode_bounds_result(BoundsResult(found.start, found.end))
+
         def bounds(handle: RangeHandle) -> Deferred[bytes]:
-            return handle.bounds().addCallback(
-                lambda found: encode_bounds_result(BoundsResult(found.start, found.end))
-            )
+            return handle.bounds().addCallback(answer)
 
         return self._handle(request.range_id).addCallback(bounds)
 

@@ -590,3 +590,28 @@ def test_the_forwarder_answers_unreachable_while_the_owner_is_away(cluster: Clus
 
     assert reason_of(cluster.forwarder.produce("t", mixed(b"a"))) is Reason.UNREACHABLE
     assert reason_of(cluster.forwarder.fetch("t", None, None, None, 0, 0)) is Reason.UNREACHABLE
+
+
+class _EndUnknown:
+    """A ``RangeDirectory`` whose one handle cannot know where its range ends (a node whose
+    leader of the range stopped, ``ReplicatedRange.bounds``)."""
+
+    class _Handle:
+        def bounds(self) -> Deferred[Bounds]:
+            return succeed(Bounds(0, 3, end_known=False))
+
+    def handle(self, range_id: str) -> RangeHandle:
+        return cast(RangeHandle, self._Handle())
+
+    def open(self, range_ids: Sequence[str]) -> Deferred[None]:
+        return succeed(None)
+
+
+def test_bounds_whose_end_is_not_known_here_are_answered_not_primary() -> None:
+    # The asking node would take them as the range's end and refuse a consumer's cursor past
+    # it; not_primary sends it to the range's copies.
+    server = RangeServer(_EndUnknown(), Clock())
+
+    answer = serve(server, PeerOp.BOUNDS, encode_bounds_request(BoundsRequest(RANGE)))
+
+    assert reason_of(answer) is Reason.NOT_PRIMARY
