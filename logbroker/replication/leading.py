@@ -120,12 +120,18 @@ class ReplicatedRange:
             return True
         leader = self.leader
         return (
-            leader is not None
-            and not leader.stopped
+            self._leading()
+            and leader is not None
             and meta is not None
             and meta.base_offset == leader.segment
             and meta.epoch == leader.epoch
         )
+
+    def _leading(self) -> bool:
+        """Whether a leader of this node's leads the range now, or a roll is under way: a
+        stopped one (the lease lost, the range claimed by another node) knows nothing more."""
+        leader = self.leader
+        return self._rolling is not None or (leader is not None and not leader.stopped)
 
     def use_producers(self, producers: ProducerTable) -> None:
         """Dedupe stamped appends with ``producers`` from now on (rebuilt from the log after a
@@ -227,11 +233,8 @@ class ReplicatedRange:
         index is the last one it knew: the range may have gone on elsewhere, and a node back
         from a partition whose view of etcd still names it the primary must not tell a
         consumer that a cursor read on another node is past the end."""
-        leader = self.leader
-        leading = self._rolling is not None or (leader is not None and not leader.stopped)
-        return succeed(
-            Bounds(self._log.start_offset, self._log.committed_offset, end_known=leading)
-        )
+        log = self._log
+        return succeed(Bounds(log.start_offset, log.committed_offset, end_known=self._leading()))
 
     def read(self, offset: int, max_records: int, max_bytes: int) -> Deferred[RangeRead]:
         """Committed records from ``offset``, within one segment: from this node's copy where
