@@ -115,7 +115,9 @@ class ReplicatedRange:
         return self._log
 
     def leads(self, meta: SegmentMeta | None) -> bool:
-        """Whether this node still leads the range, as the control plane has it now."""
+        """Whether this node still leads the range, as the control plane has it now (or is
+        rolling it: appends wait for the roll, and go to the next segment's leader or fail
+        with the roll)."""
         if self._rolling is not None:
             return True
         leader = self.leader
@@ -128,10 +130,12 @@ class ReplicatedRange:
         )
 
     def _leading(self) -> bool:
-        """Whether a leader of this node's leads the range now, or a roll is under way: a
-        stopped one (the lease lost, the range claimed by another node) knows nothing more."""
+        """Whether a leader of this node's leads the range now: a stopped one (the lease lost,
+        the range claimed by another node) knows nothing more. A roll under way does not
+        count: its leader may have stopped while etcd was out of reach, and the seal it waits
+        to record may lose to the other nodes' takeover."""
         leader = self.leader
-        return self._rolling is not None or (leader is not None and not leader.stopped)
+        return leader is not None and not leader.stopped
 
     def use_producers(self, producers: ProducerTable) -> None:
         """Dedupe stamped appends with ``producers`` from now on (rebuilt from the log after a
@@ -229,10 +233,11 @@ class ReplicatedRange:
         reads here find the records once this copy holds them (a long poll wakes then).
 
         Only while this node leads the range does it know where the range ends. Once its
-        leader stopped (it lost its lease, or another node claimed the range), the commit
-        index is the last one it knew: the range may have gone on elsewhere, and a node back
-        from a partition whose view of etcd still names it the primary must not tell a
-        consumer that a cursor read on another node is past the end."""
+        leader stopped (it lost its lease, or another node claimed the range), even with a
+        roll still waiting for etcd, the commit index is the last one it knew: the range may
+        have gone on elsewhere, and a node back from a partition whose view of etcd still
+        names it the primary must not tell a consumer that a cursor read on another node is
+        past the end."""
         log = self._log
         return succeed(Bounds(log.start_offset, log.committed_offset, end_known=self._leading()))
 

@@ -77,6 +77,8 @@ class Cluster:
     executors: dict[str, ManualExecutor]
     peers: Peers
     nodes: str
+    #: The control plane's store: ``hold()`` keeps its changes waiting, as an etcd out of reach.
+    store: MemoryKeyValueStore
 
     def settle(self) -> None:
         run_until_idle(self.clock, self.executors.values())
@@ -113,7 +115,8 @@ class Cluster:
 def cluster(nodes: str = "abc") -> Cluster:
     """The range with its first segment placed on ``a``, ``b``, ``c`` (``a`` first)."""
     clock = Clock()
-    control = EtcdControlPlane(MemoryKeyValueStore(clock), prefix="/c/", clock=clock)
+    store = MemoryKeyValueStore(clock)
+    control = EtcdControlPlane(store, prefix="/c/", clock=clock)
     result_of(control.start())
     topic = Topic("r", 8, 0, (RANGE,))
     result_of(control.create_topic(topic, [Range(RANGE, "r", 0, 256, RangeState.ACTIVE)]))
@@ -129,4 +132,4 @@ def cluster(nodes: str = "abc") -> Cluster:
     peers = Peers()
     for node in nodes:
         peers.ops[node] = ReplicaServer(node, storages[node], control).ops
-    return Cluster(control, clock, storages, executors, peers, nodes)
+    return Cluster(control, clock, storages, executors, peers, nodes, store)

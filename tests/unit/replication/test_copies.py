@@ -354,3 +354,28 @@ def test_a_node_whose_leadership_stopped_does_not_know_where_the_range_ends() ->
     world.settle()
 
     assert result_of(stopped) == Bounds(0, 3, end_known=False)
+
+
+def test_a_node_whose_leader_stopped_during_a_roll_does_not_know_where_the_range_ends() -> None:
+    # A roll waits for etcd to record the seal. Cut off from etcd meanwhile, the node loses its
+    # lease and its leader stops; the others take the range over and commit on. Back with a
+    # lease, the roll still waiting, the commit index it knew is not the range's end (the soak
+    # at 8b9df27 was told invalid_cursor there twice, each time by the node back from etcd).
+    world = cluster()
+    lead = world.lead("a")
+    produce(world, lead, [b"1", b"2"], [b"3"])
+    handle = lead.handle(RANGE)
+    world.store.hold()
+    assert handle.roll()
+    world.settle()
+    assert handle.leads(world.control.last_segment(RANGE)), "the roll is under way"
+    rolling = handle.bounds()
+    assert result_of(rolling) == Bounds(0, 3, end_known=True), "it still leads the range"
+
+    leader = handle.leader
+    assert leader is not None
+    leader.step_down(BrokerError(Reason.UNREACHABLE, "this node holds no membership lease"))
+    stopped = handle.bounds()
+
+    assert handle.leads(world.control.last_segment(RANGE)), "the roll is still under way"
+    assert result_of(stopped) == Bounds(0, 3, end_known=False)
