@@ -129,6 +129,9 @@ class MemoryFileSystem:
     def __init__(self) -> None:
         self._files: dict[str, _File] = {}
         self._dirs: set[str] = {"/"}
+        #: Each directory's entries (files and directories) by path, so that listing or syncing
+        #: a directory costs what it holds, not what the whole file system holds.
+        self._entries: dict[str, set[str]] = {"/": set()}
         self.journal: list[JournalEntry] = []
         self._locks: set[str] = set()
         #: The append and read handles open now (not the temporary ones of atomic writes).
@@ -152,6 +155,14 @@ class MemoryFileSystem:
         except KeyError:
             raise FileNotFoundError(errno.ENOENT, "No such file", path) from None
 
+    def _link(self, path: str, entry: _File) -> None:
+        self._files[path] = entry
+        self._entries.setdefault(posixpath.dirname(path), set()).add(path)
+
+    def _unlink(self, path: str) -> _File:
+        self._entries[posixpath.dirname(path)].discard(path)
+        return self._files.pop(path)
+
     def _sync(self, path: str) -> None:
         if self.failing_syncs > 0:
             self.failing_syncs -= 1
@@ -167,10 +178,7 @@ class MemoryFileSystem:
         path = self._norm(path)
         if path not in self._dirs:
             raise FileNotFoundError(errno.ENOENT, "No such directory", path)
-        names = [
-            p for p in (*self._files, *self._dirs) if posixpath.dirname(p) == path and p != path
-        ]
-        return sorted(posixpath.basename(name) for name in names)
+        return sorted(posixpath.basename(name) for name in self._entries[path])
 
     def is_dir(self, path: str) -> bool:
         return self._norm(path) in self._dirs
@@ -179,7 +187,10 @@ class MemoryFileSystem:
         path = self._norm(path)
         while path not in self._dirs:
             self._dirs.add(path)
-            path = posixpath.dirname(path)
+            self._entries.setdefault(path, set())
+            parent = posixpath.dirname(path)
+            self._entries.setdefault(parent, set()).add(path)
+            path = parent
 
     def exists(self, path: str) -> bool:
         path = self._norm(path)
@@ -212,7 +223,7 @@ class MemoryFileSystem:
             raise FileNotFoundError(errno.ENOENT, "No such directory", path)
         if path in self._files or path in self._dirs:
             raise FileExistsError(errno.EEXIST, "File exists", path)
-        self._files[path] = _File()
+        self._link(path, _File())
         return _MemoryAppendFile(self, path)
 
     def write_atomic(self, path: str, data: bytes) -> None:
@@ -230,7 +241,7 @@ class MemoryFileSystem:
             raise OSError(errno.ENOSPC, "No space left on device (injected)", path)
         temporary = path + TEMPORARY_SUFFIX
         self._atomic_step("write", temporary)
-        self._files[temporary] = _File(bytearray(data))
+        self._link(temporary, _File(bytearray(data)))
         return _MemoryStep(self, "sync", temporary, lambda: self._sync_staged(temporary))
 
     def _sync_staged(self, temporary: str) -> None:
@@ -240,11 +251,11 @@ class MemoryFileSystem:
     def publish_atomic(self, path: str) -> None:
         path = self._norm(path)
         self._atomic_step("rename", path)
-        entry = self._files.pop(path + TEMPORARY_SUFFIX)
+        entry = self._unlink(path + TEMPORARY_SUFFIX)
         old = self._files.get(path)
         if old is not None:
             entry.replaced = old if old.linked else old.replaced
-        self._files[path] = entry
+        self._link(path, entry)
         self.journal.append(JournalEntry("write-atomic", path, len(entry.data)))
 
     def open_dir(self, path: str) -> Syncable:
@@ -263,13 +274,14 @@ class MemoryFileSystem:
 
     def remove(self, path: str) -> None:
         self._file(path)
-        del self._files[self._norm(path)]
+        self._unlink(self._norm(path))
         self.journal.append(JournalEntry("remove", self._norm(path), 0))
 
     def sync_dir(self, path: str) -> None:
         path = self._norm(path)
-        for name, entry in self._files.items():
-            if posixpath.dirname(name) == path:
+        for name in self._entries.get(path, ()):
+            entry = self._files.get(name)
+            if entry is not None:
                 entry.linked = True
                 entry.replaced = None
 
@@ -281,7 +293,8 @@ class MemoryFileSystem:
         if path in self._locks:
             raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable", path)
         self._locks.add(path)
-        self._files.setdefault(path, _File(linked=True))
+        if path not in self._files:
+            self._link(path, _File(linked=True))
         return _MemoryLock(self._locks, path)
 
     # -- faults --------------------------------------------------------------------------------
@@ -314,7 +327,8 @@ class MemoryFileSystem:
         ``entries(path)`` says the kernel wrote that entry back anyway.
         """
         after = MemoryFileSystem()
-        after._dirs = set(self._dirs)
+        for directory in self._dirs:
+            after.make_dirs(directory)
         for path, found in self._files.items():
             entry: _File | None = found
             if not found.linked and not entries(path):
@@ -324,7 +338,7 @@ class MemoryFileSystem:
             unsynced = len(entry.data) - len(entry.durable)
             kept = max(0, min(unsynced, keep(path, unsynced)))
             data = bytes(entry.data[: len(entry.durable) + kept])
-            after._files[path] = _File(bytearray(data), data, linked=True)
+            after._link(path, _File(bytearray(data), data, linked=True))
         return after
 
 

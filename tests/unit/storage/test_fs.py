@@ -1,5 +1,6 @@
-"""The real file system layer: exclusive creation, directories made by racing threads, and the
-mapped read a seal reads a segment back with, held to the in-memory one's answers."""
+"""The real file system layer: exclusive creation, directories made by racing threads, listings,
+and the mapped read a seal reads a segment back with, held to the in-memory one's answers; and
+the in-memory one's crash keeping only the files whose directory was synced."""
 
 from __future__ import annotations
 
@@ -62,3 +63,44 @@ def test_a_mapped_read_sees_the_files_first_bytes_until_its_block_ends(
 
     with pytest.raises(ValueError, match="released"):
         bytes(kept)  # released with its block
+
+
+@pytest.mark.parametrize("kind", ["os", "memory"])
+def test_a_directory_lists_its_own_files_and_directories_as_they_come_and_go(
+    tmp_path: Path, kind: str
+) -> None:
+    fs: FileSystem = OsFileSystem() if kind == "os" else MemoryFileSystem()
+    root = str(tmp_path / "ranges")
+    fs.make_dirs(f"{root}/orders/0")
+    fs.make_dirs(f"{root}/orders/1")
+    fs.create_append(f"{root}/orders/0/00000000000000000000.log").close()
+    fs.write_atomic(f"{root}/orders/0/EPOCH", b"1")
+    fs.write_atomic(f"{root}/orders/0/EPOCH", b"2")
+    fs.create_append(f"{root}/orders/1/00000000000000000000.log").close()
+
+    assert fs.list_dir(root) == ["orders"]
+    assert fs.list_dir(f"{root}/orders") == ["0", "1"]
+    assert fs.list_dir(f"{root}/orders/0") == ["00000000000000000000.log", "EPOCH"]
+    fs.remove(f"{root}/orders/0/00000000000000000000.log")
+    assert fs.list_dir(f"{root}/orders/0") == ["EPOCH"]
+    assert fs.list_dir(f"{root}/orders/1") == ["00000000000000000000.log"]
+    with pytest.raises(FileNotFoundError):
+        fs.list_dir(f"{root}/orders/2")
+
+
+def test_a_crash_keeps_the_new_files_of_the_synced_directory_only() -> None:
+    fs = MemoryFileSystem()
+    fs.make_dirs("/data/ranges/orders/0")
+    fs.make_dirs("/data/ranges/orders/1")
+    for directory in ("/data/ranges/orders/0", "/data/ranges/orders/1"):
+        writer = fs.create_append(f"{directory}/00000000000000000000.log")
+        writer.write(b"record")
+        writer.sync()
+        writer.close()
+    fs.sync_dir("/data/ranges/orders/0")
+
+    after = fs.crash()
+
+    assert after.list_dir("/data/ranges/orders/0") == ["00000000000000000000.log"]
+    assert after.read_file("/data/ranges/orders/0/00000000000000000000.log") == b"record"
+    assert after.list_dir("/data/ranges/orders/1") == []
