@@ -571,10 +571,20 @@ class SegmentOperations:
         # At once: appends of older epochs are refused from now on, not from when it is durable.
         state.set_epochs(base_offset, epoch, data_epoch)
         written = data_epoch
+        sealed_when_taken = state.find(base_offset).state is CopyState.SEALED
 
         def start() -> Deferred[Fenced]:
             segment = state.find(base_offset)
-            return self._write_epoch(base_offset, epoch, written).addCallback(
+            marker = (epoch, written)
+            if segment.state is CopyState.SEALED and not sealed_when_taken:
+                # Sealed since the fence was taken: the seal set the copy's epochs and wrote
+                # their marker (its records are its epoch's, the same bytes on every copy
+                # sealed at that epoch). Written as taken, this marker put the older data
+                # epoch back over it, and the copy's marker was unlike the other sealed
+                # copies' (a claim's fence racing a seal: simulation seed 106, with the
+                # membership's keepalives timed otherwise).
+                marker = (state.epoch_of(base_offset) or 0, state.data_epoch_of(base_offset) or 0)
+            return self._write_epoch(base_offset, *marker).addCallback(
                 lambda _: Fenced(base_offset, epoch, segment.next_offset, segment.readable_end)
             )
 

@@ -229,6 +229,32 @@ def test_a_copy_sealed_at_an_epoch_is_that_epochs_whatever_it_was_fenced_with() 
     assert len(fs.read_file(segment_path(0, ".epoch"))) == 32
 
 
+def test_a_fence_taken_while_the_copy_is_sealed_leaves_the_seals_marker() -> None:
+    # A claim's fence, sent before its sender knew of the seal, taken while the seal is under
+    # way: its marker is written after the seal's, and must not put the older data epoch back.
+    fs = MemoryFileSystem()
+    log, executor = stepped_replica(fs)
+    data = batch(0)
+    for step in (
+        lambda: log.start_segment(0, 0),
+        lambda: log.append_raw(0, data, epoch=0),
+        lambda: log.fence(0, 1),
+    ):
+        result_of_running(step(), executor)
+    assert log.segment_data_epoch(0) == 0, "the records are the epoch 0 primary's"
+
+    sealing = log.seal_copy(0, 1, len(data), epoch=1)
+    fencing = log.fence(0, 1)
+    executor.run_all()
+
+    assert result_of(sealing).state is CopyState.SEALED
+    assert result_of(fencing).epoch == 1
+    assert (log.segment_epoch(0), log.segment_data_epoch(0)) == (1, 1)
+    assert fs.read_file(segment_path(0, ".epoch")) == encode_epoch(EpochMarker(0, 1))
+    result_of(log.close())
+    assert replica(fs).segment_data_epoch(0) == 1
+
+
 def test_an_unreadable_epoch_marker_is_reported_and_refuses_appends_until_fenced_again(
     logged_errors: list[dict[str, Any]],
 ) -> None:
