@@ -525,8 +525,21 @@ class SegmentOperations:
 
     # -- epochs and segments of a replica ----------------------------------------------------
 
-    def _write_epoch(self, base_offset: int, epoch: int, data_epoch: int) -> Deferred[None]:
-        segment = self._state.find(base_offset)
+    def _write_epoch(self, base_offset: int) -> Deferred[None]:
+        """Make the copy's epochs durable as they are when the write runs, not as they were when
+        it was queued: a fence's write queued while a seal of the copy was under way put the
+        records' older data epoch back over the seal's marker, and that sealed copy's marker
+        was unlike the other copies' (simulation seed 106, with the membership's keepalives
+        timed otherwise)."""
+        state = self._state
+        segment = state.find(base_offset)
+        epoch, data_epoch = state.epoch_of(base_offset), state.data_epoch_of(base_offset)
+        if epoch is None or data_epoch is None:
+            # Unknown only for a marker found unreadable at recovery, until a fence or a start
+            # sets it, and both do before they queue this write.
+            return fail(
+                SegmentStateError(f"segment {base_offset} of {state.directory} has no known epoch")
+            )
         marker = encode_epoch(EpochMarker(base_offset, epoch, data_epoch))
         return self._atomic.replace([(segment.stem + EPOCH_SUFFIX, marker)])
 
@@ -570,21 +583,10 @@ class SegmentOperations:
             data_epoch = epoch if known is None else known
         # At once: appends of older epochs are refused from now on, not from when it is durable.
         state.set_epochs(base_offset, epoch, data_epoch)
-        written = data_epoch
-        sealed_when_taken = state.find(base_offset).state is CopyState.SEALED
 
         def start() -> Deferred[Fenced]:
             segment = state.find(base_offset)
-            marker = (epoch, written)
-            if segment.state is CopyState.SEALED and not sealed_when_taken:
-                # Sealed since the fence was taken: the seal set the copy's epochs and wrote
-                # their marker (its records are its epoch's, the same bytes on every copy
-                # sealed at that epoch). Written as taken, this marker put the older data
-                # epoch back over it, and the copy's marker was unlike the other sealed
-                # copies' (a claim's fence racing a seal: simulation seed 106, with the
-                # membership's keepalives timed otherwise).
-                marker = (state.epoch_of(base_offset) or 0, state.data_epoch_of(base_offset) or 0)
-            return self._write_epoch(base_offset, *marker).addCallback(
+            return self._write_epoch(base_offset).addCallback(
                 lambda _: Fenced(base_offset, epoch, segment.next_offset, segment.readable_end)
             )
 
@@ -659,7 +661,7 @@ class SegmentOperations:
         state.set_epochs(base_offset, epoch, data_epoch)
 
         def start() -> Deferred[SegmentInfo]:
-            return self._write_epoch(base_offset, epoch, data_epoch).addCallback(
+            return self._write_epoch(base_offset).addCallback(
                 lambda _: state.find(base_offset).info()
             )
 

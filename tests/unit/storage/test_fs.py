@@ -40,11 +40,15 @@ def test_make_dirs_tolerates_a_directory_another_thread_just_made(
     assert (target / "0").is_dir()
 
 
-@pytest.mark.parametrize("kind", ["os", "memory"])
+@pytest.fixture(params=["os", "memory"])
+def fs(request: pytest.FixtureRequest) -> FileSystem:
+    """The real file system, then the in-memory one: each test holds both to the same answers."""
+    return OsFileSystem() if request.param == "os" else MemoryFileSystem()
+
+
 def test_a_mapped_read_sees_the_files_first_bytes_until_its_block_ends(
-    tmp_path: Path, kind: str
+    tmp_path: Path, fs: FileSystem
 ) -> None:
-    fs: FileSystem = OsFileSystem() if kind == "os" else MemoryFileSystem()
     path = str(tmp_path / "segment.log")
     fs.make_dirs(str(tmp_path))
     writer = fs.create_append(path)
@@ -65,11 +69,9 @@ def test_a_mapped_read_sees_the_files_first_bytes_until_its_block_ends(
         bytes(kept)  # released with its block
 
 
-@pytest.mark.parametrize("kind", ["os", "memory"])
 def test_a_directory_lists_its_own_files_and_directories_as_they_come_and_go(
-    tmp_path: Path, kind: str
+    tmp_path: Path, fs: FileSystem
 ) -> None:
-    fs: FileSystem = OsFileSystem() if kind == "os" else MemoryFileSystem()
     root = str(tmp_path / "ranges")
     fs.make_dirs(f"{root}/orders/0")
     fs.make_dirs(f"{root}/orders/1")
