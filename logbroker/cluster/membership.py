@@ -119,6 +119,8 @@ class Membership(MultiService):
         self._registering: Deferred[None] | None = None
         #: Fires when the lease may have run out unless a keepalive is answered first.
         self._expiry: IDelayedCall | None = None
+        #: The deadline of each keepalive not answered yet.
+        self._giving_up: set[IDelayedCall] = set()
         self._members: dict[str, NodeRecord] = {}
         self._alive: set[str] = set()
         #: Each live node's lease, and when this node first saw it.
@@ -244,6 +246,11 @@ class Membership(MultiService):
     def stopService(self) -> Deferred[None]:
         stopped: Deferred[None] = super().stopService()  # type: ignore[no-untyped-call]
         self._cancel_expiry()
+        # Keepalives still out are left to end on their own; their answers renew nothing now.
+        for give_up in self._giving_up:
+            if give_up.active():
+                give_up.cancel()
+        self._giving_up.clear()
         self._follower.stop()
         lease, self._lease = self._lease, 0
         if not lease:
@@ -307,11 +314,11 @@ class Membership(MultiService):
             waiting.callback(None)
         self._claim_chores()
 
-    def _renew(self) -> Deferred[None] | None:
+    def _renew(self) -> None:
         if not self._lease:
             if self._may_register:
                 self._register()
-            return None
+            return
         lease = self._lease
         sent = self._clock.seconds()
 
@@ -321,27 +328,33 @@ class Membership(MultiService):
             if remaining <= 0:
                 self._lost("etcd says the lease expired")
                 return
-            self._renewed(sent)
-            if self._clock.seconds() - sent > self._ttl / KEEPALIVES_PER_TTL:
-                # Read late (a long turn of the reactor): the keepalives that were due
-                # meanwhile never went out, and the next is one interval away, when this
-                # renewal may have run out. It goes now.
-                self._clock.callLater(0, self._renew)
+            if self._renewed_at is None or sent > self._renewed_at:
+                self._renewed(sent)
 
         def failed(failure: Failure) -> None:
             # Unanswered: etcd may still hold the lease, or may have let it expire; the expiry
             # timer decides.
             log.debug("A lease keepalive failed: {error}", error=failure.getErrorMessage())
 
-        # A keepalive that etcd holds (a member whose leader just died holds requests until the
-        # election is over) is given up by the next one's turn, so that one hung request cannot
-        # use up the lease: the next goes out, and the new leader answers it.
+        # Keepalives go out on time whatever became of the ones before, and each counts if it
+        # is answered before the renewal it asks for would have run out. A loaded etcd (a
+        # thousand claims at once after a node went) answers a keepalive in more than a third
+        # of the TTL: giving each up by the next one's turn lost the lease every TTL, though
+        # etcd renewed it each time. The next keepalive does not wait behind a member that
+        # holds this one (hung, or waiting for an election): the store tries the others first.
         asked = self._store.keepalive(lease)
         give_up = self._clock.callLater(
-            self._ttl / KEEPALIVES_PER_TTL, self._after_pending_io, _cancel_unless_fired, asked
+            self._ttl, self._after_pending_io, _cancel_unless_fired, asked
         )
-        asked.addBoth(_cancelling(give_up))
-        return asked.addCallbacks(answered, failed)
+        self._giving_up.add(give_up)
+
+        def ended(result: _T) -> _T:
+            self._giving_up.discard(give_up)
+            if give_up.active():
+                give_up.cancel()
+            return result
+
+        asked.addBoth(ended).addCallbacks(answered, failed)
 
     def _after_pending_io(self, call: Callable[..., object], *args: object) -> None:
         """Run ``call`` only once the reactor has read what came in meanwhile (a call made
@@ -449,14 +462,3 @@ def _ignore(failure: Failure) -> None:
 def _cancel_unless_fired(request: Deferred[Any]) -> None:
     if not request.called:
         request.cancel()
-
-
-def _cancelling(call: IDelayedCall) -> Callable[[_T], _T]:
-    """A callback that cancels ``call`` (if it is still to come) and passes the result on."""
-
-    def cancel(result: _T) -> _T:
-        if call.active():
-            call.cancel()
-        return result
-
-    return cancel

@@ -7,8 +7,11 @@ that is gone a keepalive ``TTL`` of nothing). Streaming calls (watch) answer one
 line, each ``{"result": ...}`` or ``{"error": ...}``.
 
 Every member is used: requests go to the member that last answered; one that fails is skipped
-(marked down) and the next is tried; a member marked down is tried after the healthy ones, so
-it comes back into use once it answers again. A request is sent to another member only when its
+(marked down) and the next is tried; a member marked down is tried after the healthy ones, so it
+comes back into use once it answers again. A member that has left a request unanswered for
+``slow_after`` seconds is tried after the others that answer in time (before those marked down)
+until that request ends: a member that is slow or hung refuses nothing, and without this every
+request would queue behind it until one timed out. A request is sent to another member only when its
 outcome is known: when the connection could not be made, or when etcd answered that it could not
 serve it (no leader). A transaction that reached a member and got no answer (a timeout, a lost
 connection) may have been applied: it fails with ``OutcomeUnknownError`` rather than being sent
@@ -114,6 +117,11 @@ RANGE_PAGE = 1000
 #: The longest line a watch may send (a revision's events): etcd's default request limit
 #: (1.5 MiB) as base64, with room for the JSON around it.
 MAX_WATCH_LINE = 4 * 1024 * 1024
+#: How long a member may leave a request unanswered before the next requests go to the others
+#: first. A healthy etcd answers in milliseconds; membership keepalives go out every third of
+#: the lease's TTL (``SVC_NODE_LEASE_MS``, at least 2 s): the keepalive after one that a member
+#: holds goes to another member.
+SLOW_AFTER = 0.5
 
 
 def _b64(data: bytes) -> str:
@@ -406,8 +414,9 @@ class EtcdGatewayStore:
     """etcd at ``endpoints`` (``http://host:port`` or ``https://host:port`` of each member),
     through its JSON gateway.
 
-    ``timeout`` bounds each request; ``reactor`` makes the connections and times them;
-    ``on_request`` hears of each request's outcome; ``tls`` makes the ``https://``
+    ``timeout`` bounds each request; ``slow_after`` is how long a member may leave a request
+    unanswered before the next requests try the other members first; ``reactor`` makes the
+    connections and times them; ``on_request`` hears of each request's outcome; ``tls`` makes the ``https://``
     connections, and ``user`` is the etcd user requests authenticate as (see the module
     docstring)."""
 
@@ -417,6 +426,7 @@ class EtcdGatewayStore:
         *,
         reactor: _ITreqReactor,
         timeout: float = 5.0,
+        slow_after: float = SLOW_AFTER,
         on_request: OnRequest = _ignore_request,
         tls: IPolicyForHTTPS | None = None,
         user: EtcdUser | None = None,
@@ -426,6 +436,7 @@ class EtcdGatewayStore:
         self.endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._reactor = reactor
         self._timeout = timeout
+        self._slow_after = slow_after
         self._on_request = on_request
         policy = tls if tls is not None else BrowserLikePolicyForHTTPS()  # type: ignore[no-untyped-call]
         self._pool = _quiet_pool(reactor, persistent=True)
@@ -441,19 +452,41 @@ class EtcdGatewayStore:
         #: endpoint -> when it last failed; absent when it answered since.
         self._down: dict[str, float] = {}
         self._preferred = self.endpoints[0]
+        #: endpoint -> when each of its requests now unanswered was sent.
+        self._unanswered: dict[str, list[float]] = {}
         #: The watches streaming now, each from its member.
         self._watches: set[_GatewayWatch] = set()
 
     # -- endpoints -----------------------------------------------------------------------------
 
     def _order(self) -> list[str]:
-        """Every endpoint: the preferred one, then the others up, then those down by how long
-        they have been."""
+        """Every endpoint: the preferred one, then the others up, then those up but slow (a
+        request unanswered for ``slow_after``) from the least behind, then those down by how
+        long they have been."""
         start = self.endpoints.index(self._preferred)
         rotated = self.endpoints[start:] + self.endpoints[:start]
         up = [endpoint for endpoint in rotated if endpoint not in self._down]
+        waited = {endpoint: self._waited(endpoint) for endpoint in up}
+        prompt = [endpoint for endpoint in up if waited[endpoint] < self._slow_after]
+        slow = sorted((e for e in up if waited[e] >= self._slow_after), key=waited.__getitem__)
         down = sorted((e for e in rotated if e in self._down), key=self._down.__getitem__)
-        return up + down
+        return prompt + slow + down
+
+    def _waited(self, endpoint: str) -> float:
+        """How long ``endpoint``'s oldest unanswered request has waited (0 with none)."""
+        sent = self._unanswered.get(endpoint)
+        return self._reactor.seconds() - min(sent) if sent else 0.0
+
+    def _sending(self, endpoint: str) -> float:
+        sent = self._reactor.seconds()
+        self._unanswered.setdefault(endpoint, []).append(sent)
+        return sent
+
+    def _ended(self, endpoint: str, sent: float) -> None:
+        unanswered = self._unanswered[endpoint]
+        unanswered.remove(sent)
+        if not unanswered:
+            del self._unanswered[endpoint]
 
     def _mark_down(self, endpoint: str, error: object) -> None:
         if endpoint not in self._down:
@@ -560,6 +593,7 @@ class EtcdGatewayStore:
         failures: list[str] = []
         refused_tls = 0
         for endpoint in self._order():
+            sent = self._sending(endpoint)
             try:
                 answer = await self._post_as_user(
                     endpoint,
@@ -595,6 +629,8 @@ class EtcdGatewayStore:
                     ) from e
                 failures.append(f"{endpoint}: {reason}")
                 continue
+            finally:
+                self._ended(endpoint, sent)
             self._mark_up(endpoint)
             return (endpoint, answer) if stream else answer
         if refused_tls == len(self.endpoints):

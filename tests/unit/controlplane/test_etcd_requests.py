@@ -154,6 +154,51 @@ def test_a_request_its_caller_cancelled_is_unavailable(stubbed: StubbedStore) ->
     assert stubbed.reports.seen == [("range", "unavailable", 3)]
 
 
+def test_a_member_holding_a_request_is_tried_after_the_others_until_it_answers(
+    stubbed: StubbedStore,
+) -> None:
+    def sent_to() -> list[str]:
+        return [endpoint for endpoint, _, _ in stubbed.posted]
+
+    held = stubbed.store.keepalive(5)
+    stubbed.reactor.advance(0.4)
+    prompt = stubbed.store.keepalive(5)
+    # Held for less than SLOW_AFTER (0.5 s): still the member to ask first.
+    assert sent_to() == ["http://a:1", "http://a:1"]
+    stubbed.answer({"result": {"TTL": "10"}})
+    assert result_of(prompt) == 10
+
+    stubbed.reactor.advance(0.1)
+    # Now held for 0.5 s: the next request goes to the other member, and is answered.
+    moved = stubbed.store.keepalive(5)
+    assert sent_to()[2] == "http://b:2"
+    stubbed.answer({"result": {"TTL": "10"}})
+    assert result_of(moved) == 10
+
+    # The slow member answers at last (it is asked first again: it answered last).
+    stubbed.posted[0][2].callback({"result": {"TTL": "10"}})
+    assert result_of(held) == 10
+    stubbed.store.keepalive(5)
+    assert sent_to()[3] == "http://a:1"
+
+
+def test_when_every_member_holds_a_request_the_least_behind_is_asked_first(
+    stubbed: StubbedStore,
+) -> None:
+    stubbed.store.keepalive(5)  # to a, held
+    stubbed.reactor.advance(0.5)
+    stubbed.store.keepalive(5)  # to b, a being slow; held too
+    stubbed.reactor.advance(0.5)
+
+    stubbed.store.keepalive(5)
+
+    assert [endpoint for endpoint, _, _ in stubbed.posted] == [
+        "http://a:1",
+        "http://b:2",
+        "http://b:2",
+    ]
+
+
 def test_a_watch_is_timed_until_it_is_set_up(stubbed: StubbedStore) -> None:
     lost: list[Exception] = []
     watch = stubbed.store.watch(b"/p/", 1, lambda events: None, lost.append)
