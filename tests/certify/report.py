@@ -7,6 +7,8 @@ only when all six passed.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import attrs
 
 from tests.certify.harness import Outcome
@@ -106,9 +108,11 @@ class Report:
             slowest = self._slowest(drills, guarantee)
             if slowest:
                 parts.append(slowest)
-        parts += [
+        # A soak runs each kind of drill many times, most finding the same: each finding once.
+        notes = Counter(
             drill.outcome.notes[guarantee] for drill in drills if guarantee in drill.outcome.notes
-        ]
+        )
+        parts += [note if n == 1 else f"{note} (in {n} drills)" for note, n in notes.items()]
         if final is not None:
             parts.append(final[1])
             if not final[0]:

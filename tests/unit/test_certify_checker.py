@@ -137,6 +137,21 @@ def test_a_guarantee_no_drill_checks_is_not_exercised_and_the_run_not_certified(
     assert report.table()[-1].startswith("NOT CERTIFIED")
 
 
+def test_a_finding_of_many_drills_is_given_once_with_their_count() -> None:
+    report = Report()
+    for node in ("n3", "n3", "n2"):
+        outcome = Outcome(recovered_after=1.0, healthy_after=2.0, exercised={2, 3, 6})
+        outcome.notes[6] = f"5 copies of {node} damaged"
+        report.drills.append(DrillRecord("storage faults", outcome))
+
+    verdicts = report.verdicts()
+
+    assert verdicts[6] == (
+        "passed",
+        "3 of 3 drills; 5 copies of n3 damaged (in 2 drills); 5 copies of n2 damaged",
+    )
+
+
 def test_a_drill_that_could_not_run_fails_every_guarantee_it_speaks_for() -> None:
     report = Report()
     report.drills.append(DrillRecord("stall", Outcome(problems=[(0, "no primary found")])))
