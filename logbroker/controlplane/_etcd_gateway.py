@@ -416,9 +416,9 @@ class EtcdGatewayStore:
 
     ``timeout`` bounds each request; ``slow_after`` is how long a member may leave a request
     unanswered before the next requests try the other members first; ``reactor`` makes the
-    connections and times them; ``on_request`` hears of each request's outcome; ``tls`` makes the ``https://``
-    connections, and ``user`` is the etcd user requests authenticate as (see the module
-    docstring)."""
+    connections and times them; ``on_request`` hears of each request's outcome; ``tls`` makes
+    the ``https://`` connections, and ``user`` is the etcd user requests authenticate as (see
+    the module docstring)."""
 
     def __init__(
         self,
