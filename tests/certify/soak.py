@@ -71,7 +71,15 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         " there were)",
     )
     parser.add_argument("--seed", type=int, default=None, help="the random schedule's seed")
-    parser.add_argument("--directory", type=Path, help="where the run's logs and data go")
+    parser.add_argument(
+        "--directory",
+        type=Path,
+        help="where the run's logs and data go (default: a new temporary directory; kept"
+        " only when something failed)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's directory even when nothing failed"
+    )
     parser.add_argument(
         "--report", action="store_true", help="write the report into docs/certification.md"
     )
@@ -121,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             producer.stop()
         verdict = conclude(cert, report, say)
         produces = cert.history.produces
+        cert.keep = arguments.keep
     ended = time.time()
     say("")
     for line in report.table():
