@@ -214,6 +214,8 @@ class EtcdCluster:
             str(HEARTBEAT_MS),
             "--election-timeout",
             str(ELECTION_MS),
+            # A member cut off and back does not unseat the leader (off by default in 3.4).
+            "--pre-vote",
             "--logger",
             "zap",
             "--log-outputs",

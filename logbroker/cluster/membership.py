@@ -8,8 +8,10 @@ Keys, under the cluster's control-plane prefix (``/logbroker/<cluster id>/``)::
     chores              the id of the node holding the cluster-chores lease, under its lease
 
 A node registers by putting both keys, the second under a lease of ``SVC_NODE_LEASE_MS`` that it
-keeps alive. When etcd says the lease is gone, or the node has not had a keepalive answered for
-a whole TTL (etcd may have expired it meanwhile: the node cannot know), the node has lost its
+keeps alive. etcd starts a lease's TTL when it grants it, so the node counts it from the grant's
+sending; a registration that took longer than a keepalive's turn counts only once a keepalive is
+answered. When etcd says the lease is gone, or the node has not had a keepalive answered for a
+whole TTL (etcd may have expired it meanwhile: the node cannot know), the node has lost its
 lease: it tells its listeners at once, so that it stops acting as a primary, and registers anew
 with a new lease when it can. The chores key is taken with a create-if-absent transaction under
 the lease, so exactly one node holds it; losing the lease loses it, and the others race for it
@@ -172,7 +174,7 @@ class Membership(MultiService):
 
     def registered(self) -> Deferred[None]:
         """Fires once this node holds a lease (at once if it does now)."""
-        if self._lease:
+        if self._lease and self._renewed_at is not None:
             return succeed(None)
         waiting: Deferred[None] = Deferred()
         self._registered_waiters.append(waiting)
@@ -301,7 +303,22 @@ class Membership(MultiService):
             self._store.revoke(lease).addErrback(_ignore)
             return
         self._lease = lease
-        self._renewed(sent)
+        if self._clock.seconds() - sent <= self._ttl / KEEPALIVES_PER_TTL:
+            self._renewed(sent)
+            self._announce_registered()
+            return
+        # The grant and the registration took longer than a keepalive's turn: etcd is loaded,
+        # or was out of reach (a grant sent as a node lost etcd was answered 11 s later, once
+        # the node reached it again). etcd started the TTL when it granted the lease, at some
+        # point since ``sent``: counted from ``sent``, the lease may have run out already,
+        # though etcd holds it. Taken as held, it was lost on the spot and registered again,
+        # its listeners told both; under an etcd answering each request in half the TTL, no
+        # registration ever lasted. It counts once a keepalive sent now is answered, as each
+        # later one does; with none answered within a TTL, it is lost.
+        self._expiry = self._clock.callLater(self._ttl, self._expired)
+        self._renew()
+
+    def _announce_registered(self) -> None:
         log.info(
             "Registered as {node_id} with a {ttl} s lease",
             node_id=self.record.node_id,
@@ -328,7 +345,11 @@ class Membership(MultiService):
             if remaining <= 0:
                 self._lost("etcd says the lease expired")
                 return
-            if self._renewed_at is None or sent > self._renewed_at:
+            if self._renewed_at is None:
+                # The first renewal of a lease whose registration took too long to count.
+                self._renewed(sent)
+                self._announce_registered()
+            elif sent > self._renewed_at:
                 self._renewed(sent)
 
         def failed(failure: Failure) -> None:

@@ -105,29 +105,54 @@ def _others_take_writes(cert: Certification, broker: Broker, meanwhile: str) -> 
 def partitioned_power_kill(cert: Certification) -> Outcome:
     """A busy range's primary cut from its peers (not from its clients or etcd), its own
     clients producing to the ranges it leads, then SIGKILLed before the cut heals: nothing it
-    took during the cut can reach a quorum, so none of it may be acknowledged. (A build that
-    acknowledges on its own copy loses it all: the checker's first negative control.)"""
+    took during the cut can reach a quorum, so none of it may be acknowledged (checked of the
+    produces begun once the cut holds). A build that acknowledges on its own copy fails here,
+    and loses it all: the checker's first negative control."""
     broker, range_id = cert.view.busy_primary()
     others = tuple(b.node for b in cert.view.others(broker))
     keys = cert.keys_of_ranges([int(r.rsplit(".", 1)[1]) for r in cert.view.led_by(broker)])
     direct = DirectProducer(broker.server, TOPIC, keys, cert.history, CUT_BEFORE_KILL)
     direct.start()
+    # The produces begun once the cut holds can reach no quorum. A client produces one at a
+    # time, and the produce in flight when the cut begins waits until the kill: a second
+    # client, logged in before the cut, begins producing once it holds.
+    during = DirectProducer(broker.server, TOPIC, keys, cert.history, CUT_BEFORE_KILL)
+    during.connect()
     started = cert.mark(f"{broker.node_id} (primary of {range_id}) cut from its peers")
     cut = Block(peers=others, ports=(PEER_PORT,), local_ports=(PEER_PORT,))
     cert.network.block(broker.node, [cut])
+    cut_at = time.monotonic()
+    during.start()
     try:
         time.sleep(CUT_BEFORE_KILL)
-        taken = [p for p in cert.history.produces if p.key in keys]
-        acknowledged = sum(p.acknowledged for p in taken)
-        cert.mark(
-            f"SIGKILL {broker.node_id}, still cut off: of {len(taken)} produces its clients"
-            f" made to it meanwhile, {acknowledged} acknowledged"
-        )
+        cert.mark(f"SIGKILL {broker.node_id}, still cut off")
         broker.kill()
     finally:
         cert.network.unblock(broker.node)
-        direct.stop()
+        try:
+            direct.stop()
+        finally:
+            during.stop()
     outcome = Outcome()
+    outcome.exercised.add(1)
+    taken = [p for p in cert.history.produces if p.key in keys and p.started >= cut_at]
+    acknowledged = sum(p.acknowledged for p in taken)
+    cert.mark(
+        f"of the {len(taken)} produces its clients began during the cut, {acknowledged}"
+        " acknowledged"
+    )
+    if acknowledged:
+        outcome.problems.append(
+            (
+                1,
+                f"{broker.node_id} acknowledged {acknowledged} of the produces its clients"
+                " began while it was cut from its peers: none could reach a quorum",
+            )
+        )
+    elif taken:
+        outcome.notes[1] = (
+            "a primary cut from its peers acknowledged none of the produces begun during the cut"
+        )
     _wait_taken_over(cert, broker, outcome)
     time.sleep(cert.timing.fault)
     broker.release()
@@ -221,8 +246,10 @@ def _wait_taken_over(cert: Certification, broker: Broker, outcome: Outcome) -> N
 
 
 def _merged(first: Outcome, then: Outcome) -> Outcome:
-    """``then``, with ``first``'s problems before its own."""
+    """``then``, with ``first``'s problems before its own, and its guarantees and notes."""
     then.problems[:0] = first.problems
+    then.exercised |= first.exercised
+    then.notes = {**first.notes, **then.notes}
     return then
 
 

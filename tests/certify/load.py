@@ -139,8 +139,9 @@ class PlainProducer(_KeyedProducer):
 class DirectProducer(_Worker):
     """Produces ``keys`` in turn through one node only, one record a produce, each given up
     after ``give_up_after``: the clients of one node, while a drill isolates it. Connects in
-    ``start`` (a client logging in may need the node's peers); stops at its first lost
-    connection."""
+    ``connect``, or in ``start`` if not yet (a client logging in may need the node's peers), so
+    that a drill can connect before a cut and begin producing during it; stops at its first
+    lost connection."""
 
     name = "direct"
 
@@ -159,8 +160,12 @@ class DirectProducer(_Worker):
         self.give_up_after = give_up_after
         self._client: BlockingClient | None = None
 
-    def start(self) -> None:
+    def connect(self) -> None:
         self._client = connect(self.servers[0])
+
+    def start(self) -> None:
+        if self._client is None:
+            self.connect()
         super().start()
 
     def _work(self) -> None:

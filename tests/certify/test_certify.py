@@ -65,6 +65,8 @@ def test_brokers_that_acknowledge_before_a_quorum_fail_guarantee_1(tmp_path: Pat
     verdict, evidence = table[1]
     assert verdict == "FAILED", output
     assert re.search(r"[1-9]\d* acknowledged values lost", evidence), evidence
+    # And the drill itself saw the cut primary acknowledge what it took during the cut.
+    assert re.search(r"acknowledged [1-9]\d* of the produces its clients began", evidence), evidence
     assert "kept for inspection" in output
 
 
