@@ -16,7 +16,13 @@ from pathlib import Path
 import attrs
 
 from tests.certify.drills import DRILLS, conclude, run
-from tests.certify.harness import FULL, SHORT, Certification, tear_down_on_signals
+from tests.certify.harness import (
+    FULL,
+    SHORT,
+    Certification,
+    add_directory_arguments,
+    tear_down_on_signals,
+)
 from tests.certify.network import NetworkUnavailable, require_network_tools
 from tests.certify.report import Report
 
@@ -34,15 +40,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         help="comma-separated drill names to run, in order (default: every drill); one of: "
         + ", ".join(drill.name for drill in DRILLS),
     )
-    parser.add_argument(
-        "--directory",
-        type=Path,
-        help="where the run's logs and data go (default: a new temporary directory; kept"
-        " only when something failed)",
-    )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the run's directory even when nothing failed"
-    )
+    add_directory_arguments(parser)
     parser.add_argument(
         "--unsafe-acks",
         action="store_true",

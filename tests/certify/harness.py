@@ -19,6 +19,7 @@ node and checked against the history, and the follower's reads against the final
 
 from __future__ import annotations
 
+import argparse
 import collections
 import shutil
 import signal
@@ -145,6 +146,19 @@ def broker_settings(network: Network, node: int, data: Path) -> dict[str, str]:
         "SVC_SCRUB_INTERVAL_MS": "1000",
         "SVC_SCRUB_SEGMENTS_PER_TICK": "20",
     }
+
+
+def add_directory_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--directory`` and ``--keep``, as every run of the certification takes them."""
+    parser.add_argument(
+        "--directory",
+        type=Path,
+        help="where the run's logs and data go (default: a new temporary directory; kept"
+        " only when something failed)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the run's directory even when nothing failed"
+    )
 
 
 @attrs.define

@@ -28,7 +28,13 @@ from pathlib import Path
 import attrs
 
 from tests.certify.drills import DRILLS, Drill, conclude, run
-from tests.certify.harness import FULL, Certification, Outcome, tear_down_on_signals
+from tests.certify.harness import (
+    FULL,
+    Certification,
+    Outcome,
+    add_directory_arguments,
+    tear_down_on_signals,
+)
 from tests.certify.load import ADMIN, PlainProducer, connect
 from tests.certify.network import NetworkUnavailable, require_network_tools
 from tests.certify.report import GUARANTEES, Report
@@ -71,15 +77,7 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
         " there were)",
     )
     parser.add_argument("--seed", type=int, default=None, help="the random schedule's seed")
-    parser.add_argument(
-        "--directory",
-        type=Path,
-        help="where the run's logs and data go (default: a new temporary directory; kept"
-        " only when something failed)",
-    )
-    parser.add_argument(
-        "--keep", action="store_true", help="keep the run's directory even when nothing failed"
-    )
+    add_directory_arguments(parser)
     parser.add_argument(
         "--report", action="store_true", help="write the report into docs/certification.md"
     )
