@@ -390,6 +390,17 @@ class _Queued:
 
 
 @attrs.frozen
+class _Fresh:
+    """The last ``_fresh_pending``: the cache it started from, the queue's changes sent by
+    then, and how many queued changes it applied (each that still applied)."""
+
+    cache: ControlState
+    sent: int
+    applied: int
+    state: ControlState
+
+
+@attrs.frozen
 class _Wanted:
     """What a change waits for the cache to show: true at the latest once the cache is at
     ``revision``."""
@@ -428,6 +439,9 @@ class EtcdControlPlane(StateControlPlane):
         #: queue was last empty: a change it refuses is checked again on the cache as it is.
         self._pending = ControlState()
         self._queue: collections.deque[_Queued] = collections.deque()
+        #: How many changes have left the queue (sent, or failed with it).
+        self._sent = 0
+        self._fresh: _Fresh | None = None
         self._sending = False
         self._waiters: list[_Waiter] = []
         self._follower = PrefixFollower(
@@ -602,13 +616,24 @@ class EtcdControlPlane(StateControlPlane):
         return done
 
     def _fresh_pending(self) -> ControlState:
-        """The cache as it is now, with every queued change that still applies to it."""
-        state = self._read()
-        for queued in self._queue:
+        """The cache as it is now, with every queued change that still applies to it. Carried
+        on from the last one while the cache is the same and no change has left the queue:
+        a node taking or giving up thousands of ranges in one turn queues thousands of
+        changes, and applying the whole queue again for each change refused by ``_pending``
+        (a claim of a range another node changed) took its reactor for seconds, until its
+        membership lease ran out."""
+        cache = self._read()
+        last = self._fresh
+        if last is not None and last.cache is cache and last.sent == self._sent:
+            state, applied = last.state, last.applied
+        else:
+            state, applied = cache, 0
+        for queued in itertools.islice(self._queue, applied, None):
             try:
                 state = queued.change.apply(state)
             except ControlPlaneError:
                 continue
+        self._fresh = _Fresh(cache, self._sent, len(self._queue), state)
         return state
 
     async def _send_queued(self) -> None:
@@ -629,6 +654,7 @@ class EtcdControlPlane(StateControlPlane):
                     outcomes = [e] * len(batch)
                 for queued, outcome in zip(batch, outcomes, strict=True):
                     self._queue.popleft()
+                    self._sent += 1
                     if isinstance(outcome, ControlState):
                         queued.done.callback(outcome)
                     else:
@@ -656,6 +682,7 @@ class EtcdControlPlane(StateControlPlane):
 
     def _fail_queue(self, error: ControlPlaneUnavailableError, tried: int) -> None:
         failed, self._queue = self._queue, collections.deque()
+        self._sent += len(failed)
         log.warn(
             "etcd did not take {count} control plane changes under {prefix}: {error}",
             count=len(failed),

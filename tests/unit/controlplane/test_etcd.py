@@ -31,6 +31,7 @@ from logbroker.controlplane import (
     UserNotFoundError,
 )
 from logbroker.controlplane._kv import Compare, DeletePrefix, Put, Result, Target
+from logbroker.controlplane._state import ControlState, PutSegment
 from logbroker.controlplane.etcd import (
     CATCH_UP_SECONDS,
     MAX_ATTEMPTS,
@@ -221,6 +222,51 @@ def test_a_node_whose_queue_stays_busy_records_segments_of_topics_created_elsewh
     assert b.segments("orders.0") == [active("orders.0", 0)]
     # What neither the queue nor the cache knows is still refused at once.
     failure_of(a.put_segment(active("nowhere.0", 0))).trap(NotFoundError)
+
+
+def test_changes_refused_behind_a_long_queue_do_not_each_apply_the_whole_queue_again(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node giving up thousands of ranges at once queues a change for each, and its claims
+    refused meanwhile were each checked on the cache with the whole queue applied again: its
+    reactor was taken for seconds, and its membership lease ran out. The queue applied on
+    the cache is carried on while the cache stays the same, and made anew once it changes."""
+    a, b = cluster.node(), cluster.node()
+    topic, ranges = make_topic("orders", ranges=64)
+    result_of(a.create_topic(topic, ranges))
+    led = [active(r.range_id, 0, epoch=1) for r in ranges]
+    for meta in led:
+        result_of(a.put_segment(meta))
+    cluster.store.hold()
+    created = b.create_topic(*make_topic("later"))
+    aside = [a.put_segment(attrs.evolve(m, epoch=2, replicas=("node-2",)), expected=m) for m in led]
+    applied = 0
+    apply = PutSegment.apply
+
+    def counted(change: PutSegment, state: ControlState) -> ControlState:
+        nonlocal applied
+        applied += 1
+        return apply(change, state)
+
+    monkeypatch.setattr(PutSegment, "apply", counted)
+
+    claims = [a.put_segment(attrs.evolve(m, epoch=2), expected=m) for m in led]
+
+    for claim in claims:
+        failure_of(claim).trap(InvalidChangeError)
+    # Each claim checked on what is queued, then on the cache with the queue (applied once),
+    # where the whole queue again for each was 64 times 66.
+    assert applied <= 3 * len(led), applied
+
+    # The cache changes (the other node's topic lands): the next check starts from it.
+    cluster.store.release(1)
+    result_of(created)
+    placed = a.put_segment(active("later.0", 0))
+    cluster.store.release()
+    result_of(placed)
+    for change in aside:
+        result_of(change)
+    assert b.segments("orders.5") == [attrs.evolve(led[5], epoch=2, replicas=("node-2",))]
 
 
 def test_opening_a_segment_that_exists_is_a_lost_race(cluster: Cluster) -> None:
