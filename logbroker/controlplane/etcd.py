@@ -390,17 +390,6 @@ class _Queued:
 
 
 @attrs.frozen
-class _Fresh:
-    """The last ``_fresh_pending``: the cache it started from, the queue's changes sent by
-    then, and how many queued changes it applied (each that still applied)."""
-
-    cache: ControlState
-    sent: int
-    applied: int
-    state: ControlState
-
-
-@attrs.frozen
 class _Wanted:
     """What a change waits for the cache to show: true at the latest once the cache is at
     ``revision``."""
@@ -435,13 +424,15 @@ class EtcdControlPlane(StateControlPlane):
         self._revisions: dict[bytes, int] = {}
         self._revision = 0
         #: The cache with every queued change applied; meaningful only while ``_queue`` is not
-        #: empty (when it is, that is the cache itself). It is the cache as it was when the
-        #: queue was last empty: a change it refuses is checked again on the cache as it is.
+        #: empty (when it is, that is the cache itself).
         self._pending = ControlState()
+        #: The cache ``_pending`` was made from, and how many changes had left the queue then.
+        #: While both are as they are now, what ``_pending`` refuses is refused; once either
+        #: has changed, it is checked again on the cache as it is.
+        self._pending_from: tuple[ControlState, int] | None = None
         self._queue: collections.deque[_Queued] = collections.deque()
         #: How many changes have left the queue (sent, or failed with it).
         self._sent = 0
-        self._fresh: _Fresh | None = None
         self._sending = False
         self._waiters: list[_Waiter] = []
         self._follower = PrefixFollower(
@@ -598,15 +589,20 @@ class EtcdControlPlane(StateControlPlane):
                 ControlPlaneClosedError(f"the control plane under {self.prefix} is {state}")
             )
         try:
-            self._pending = change.apply(self._pending if self._queue else self._state)
+            if self._queue:
+                self._pending = change.apply(self._pending)
+            else:
+                self._pending = change.apply(self._state)
+                self._pending_from = (self._state, self._sent)
         except ControlPlaneError:
-            if not self._queue:
+            if not self._queue or self._pending_is_fresh():
                 return fail()
-            # ``_pending`` is the cache as it was when the queue last was empty, with the
-            # queued changes: under a steady stream of changes it misses what other nodes did
-            # since (a topic another node created). Decided again on the cache as it is now.
+            # Under a steady stream of changes the queue does not empty, and ``_pending``
+            # misses what other nodes did since it was made (a topic another node created).
+            # Decided again on the cache as it is now.
+            self._refresh_pending()
             try:
-                self._pending = change.apply(self._fresh_pending())
+                self._pending = change.apply(self._pending)
             except ControlPlaneError:
                 return fail()
         done: Deferred[ControlState] = Deferred()
@@ -615,26 +611,25 @@ class EtcdControlPlane(StateControlPlane):
             Deferred.fromCoroutine(self._send_queued())
         return done
 
-    def _fresh_pending(self) -> ControlState:
-        """The cache as it is now, with every queued change that still applies to it. Carried
-        on from the last one while the cache is the same and no change has left the queue:
-        a node taking or giving up thousands of ranges in one turn queues thousands of
-        changes, and applying the whole queue again for each change refused by ``_pending``
-        (a claim of a range another node changed) took its reactor for seconds, until its
-        membership lease ran out."""
-        cache = self._read()
-        last = self._fresh
-        if last is not None and last.cache is cache and last.sent == self._sent:
-            state, applied = last.state, last.applied
-        else:
-            state, applied = cache, 0
-        for queued in itertools.islice(self._queue, applied, None):
+    def _pending_is_fresh(self) -> bool:
+        """Whether ``_pending`` is the cache as it is now with the queue applied. A node
+        giving up thousands of ranges in one turn queues thousands of changes; applying the
+        whole queue again for each of its claims refused meanwhile took its reactor for
+        seconds, until its membership lease ran out."""
+        made = self._pending_from
+        return made is not None and made[0] is self._state and made[1] == self._sent
+
+    def _refresh_pending(self) -> None:
+        """``_pending`` made anew: the cache as it is now, with every queued change that still
+        applies to it."""
+        state = self._read()
+        self._pending_from = (state, self._sent)
+        for queued in self._queue:
             try:
                 state = queued.change.apply(state)
             except ControlPlaneError:
                 continue
-        self._fresh = _Fresh(cache, self._sent, len(self._queue), state)
-        return state
+        self._pending = state
 
     async def _send_queued(self) -> None:
         self._sending = True

@@ -135,7 +135,7 @@ def partitioned_power_kill(cert: Certification) -> Outcome:
             during.stop()
     outcome = Outcome()
     outcome.exercised.add(1)
-    taken = [p for p in cert.history.produces if p.key in keys and p.started >= cut_at]
+    taken = [p for p in cert.history.produces if p.started >= cut_at and p.key in keys]
     acknowledged = sum(p.acknowledged for p in taken)
     cert.mark(
         f"of the {len(taken)} produces its clients began during the cut, {acknowledged}"
